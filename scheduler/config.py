@@ -1,0 +1,48 @@
+"""SchedulerConfig: every option of the core, with SGLang's defaults."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    kv_tokens: int  # size of the KV pool in tokens
+    context_len: int  # the model's context length
+    policy: str = "fcfs"
+    page_size: int = 1
+    max_prefill_tokens: int = 16384
+    chunked_prefill_size: int | None = 8192  # None or <= 0: no chunking
+    max_running_requests: int | None = None  # None: derived from the pool as SGLang does
+    disable_radix_cache: bool = False
+    overlap: bool = True
+    schedule_conservativeness: float = 1.0
+    new_token_ratio_decay_steps: int = 600
+    seed: int = 0
+
+    @property
+    def init_new_token_ratio(self) -> float:
+        return min(0.7 * self.schedule_conservativeness, 1.0)
+
+    @property
+    def min_new_token_ratio(self) -> float:
+        return min(self.init_new_token_ratio * 0.14, 1.0)
+
+    @property
+    def new_token_ratio_decay(self) -> float:
+        return (self.init_new_token_ratio - self.min_new_token_ratio) / self.new_token_ratio_decay_steps
+
+    @property
+    def effective_chunked_prefill_size(self) -> int | None:
+        size = self.chunked_prefill_size
+        return size if size is not None and size > 0 else None
+
+    @property
+    def effective_max_running_requests(self) -> int:
+        if self.max_running_requests is not None:
+            return self.max_running_requests
+        # SGLang: enough request slots for the pool, within [2048, 4096].
+        return min(max(int(self.kv_tokens / self.context_len * 512), 2048), 4096)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,63 @@
+"""ForwardPlan: everything an executor needs for one forward pass.
+
+The simulator costs the very plan that the real engine runs, so every field
+here is plain Python data (lists of ints), never a tensor.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from scheduler.sampling import SamplingParams
+
+
+class ForwardMode(enum.Enum):
+    EXTEND = "extend"  # prefill, possibly on top of a cached prefix or a previous chunk
+    DECODE = "decode"  # one new token per request
+    MIXED = "mixed"  # extend and decode requests in one batch
+    IDLE = "idle"
+
+    def is_extend(self) -> bool:
+        return self in (ForwardMode.EXTEND, ForwardMode.MIXED)
+
+
+@dataclass(slots=True)
+class ForwardPlan:
+    mode: ForwardMode
+    # Per request (all lists have batch_size entries).
+    req_pool_indices: list[int]  # row of each request in ReqToTokenPool
+    prefix_lens: list[int]  # tokens already in the KV cache before this forward
+    extend_lens: list[int]  # new tokens this forward computes (1 for decode)
+    seq_lens: list[int]  # prefix_len + extend_len
+    sampling: list[SamplingParams]
+    # If False the request is a non-final prefill chunk: its sampled token is discarded.
+    sample: list[bool]
+    # Per new token (sum(extend_lens) entries).
+    input_ids: list[int]  # negative ids are placeholders: -(future index) of a token still on the device
+    positions: list[int]
+    out_cache_loc: list[int]  # KV slot each new token writes
+    # Overlap mode: the future-map index where each request's sampled token is stored,
+    # so that the next batch can name it before the CPU has seen it.
+    future_indices: list[int] | None = None
+    # Cost-model summaries, filled by the scheduler so that cost models need not loop.
+    num_tokens: int = 0  # sum(extend_lens)
+    sum_seq_len: int = 0  # sum(seq_lens)
+    sum_prefix_len: int = 0  # sum(prefix_lens)
+    # sum(extend_len * (prefix_len + (extend_len + 1) / 2)): query-key pairs of causal attention
+    attention_pairs: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.req_pool_indices)
+
+    @staticmethod
+    def summarize(prefix_lens: list[int], extend_lens: list[int]) -> tuple[int, int, int, float]:
+        """(num_tokens, sum_seq_len, sum_prefix_len, attention_pairs) of a batch."""
+        num_tokens = sum(extend_lens)
+        sum_prefix = sum(prefix_lens)
+        pairs = 0.0
+        for p, e in zip(prefix_lens, extend_lens):
+            pairs += e * (p + (e + 1) / 2)
+        return num_tokens, sum_prefix + num_tokens, sum_prefix, pairs

@@ -1,0 +1,245 @@
+"""RadixCache: the prefix cache of KV slots, as SGLang's radix_cache.py.
+
+A radix tree over token ids. Each node holds a run of tokens (key) and their KV
+slots (value). Matching is at page granularity. A node with lock_ref > 0 is in
+use by a running request and is never evicted; unlocked leaves are evicted in
+LRU order. The tree owns one reference to every KV slot it holds: the sum of
+evictable_size and protected_size is exactly the number of slots in the tree.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from scheduler.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
+
+if TYPE_CHECKING:
+    from scheduler.req import Req
+
+
+@dataclass(eq=False, slots=True)
+class TreeNode:
+    key: list[int] = field(default_factory=list)
+    value: list[int] = field(default_factory=list)
+    parent: TreeNode | None = None
+    children: dict = field(default_factory=dict)
+    lock_ref: int = 0
+    last_access: int = 0  # a logical clock, so eviction order is deterministic
+
+    def __lt__(self, other: TreeNode) -> bool:
+        return self.last_access < other.last_access
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of a and b; C-speed slice compares, not a Python loop."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n - 1  # a[:lo] == b[:lo] and a[:hi+1] != b[:hi+1]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def finished_kv_len(req: Req) -> int:
+    """Tokens of a finished request that have KV: the prompt and all outputs but the last."""
+    return min(req.seq_len, req.input_len + len(req.output_ids) - 1)
+
+
+class RadixCache:
+    disabled = False
+
+    def __init__(self, req_to_token_pool: ReqToTokenPool, allocator: TokenToKVPoolAllocator, page_size: int = 1) -> None:
+        self.req_to_token_pool = req_to_token_pool
+        self.allocator = allocator
+        self.page_size = page_size
+        self.reset()
+
+    def reset(self) -> None:
+        self.root = TreeNode()
+        self.root.lock_ref = 1  # the root is never evicted
+        self.evictable_size_ = 0
+        self.protected_size_ = 0
+        self._clock = 0
+
+    # -- keys -------------------------------------------------------------
+    def _child_key(self, key: list[int], pos: int = 0):
+        return key[pos] if self.page_size == 1 else tuple(key[pos : pos + self.page_size])
+
+    def _match_len(self, node_key: list[int], key: list[int], pos: int) -> int:
+        n = common_prefix_len(node_key, key[pos : pos + len(node_key)])
+        return n - n % self.page_size
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    # -- match / insert ---------------------------------------------------
+    def match_prefix(self, key: list[int]) -> tuple[list[int], TreeNode]:
+        """KV slots of the longest cached prefix of key (page aligned), and its last node."""
+        ps = self.page_size
+        end = len(key) - len(key) % ps
+        node, pos, value = self.root, 0, []
+        now = self._tick()
+        node.last_access = now
+        while pos < end:
+            child = node.children.get(self._child_key(key, pos))
+            if child is None:
+                break
+            child.last_access = now
+            n = self._match_len(child.key, key, pos)
+            if n < len(child.key):
+                if n > 0:
+                    child = self._split_node(child, n)
+                    value.extend(child.value)
+                    node = child
+                break
+            value.extend(child.value)
+            node, pos = child, pos + n
+        return value, node
+
+    def insert(self, key: list[int], value: list[int]) -> int:
+        """Insert key -> value; return how many leading tokens were already cached.
+
+        The caller frees its own slots for that already-cached part (the tree keeps its own).
+        """
+        ps = self.page_size
+        assert len(key) % ps == 0 and len(key) == len(value)
+        node, pos = self.root, 0
+        now = self._tick()
+        while pos < len(key):
+            child = node.children.get(self._child_key(key, pos))
+            if child is None:
+                break
+            child.last_access = now
+            n = self._match_len(child.key, key, pos)
+            if n < len(child.key):
+                child = self._split_node(child, n)
+            node, pos = child, pos + n
+            if n == 0:  # cannot happen: children are keyed by their first page
+                break
+        if pos < len(key):
+            leaf = TreeNode(key=key[pos:], value=value[pos:], parent=node, last_access=now)
+            node.children[self._child_key(leaf.key)] = leaf
+            self.evictable_size_ += len(leaf.value)
+        return pos
+
+    def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
+        """Split child after split_len tokens; return the new upper node."""
+        parent = child.parent
+        assert parent is not None
+        upper = TreeNode(
+            key=child.key[:split_len],
+            value=child.value[:split_len],
+            parent=parent,
+            lock_ref=child.lock_ref,
+            last_access=child.last_access,
+        )
+        child.key = child.key[split_len:]
+        child.value = child.value[split_len:]
+        child.parent = upper
+        upper.children[self._child_key(child.key)] = child
+        parent.children[self._child_key(upper.key)] = upper
+        return upper
+
+    # -- locks ------------------------------------------------------------
+    def inc_lock_ref(self, node: TreeNode | None) -> None:
+        while node is not None and node is not self.root:
+            if node.lock_ref == 0:
+                self.evictable_size_ -= len(node.value)
+                self.protected_size_ += len(node.value)
+            node.lock_ref += 1
+            node = node.parent
+
+    def dec_lock_ref(self, node: TreeNode | None) -> None:
+        while node is not None and node is not self.root:
+            if node.lock_ref == 1:
+                self.evictable_size_ += len(node.value)
+                self.protected_size_ -= len(node.value)
+            assert node.lock_ref > 0, "unlocking an unlocked node"
+            node.lock_ref -= 1
+            node = node.parent
+
+    def evictable_size(self) -> int:
+        return self.evictable_size_
+
+    def protected_size(self) -> int:
+        return self.protected_size_
+
+    # -- eviction ---------------------------------------------------------
+    def evict(self, num_tokens: int) -> int:
+        """Free at least num_tokens slots from unlocked leaves, least recently used first."""
+        if num_tokens <= 0 or self.evictable_size_ == 0:
+            return 0
+        leaves = [n for n in self._iter_nodes() if not n.children and n.lock_ref == 0 and n is not self.root]
+        heapq.heapify(leaves)
+        evicted = 0
+        while evicted < num_tokens and leaves:
+            node = heapq.heappop(leaves)
+            self.allocator.free(node.value)
+            evicted += len(node.value)
+            self.evictable_size_ -= len(node.value)
+            parent = node.parent
+            assert parent is not None
+            del parent.children[self._child_key(node.key)]
+            if not parent.children and parent.lock_ref == 0 and parent is not self.root:
+                heapq.heappush(leaves, parent)
+        return evicted
+
+    def _iter_nodes(self):
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def total_size(self) -> int:
+        return sum(len(n.value) for n in self._iter_nodes())
+
+    def all_values(self) -> list[int]:
+        out: list[int] = []
+        for n in self._iter_nodes():
+            out.extend(n.value)
+        return out
+
+    # -- requests ---------------------------------------------------------
+    def cache_finished_req(self, req: Req) -> None:
+        """Put a finished (or retracted) request's tokens in the tree and release its slot."""
+        # The last sampled token was never fed to the model, so it has no KV. (With
+        # overlap, a slot for it may exist: the caller frees that one.)
+        kv_len = finished_kv_len(req)
+        token_ids = (req.origin_input_ids + req.output_ids)[:kv_len]
+        kv = self.req_to_token_pool.get(req.req_pool_idx, 0, kv_len)
+        self._insert_and_release(req, token_ids, kv)
+        self.req_to_token_pool.free(req.req_pool_idx)
+        self.dec_lock_ref(req.last_node)
+
+    def _insert_and_release(self, req: Req, token_ids: list[int], kv: list[int]) -> None:
+        aligned = len(kv) - len(kv) % self.page_size
+        if aligned < len(kv):
+            self.allocator.free(kv[aligned:])
+        already = self.insert(token_ids[:aligned], kv[:aligned])
+        # Slots of the part another request cached first are duplicates: free ours.
+        self.allocator.free(kv[len(req.prefix_indices) : already])
+
+    def cache_unfinished_req(self, req: Req) -> None:
+        """Cache the tokens a request has prefilled so far; it keeps running on the tree's slots."""
+        token_ids = req.fill_ids
+        kv = self.req_to_token_pool.get(req.req_pool_idx, 0, len(token_ids))
+        aligned = len(kv) - len(kv) % self.page_size
+        already = self.insert(token_ids[:aligned], kv[:aligned])
+        self.allocator.free(kv[len(req.prefix_indices) : already])
+        new_indices, new_last_node = self.match_prefix(token_ids[:aligned])
+        assert len(new_indices) == aligned
+        self.req_to_token_pool.write(req.req_pool_idx, len(req.prefix_indices), new_indices[len(req.prefix_indices) :])
+        self.dec_lock_ref(req.last_node)
+        self.inc_lock_ref(new_last_node)
+        # The unaligned tail stays the request's own.
+        req.prefix_indices = new_indices + kv[aligned:]
+        req.last_node = new_last_node

@@ -1,0 +1,101 @@
+"""Req: one request as the scheduler sees it (SGLang's vocabulary)."""
+
+from __future__ import annotations
+
+import enum
+from array import array
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from scheduler.sampling import SamplingParams
+
+
+class FinishReason(enum.Enum):
+    LENGTH = "length"  # produced max_new_tokens
+    STOP = "stop"  # sampled an EOS token
+    REJECTED = "rejected"  # could never run; see Req.reject_reason
+
+
+@dataclass(eq=False, slots=True)
+class Req:
+    rid: str
+    input_len: int
+    # Prompt tokens are made on demand: a long trace never holds every prompt at once.
+    input_ids_fn: Callable[[], list[int]]
+    sampling_params: SamplingParams
+    arrival_time: float
+    priority: int = 0
+    eos_token_ids: tuple[int, ...] = ()
+    index: int = 0  # position in the trace, the tie breaker of every ordering
+
+    output_ids: list[int] = field(default_factory=list)
+    # The latest sampled token may still be on the device (overlap): a negative placeholder.
+    pending_token: int | None = None
+    finished_reason: FinishReason | None = None
+    reject_reason: str | None = None
+
+    # Set by the scheduler while the request holds memory.
+    req_pool_idx: int | None = None
+    prefix_indices: list[int] = field(default_factory=list)  # KV slots of the reused prefix
+    last_node: Any = None  # radix node that locks prefix_indices
+    fill_ids: list[int] = field(default_factory=list)  # the tokens this round extends to
+    extend_input_len: int = 0
+    seq_len: int = 0  # tokens whose KV is allocated (what the next forward attends to)
+    is_chunked: int = 0  # > 0 while a chunk of its prefill is in flight
+    is_retracted: bool = False
+    num_retractions: int = 0
+
+    # Metrics.
+    scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    token_times: array = field(default_factory=lambda: array("d"))
+    cached_tokens: int = 0  # prompt tokens served from the radix cache, over all admissions
+    prefill_tokens: int = 0  # prompt tokens admitted (cached + computed), over all admissions
+
+    _input_ids: list[int] | None = None
+
+    @property
+    def origin_input_ids(self) -> list[int]:
+        if self._input_ids is None:
+            ids = self.input_ids_fn()
+            assert len(ids) == self.input_len, f"{self.rid}: {len(ids)} prompt ids, expected {self.input_len}"
+            self._input_ids = ids
+        return self._input_ids
+
+    def drop_input_ids(self) -> None:
+        """Forget the materialized prompt (it can be made again)."""
+        self._input_ids = None
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.sampling_params.max_new_tokens
+
+    def init_next_round_input(self, tree_cache: Any | None = None) -> None:
+        """Set fill_ids, and (with a cache) the longest cached prefix, for the next prefill."""
+        self.fill_ids = self.origin_input_ids + self.output_ids if self.output_ids else self.origin_input_ids
+        if tree_cache is not None:
+            # At least one token must be computed to get logits of the next token.
+            max_prefix_len = len(self.fill_ids) - 1
+            self.prefix_indices, self.last_node = tree_cache.match_prefix(self.fill_ids[:max_prefix_len])
+        self.extend_input_len = len(self.fill_ids) - len(self.prefix_indices)
+
+    def check_finished(self) -> None:
+        if len(self.output_ids) >= self.sampling_params.max_new_tokens:
+            self.finished_reason = FinishReason.LENGTH
+        elif not self.sampling_params.ignore_eos and self.output_ids and self.output_ids[-1] in self.eos_token_ids:
+            self.finished_reason = FinishReason.STOP
+
+    def reset_for_retract(self) -> None:
+        self.prefix_indices = []
+        self.last_node = None
+        self.fill_ids = []
+        self.extend_input_len = 0
+        self.seq_len = 0
+        self.req_pool_idx = None
+        self.pending_token = None
+        self.is_retracted = True
+        self.num_retractions += 1

@@ -1,0 +1,178 @@
+"""ScheduleBatch: the requests of one forward, their KV allocation, and the ForwardPlan.
+
+prepare_for_extend / prepare_for_decode allocate KV slots (evicting from the
+cache when short) and write them into ReqToTokenPool; to_plan() turns the batch
+into the plain-data ForwardPlan that an executor runs or a cost model prices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler.forward_plan import ForwardMode, ForwardPlan
+from scheduler.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
+from scheduler.req import Req
+
+# Decode steps of headroom that retraction leaves each remaining request (SGLang's value).
+RETRACT_DECODE_STEPS = 20
+
+
+class OutOfKVMemory(RuntimeError):
+    pass
+
+
+@dataclass(eq=False)
+class ScheduleBatch:
+    reqs: list[Req]
+    req_to_token_pool: ReqToTokenPool
+    allocator: TokenToKVPoolAllocator
+    tree_cache: object
+    forward_mode: ForwardMode = ForwardMode.DECODE
+    chunked_req: Req | None = None  # the request of this batch whose prefill is not complete
+    plan: ForwardPlan | None = None
+    batch_is_full: bool = False
+    # Filled when the batch runs: what the step record needs.
+    num_retracted: int = 0
+    cache_hit_tokens: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def batch_size(self) -> int:
+        return len(self.reqs)
+
+    def is_empty(self) -> bool:
+        return not self.reqs
+
+    # -- memory -------------------------------------------------------------
+    def _evict_if_needed(self, num_tokens: int) -> None:
+        short = num_tokens - self.allocator.available_size()
+        if short > 0:
+            self.tree_cache.evict(short)
+
+    def _last_loc(self, req: Req) -> int:
+        if req.seq_len == 0:
+            return -1
+        return self.req_to_token_pool.req_to_token[req.req_pool_idx][req.seq_len - 1]
+
+    # -- extend -------------------------------------------------------------
+    def prepare_for_extend(self) -> None:
+        self.forward_mode = ForwardMode.EXTEND
+        pool, alloc = self.req_to_token_pool, self.allocator
+        prefix_lens = [len(r.prefix_indices) for r in self.reqs]
+        extend_lens = [len(r.fill_ids) - p for r, p in zip(self.reqs, prefix_lens)]
+        for r, prefix_len in zip(self.reqs, prefix_lens):
+            if r.req_pool_idx is None:
+                r.req_pool_idx = pool.alloc()
+                if r.req_pool_idx is None:
+                    raise OutOfKVMemory("no free request slot")
+                pool.write(r.req_pool_idx, 0, r.prefix_indices)
+            r.seq_len = prefix_len
+        last_locs = [self._last_loc(r) for r in self.reqs] if alloc.page_size > 1 else []
+        self._evict_if_needed(sum(extend_lens) + len(self.reqs) * (alloc.page_size - 1))
+        out_cache_loc = alloc.alloc_extend(last_locs, prefix_lens, extend_lens)
+        if out_cache_loc is None:
+            raise OutOfKVMemory(f"prefill of {sum(extend_lens)} tokens does not fit the KV pool")
+        input_ids: list[int] = []
+        positions: list[int] = []
+        seq_lens: list[int] = []
+        pos = 0
+        for r, prefix_len, n in zip(self.reqs, prefix_lens, extend_lens):
+            pool.write(r.req_pool_idx, prefix_len, out_cache_loc[pos : pos + n])
+            pos += n
+            input_ids.extend(r.fill_ids[prefix_len:])
+            positions.extend(range(prefix_len, prefix_len + n))
+            r.seq_len = prefix_len + n
+            seq_lens.append(r.seq_len)
+        sample = [r is not self.chunked_req for r in self.reqs]
+        self._make_plan(prefix_lens, extend_lens, seq_lens, input_ids, positions, out_cache_loc, sample)
+
+    # -- decode -------------------------------------------------------------
+    def new_pages_next_decode(self, reqs: list[Req] | None = None) -> int:
+        reqs = self.reqs if reqs is None else reqs
+        ps = self.allocator.page_size
+        if ps == 1:
+            return len(reqs)
+        return sum(1 for r in reqs if r.seq_len % ps == 0)
+
+    def check_decode_mem(self, reqs: list[Req] | None = None) -> bool:
+        need = self.new_pages_next_decode(reqs) * self.allocator.page_size
+        self._evict_if_needed(need)
+        return self.allocator.available_size() >= need
+
+    def retract_decode(self) -> tuple[list[Req], float]:
+        """Retract requests until the rest can decode; return them and the new token ratio.
+
+        The requests with the fewest output tokens go first (ties: the longest
+        prompt), as in SGLang: they lose the least work.
+        """
+        order = sorted(self.reqs, key=lambda r: (len(r.output_ids), -r.input_len, -r.index), reverse=True)
+        retracted: list[Req] = []
+        first = True
+        while first or not self.check_decode_mem(order):
+            if len(order) == 1:
+                break
+            first = False
+            req = order.pop()
+            retracted.append(req)
+            self._release_for_retract(req, remaining=len(order))
+        keep = set(map(id, order))
+        self.reqs = [r for r in self.reqs if id(r) in keep]
+        total_decoded = sum(len(r.output_ids) for r in self.reqs)
+        total_max_new = sum(r.max_new_tokens for r in self.reqs)
+        ratio = min(1.0, (total_decoded + RETRACT_DECODE_STEPS * len(self.reqs)) / max(total_max_new, 1))
+        self.num_retracted = len(retracted)
+        return retracted, ratio
+
+    def _release_for_retract(self, req: Req, remaining: int) -> None:
+        # Free what the request computed beyond its cached prefix; the cache keeps the prefix.
+        ps = self.allocator.page_size
+        uncached_from = len(req.prefix_indices) // ps * ps if not self.tree_cache.disabled else 0
+        self.allocator.free(self.req_to_token_pool.get(req.req_pool_idx, uncached_from, req.seq_len))
+        self.req_to_token_pool.free(req.req_pool_idx)
+        self.tree_cache.dec_lock_ref(req.last_node)
+        self._evict_if_needed(remaining * RETRACT_DECODE_STEPS)
+        req.reset_for_retract()
+
+    def prepare_for_decode(self, future_token: dict[int, int] | None = None) -> None:
+        """Allocate one slot per request and plan one decode step."""
+        self.forward_mode = ForwardMode.DECODE
+        reqs, pool = self.reqs, self.req_to_token_pool
+        seq_lens_before = [r.seq_len for r in reqs]
+        last_locs = [self._last_loc(r) for r in reqs] if self.allocator.page_size > 1 else []
+        out_cache_loc = self.allocator.alloc_decode(last_locs, seq_lens_before)
+        if out_cache_loc is None:
+            raise OutOfKVMemory("decode does not fit the KV pool")
+        input_ids: list[int] = []
+        seq_lens: list[int] = []
+        for r, loc in zip(reqs, out_cache_loc):
+            pool.req_to_token[r.req_pool_idx].append(loc)
+            input_ids.append(r.pending_token if r.pending_token is not None else r.output_ids[-1])
+            r.seq_len += 1
+            seq_lens.append(r.seq_len)
+        self._make_plan(seq_lens_before, [1] * len(reqs), seq_lens, input_ids, seq_lens_before, out_cache_loc, [True] * len(reqs))
+
+    def _make_plan(self, prefix_lens, extend_lens, seq_lens, input_ids, positions, out_cache_loc, sample) -> None:
+        num_tokens, sum_seq, sum_prefix, pairs = ForwardPlan.summarize(prefix_lens, extend_lens)
+        self.plan = ForwardPlan(
+            mode=self.forward_mode,
+            req_pool_indices=[r.req_pool_idx for r in self.reqs],
+            prefix_lens=prefix_lens,
+            extend_lens=extend_lens,
+            seq_lens=seq_lens,
+            sampling=[r.sampling_params for r in self.reqs],
+            sample=sample,
+            input_ids=input_ids,
+            positions=positions,
+            out_cache_loc=out_cache_loc,
+            num_tokens=num_tokens,
+            sum_seq_len=sum_seq,
+            sum_prefix_len=sum_prefix,
+            attention_pairs=pairs,
+        )
+
+    # -- membership ---------------------------------------------------------
+    def filter_batch(self, exclude: tuple[Req | None, ...] = ()) -> None:
+        """Drop finished and retracted requests, and `exclude` (requests still being chunked)."""
+        self.reqs = [r for r in self.reqs if not r.finished() and not r.is_retracted and r not in exclude]
+
+    def merge_batch(self, other: ScheduleBatch) -> None:
+        self.reqs.extend(other.reqs)

@@ -1,0 +1,38 @@
+"""StepLog: one row per forward step, kept as columns (cheap to append, cheap to write)."""
+
+from __future__ import annotations
+
+STEP_COLUMNS = (
+    "step",
+    "mode",  # extend | decode
+    "batch_size",
+    "num_tokens",  # new tokens computed
+    "prefix_tokens",  # tokens attended to from the cache / earlier steps
+    "cache_hit_tokens",  # prefix tokens reused from the radix cache by newly admitted requests
+    "schedule_start",
+    "schedule_end",
+    "launch_start",
+    "launch_end",
+    "device_start",
+    "device_end",
+    "process_start",
+    "process_end",
+    "kv_used_tokens",  # held by requests or locked in the cache, after the step
+    "kv_cached_tokens",  # evictable cache, after the step
+    "num_running",
+    "num_waiting",
+    "num_retracted",  # requests retracted when this step was scheduled
+)
+
+
+class StepLog:
+    def __init__(self) -> None:
+        self.cols: dict[str, list] = {name: [] for name in STEP_COLUMNS}
+        self._appenders = [self.cols[name].append for name in STEP_COLUMNS]
+
+    def append(self, *values) -> None:
+        for add, v in zip(self._appenders, values):
+            add(v)
+
+    def __len__(self) -> int:
+        return len(self.cols["step"])

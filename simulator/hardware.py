@@ -1,0 +1,93 @@
+"""Accelerator (or CPU) specs the roofline cost model and KV sizing read.
+
+Bundled specs live as JSON in ``simulator/hardware/``; a user's own spec is a
+JSON file with the same keys (see ``HardwareSpec.from_dict``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from simulator.cost_model import CpuStageCosts
+
+HARDWARE_DIR = Path(__file__).parent / "hardware"
+
+
+class HardwareConfigError(ValueError):
+    """An unknown hardware name or a malformed hardware JSON."""
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    name: str
+    peak_flops: float  # dense bf16 FLOP/s (no sparsity)
+    mem_bandwidth: float  # bytes/s of device memory
+    memory_bytes: int  # device memory as the driver reports it
+    # Fractions of the peaks that real kernels reach: large GEMMs get ~60-70% of
+    # peak FLOPs, streaming weights and KV gets ~80% of peak bandwidth.
+    compute_efficiency: float = 0.65
+    bandwidth_efficiency: float = 0.8
+    kernel_launch_s: float = 50e-6  # fixed device-side cost of one forward
+    per_layer_overhead_s: float = 4e-6  # small-kernel tails and gaps, per decoder layer
+    # Memory that activations, sampling and workspaces take out of the static pool.
+    activation_reserve_bytes: int = 1 << 30
+    cpu: CpuStageCosts = field(default_factory=CpuStageCosts)
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        for key in ("peak_flops", "mem_bandwidth", "memory_bytes"):
+            if getattr(self, key) <= 0:
+                raise HardwareConfigError(f"hardware {self.name!r}: {key} must be > 0")
+        for key in ("compute_efficiency", "bandwidth_efficiency"):
+            if not 0 < getattr(self, key) <= 1:
+                raise HardwareConfigError(f"hardware {self.name!r}: {key} must be in (0, 1]")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], name: str | None = None) -> "HardwareSpec":
+        d = dict(d)
+        try:
+            cpu = CpuStageCosts.from_dict(d.pop("cpu", {}))
+        except (TypeError, ValueError) as e:  # unknown stage or coefficient name
+            raise HardwareConfigError(f"hardware {name!r}: bad 'cpu' section: {e}") from e
+        known = set(cls.__dataclass_fields__) - {"cpu"}
+        unknown = set(d) - known
+        if unknown:
+            raise HardwareConfigError(f"hardware {name!r}: unknown keys {sorted(unknown)}")
+        if name is not None:
+            d.setdefault("name", name)
+        try:
+            return cls(cpu=cpu, **d)
+        except TypeError as e:  # a missing required key
+            raise HardwareConfigError(f"hardware {name!r}: {e}") from e
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "cpu"}
+        d["cpu"] = self.cpu.to_dict()
+        return d
+
+
+def bundled_hardware_names() -> list[str]:
+    return sorted(p.stem for p in HARDWARE_DIR.glob("*.json"))
+
+
+def load_hardware(name_or_path: str | Path) -> HardwareSpec:
+    """A bundled name (case-insensitive: h100, h200, a100, cpu) or a path to a JSON spec."""
+    key = str(name_or_path).lower()
+    if key in bundled_hardware_names():
+        path = HARDWARE_DIR / f"{key}.json"
+    else:
+        path = Path(name_or_path).expanduser()
+        if not path.is_file():
+            raise HardwareConfigError(
+                f"unknown hardware {str(name_or_path)!r}: not a bundled spec or a JSON file; "
+                f"bundled: {', '.join(bundled_hardware_names())}"
+            )
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise HardwareConfigError(f"{path} is not valid JSON: {e}") from e
+    return HardwareSpec.from_dict(data, name=path.stem)

@@ -1,0 +1,52 @@
+"""How many tokens of KV cache fit on a device, as SGLang sizes its pool.
+
+SGLang gives weights + KV pool a static share of device memory
+(``mem_fraction_static``); the rest is left to activations and CUDA graphs.
+Inside that share we also keep a small reserve for the sampler and workspaces
+(``HardwareSpec.activation_reserve_bytes``), then divide by the KV bytes of
+one token.
+"""
+
+from __future__ import annotations
+
+from scheduler.model_config import ModelConfig
+from simulator.hardware import HardwareSpec
+
+
+def kv_capacity_tokens(
+    model: ModelConfig,
+    hw: HardwareSpec,
+    mem_fraction_static: float = 0.88,
+    dtype_bytes: int = 2,
+    page_size: int = 1,
+    reserve_bytes: int | None = None,
+) -> int:
+    """Tokens of KV that fit, rounded down to a multiple of page_size.
+
+    Raises ValueError if the weights (plus reserve) do not fit in the static
+    share, or if not even one page of KV is left.
+    """
+    if not 0 < mem_fraction_static <= 1:
+        raise ValueError(f"mem_fraction_static must be in (0, 1], got {mem_fraction_static}")
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1, got {page_size}")
+    reserve = hw.activation_reserve_bytes if reserve_bytes is None else reserve_bytes
+
+    static = hw.memory_bytes * mem_fraction_static
+    weights = model.weight_bytes(dtype_bytes)
+    free = static - weights - reserve
+    gib = 1 << 30
+    if free <= 0:
+        raise ValueError(
+            f"model {model.name!r} does not fit on {hw.name!r}: weights {weights / gib:.2f} GiB "
+            f"+ reserve {reserve / gib:.2f} GiB > {mem_fraction_static:.2f} x "
+            f"{hw.memory_bytes / gib:.1f} GiB = {static / gib:.2f} GiB"
+        )
+    tokens = int(free // model.kv_bytes_per_token(dtype_bytes))
+    tokens -= tokens % page_size
+    if tokens <= 0:
+        raise ValueError(
+            f"model {model.name!r} on {hw.name!r}: {free / gib:.3f} GiB left after weights "
+            f"holds less than one page ({page_size} tokens) of KV"
+        )
+    return tokens

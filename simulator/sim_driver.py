@@ -1,0 +1,83 @@
+"""SimDriver: runs the scheduler's event loop on SimPy's clock.
+
+Each wait the loop yields becomes a SimPy event: CPU work is a timeout charged
+by the cost model; a launch charges the launch's CPU cost and queues the forward
+on the device stream (forwards run one after another, each as long as the cost
+model says); awaiting a result waits until that forward ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generator
+
+import simpy
+
+from scheduler.forward_plan import ForwardPlan
+from scheduler.loop import AwaitResult, CpuWork, EventLoop, ForwardResult, Launch, WaitForArrival
+from simulator.cost_model import CostModel
+
+# The simulator samples no tokens: traces fix output lengths. Every sampled id is this.
+SIM_TOKEN_ID = 0
+
+
+@dataclass(slots=True)
+class SimForward:
+    plan: ForwardPlan
+    start: float
+    end: float
+
+
+class SimDriver:
+    def __init__(self, cost_model: CostModel) -> None:
+        self.cost_model = cost_model
+        self.env = simpy.Environment()
+        self.device_free_at = 0.0
+        self.device_busy_s = 0.0
+
+    def clock(self) -> float:
+        return self.env.now
+
+    def run(self, loop: EventLoop) -> None:
+        self.env.process(self._drive(loop.run()))
+        self.env.run()
+
+    def _drive(self, gen: Generator) -> Generator[simpy.Event, Any, None]:
+        env, cost = self.env, self.cost_model
+        timeout = env.timeout
+        value: Any = None
+        while True:
+            try:
+                wait = gen.send(value)
+            except StopIteration:
+                return
+            value = None
+            kind = type(wait)
+            if kind is CpuWork:
+                dt = cost.cpu_time(wait.stage, wait.num_reqs, wait.num_tokens)
+                if dt > 0:
+                    yield timeout(dt)
+            elif kind is Launch:
+                plan = wait.plan
+                launch_start = env.now
+                dt = cost.cpu_time("launch", plan.batch_size, plan.num_tokens)
+                if dt > 0:
+                    yield timeout(dt)
+                # Kernels start as soon as the first is launched and the stream is free,
+                # but the forward cannot end before its last kernel was launched.
+                start = max(launch_start, self.device_free_at)
+                duration = cost.forward_time(plan)
+                end = max(start + duration, env.now)
+                self.device_free_at = end
+                self.device_busy_s += duration
+                value = SimForward(plan, start, end)
+            elif kind is AwaitResult:
+                fwd: SimForward = wait.handle
+                if fwd.end > env.now:
+                    yield timeout(fwd.end - env.now)
+                value = ForwardResult([SIM_TOKEN_ID] * fwd.plan.batch_size, fwd.start, fwd.end)
+            elif kind is WaitForArrival:
+                if wait.until > env.now:
+                    yield timeout(wait.until - env.now)
+            else:
+                raise TypeError(f"unknown wait {wait!r}")

@@ -1,0 +1,126 @@
+"""The `testbed` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from scheduler.model_config import ModelConfigError, bundled_model_names
+from scheduler.policy import POLICIES
+from testbed.errors import TraceError
+from testbed.replay import DEFAULT_HARDWARE, DEFAULT_MODEL, ReplayOptions, replay
+from testbed.summary_table import format_summary
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def add_replay_options(p: argparse.ArgumentParser) -> None:
+    """The options every replay takes (also the axes of a sweep)."""
+    d = ReplayOptions()
+    p.add_argument("--mode", choices=("sim", "real"), default=d.mode, help="simulate, or run the real engine")
+    p.add_argument("--policy", choices=POLICIES, default=d.policy, help="waiting-queue order (default %(default)s)")
+    p.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size, help="prefill chunk in tokens; <= 0 disables chunking (default %(default)s)")
+    p.add_argument("--max-prefill-tokens", type=_positive_int, default=d.max_prefill_tokens, help="new tokens per prefill batch (default %(default)s)")
+    p.add_argument("--page-size", type=_positive_int, default=d.page_size, help="KV page size in tokens (default %(default)s)")
+    p.add_argument("--kv-tokens", type=_positive_int, default=None, help="KV pool size in tokens (default: from the model and the device memory)")
+    p.add_argument("--mem-fraction-static", type=float, default=d.mem_fraction_static, help="device memory share for weights and KV (default %(default)s)")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=d.overlap, help="overlap scheduling with the forward (default on)")
+    p.add_argument("--disable-radix-cache", action="store_true", help="no prefix cache")
+    p.add_argument("--max-running-requests", type=_positive_int, default=None, help="cap on the running batch (default: from the KV pool)")
+    p.add_argument("--model", default=d.model, help=f"bundled config ({', '.join(bundled_model_names())}) or a local HF folder / config.json (default %(default)s)")
+    p.add_argument("--hardware", default=d.hardware, help="hardware spec: h100, h200, a100, cpu, or a JSON file (default %(default)s)")
+    p.add_argument("--time-scale", type=_positive_float, default=d.time_scale, help="multiply arrival times: 2 stretches them (half the load), 0.5 compresses (default %(default)s)")
+    p.add_argument("--max-requests", type=_positive_int, default=None, help="replay only the first N requests")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of every random choice (default %(default)s)")
+    p.add_argument("--format", choices=("native", "mooncake", "azure", "sharegpt"), default=None, help="trace format (default: detected from the content)")
+    p.add_argument("--rate", type=_positive_float, default=None, help="request rate for traces without arrival times (ShareGPT lengths)")
+
+
+def options_from_args(args: argparse.Namespace) -> ReplayOptions:
+    return ReplayOptions(
+        mode=args.mode,
+        policy=args.policy,
+        chunked_prefill_size=args.chunked_prefill_size,
+        max_prefill_tokens=args.max_prefill_tokens,
+        page_size=args.page_size,
+        kv_tokens=args.kv_tokens,
+        mem_fraction_static=args.mem_fraction_static,
+        overlap=args.overlap,
+        disable_radix_cache=args.disable_radix_cache,
+        max_running_requests=args.max_running_requests,
+        model=args.model,
+        hardware=args.hardware,
+        time_scale=args.time_scale,
+        max_requests=args.max_requests,
+        seed=args.seed,
+        format=args.format,
+        rate=args.rate,
+    )
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    opts = options_from_args(args)
+    bar = tqdm(total=None, unit="req", desc=f"replay {opts.mode}", disable=args.quiet, dynamic_ncols=True)
+
+    def progress(done: int, total: int) -> None:
+        if bar.total != total:
+            bar.total = total
+        if done != bar.n:
+            bar.update(done - bar.n)
+
+    try:
+        result = replay(args.trace, opts, out=args.out, progress=progress)
+    except KeyboardInterrupt:
+        bar.close()
+        print("\ninterrupted: the run folder is marked incomplete", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    bar.close()
+    print(format_summary(result.summary, title=f"{args.trace} ({opts.mode}, {opts.policy}, overlap {'on' if opts.overlap else 'off'})"))
+    print(f"run folder: {result.run_dir}   (wall {result.wall_s:.1f} s)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from testbed import trace_cli
+
+    parser = argparse.ArgumentParser(prog="testbed", description="LLM-serving scheduler testbed: replay traces in simulation or on a real engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("replay", help="replay a trace and write a run folder")
+    p.add_argument("trace", help="trace file: native JSON/JSONL, Mooncake JSONL, Azure CSV or ShareGPT-length CSV")
+    add_replay_options(p)
+    p.add_argument("--out", default=None, help="run folder (default runs/<trace>-<mode>-<policy>-<time>)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_replay)
+    trace_cli.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (TraceError, ModelConfigError, ValueError, FileNotFoundError) as e:
+        print(f"testbed: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""replay: one trace through the scheduler core, on the simulator's clock, into a run folder."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterator
+
+from scheduler.config import SchedulerConfig
+from scheduler.loop import EventLoop
+from scheduler.model_config import ModelConfig, load_model_config
+from scheduler.req import Req
+from scheduler.sampling import SamplingParams
+from scheduler.scheduler import Scheduler
+from testbed import metrics
+from testbed.run_folder import (
+    REQUESTS_FILE,
+    RUN_FILE,
+    STEPS_FILE,
+    WALL_FILE,
+    steps_frame,
+    versions,
+    write_json,
+    write_parquet,
+)
+from testbed.trace import Trace, materialize_input_ids
+from testbed.trace_formats import load_trace
+
+DEFAULT_MODEL = "llama-3.1-8b"
+DEFAULT_HARDWARE = "h100"
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    mode: str = "sim"
+    policy: str = "fcfs"
+    chunked_prefill_size: int = 8192
+    max_prefill_tokens: int = 16384
+    page_size: int = 1
+    kv_tokens: int | None = None  # None: from the model and the device memory
+    mem_fraction_static: float = 0.88
+    overlap: bool = True
+    disable_radix_cache: bool = False
+    max_running_requests: int | None = None
+    model: str = DEFAULT_MODEL
+    hardware: str = DEFAULT_HARDWARE
+    time_scale: float = 1.0  # arrival times are multiplied by this: 2 = half the load
+    max_requests: int | None = None
+    seed: int = 0
+    format: str | None = None
+    rate: float | None = None  # arrivals for traces without them (ShareGPT lengths)
+
+
+@dataclass
+class ReplayResult:
+    run_dir: Path
+    status: str
+    summary: dict
+    wall_s: float
+
+
+def default_run_dir(trace_path: str, opts: ReplayOptions) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{Path(trace_path).stem}-{opts.mode}-{opts.policy}-{stamp}"
+
+
+def make_requests(trace: Trace, opts: ReplayOptions, model: ModelConfig, vocab_size: int | None) -> Iterator[Req]:
+    """Reqs in arrival order, made one at a time; their prompts are made when first needed."""
+    eos = model.eos_token_id
+    t0 = trace.requests[0].arrival_s if trace.requests else 0.0
+    for i, tr in enumerate(trace.requests):
+        yield Req(
+            rid=tr.rid if tr.rid is not None else str(i),
+            input_len=tr.input_len,
+            input_ids_fn=(lambda tr=tr, i=i: materialize_input_ids(tr, i, vocab_size)),
+            sampling_params=SamplingParams(max_new_tokens=tr.output_len, ignore_eos=True),
+            arrival_time=(tr.arrival_s - t0) * opts.time_scale,
+            priority=tr.priority,
+            eos_token_ids=eos,
+            index=i,
+        )
+
+
+def scheduler_config(opts: ReplayOptions, model: ModelConfig, kv_tokens: int) -> SchedulerConfig:
+    return SchedulerConfig(
+        kv_tokens=kv_tokens,
+        context_len=model.context_len,
+        policy=opts.policy,
+        page_size=opts.page_size,
+        max_prefill_tokens=opts.max_prefill_tokens,
+        chunked_prefill_size=opts.chunked_prefill_size,
+        max_running_requests=opts.max_running_requests,
+        disable_radix_cache=opts.disable_radix_cache,
+        overlap=opts.overlap,
+        seed=opts.seed,
+    )
+
+
+def replay(
+    trace_path: str,
+    opts: ReplayOptions,
+    out: str | Path | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> ReplayResult:
+    """Replay a trace and write its run folder. progress(done, total) is called as requests finish.
+
+    A KeyboardInterrupt leaves the folder marked "incomplete" (with every request
+    so far) and is raised again.
+    """
+    if opts.mode != "sim":
+        raise ValueError(f"--mode {opts.mode}: only 'sim' is available in this version")
+    from simulator.hardware import load_hardware
+    from simulator.kv_capacity import kv_capacity_tokens
+    from simulator.roofline import RooflineCostModel
+    from simulator.sim_driver import SimDriver
+
+    wall_start = time.perf_counter()
+    model = load_model_config(opts.model)
+    hw = load_hardware(opts.hardware)
+    trace = load_trace(trace_path, opts.format, rate=opts.rate, seed=opts.seed)
+    if opts.max_requests is not None:
+        trace.requests = trace.requests[: opts.max_requests]
+    kv_tokens = opts.kv_tokens or kv_capacity_tokens(model, hw, opts.mem_fraction_static, page_size=opts.page_size)
+    config = scheduler_config(opts, model, kv_tokens)
+    cost_model = RooflineCostModel(model, hw)
+
+    run_dir = Path(out) if out is not None else default_run_dir(trace_path, opts)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in (REQUESTS_FILE, STEPS_FILE):
+        (run_dir / stale).unlink(missing_ok=True)
+    meta = {
+        "status": "running",
+        "mode": opts.mode,
+        "trace": {
+            "path": str(trace_path),
+            "sha256": trace.sha256(),
+            "format": trace.format,
+            "num_requests": len(trace),
+        },
+        "options": asdict(opts),
+        "model": model.name,
+        "hardware": hw.name,
+        "cost_model": cost_model.name,
+        "scheduler": config.to_dict() | {"max_running_requests": config.effective_max_running_requests},
+        "versions": versions(),
+        "summary": None,
+    }
+    write_json(run_dir / RUN_FILE, meta)
+
+    scheduler = Scheduler(config)
+    driver = SimDriver(cost_model)
+    total = len(trace)
+    report = (lambda done: progress(done, total)) if progress is not None else None
+    loop = EventLoop(scheduler, make_requests(trace, opts, model, None), driver.clock, opts.overlap, report)
+    status = "incomplete"  # until the loop ends: Ctrl-C leaves it so
+    try:
+        driver.run(loop)
+        scheduler.check_invariants()
+        status = "complete"
+    except Exception as e:
+        status = "failed"
+        meta["error"] = f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        in_flight = scheduler.waiting_queue + scheduler.running_batch.reqs
+        if scheduler.chunked_req is not None and scheduler.chunked_req not in in_flight:
+            in_flight.append(scheduler.chunked_req)
+        reqs = scheduler.done + (in_flight if status != "complete" else [])
+        df = metrics.requests_frame(reqs)
+        write_parquet(run_dir / REQUESTS_FILE, df)
+        write_parquet(run_dir / STEPS_FILE, steps_frame(loop.steps.cols))
+        meta["status"] = status
+        meta["summary"] = metrics.summarize(df) | {
+            "num_steps": len(loop.steps),
+            "simulated_s": driver.clock(),
+            "kv_tokens": kv_tokens,
+        }
+        write_json(run_dir / RUN_FILE, meta)
+        wall_s = time.perf_counter() - wall_start
+        write_json(
+            run_dir / WALL_FILE,
+            {"created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "wall_s": round(wall_s, 3)},
+        )
+    return ReplayResult(run_dir, status, meta["summary"], wall_s)

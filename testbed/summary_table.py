@@ -1,0 +1,35 @@
+"""The summary table a person reads at the end of a replay."""
+
+from __future__ import annotations
+
+from testbed.metrics import LATENCIES
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.1f}" if abs(v) >= 100 else f"{v:.2f}"
+    return f"{v:,}"
+
+
+def format_summary(s: dict, title: str = "") -> str:
+    lines = []
+    if title:
+        lines.append(title)
+    lines.append(
+        f"requests: {s['completed']} completed, {s.get('rejected', 0)} rejected, {s.get('unfinished', 0)} unfinished"
+        f"   duration {s['duration_s']:.2f} s"
+    )
+    lines.append(
+        f"throughput: {s['request_throughput']:.2f} req/s, {s['output_throughput']:,.0f} output tok/s, "
+        f"{s.get('input_throughput', 0):,.0f} input tok/s   cache hit rate {s['cache_hit_rate'] * 100:.1f}%"
+        f"   retractions {s.get('num_retractions', 0)}"
+    )
+    header = f"{'latency (ms)':<14}{'mean':>12}{'p50':>12}{'p90':>12}{'p99':>12}"
+    lines.append(header)
+    lines.append("-" * len(header))
+    for name in LATENCIES:
+        row = [s.get(f"{k}_{name}_ms") for k in ("mean", "p50", "p90", "p99")]
+        lines.append(f"{name.upper():<14}" + "".join(f"{_fmt(v):>12}" for v in row))
+    return "\n".join(lines)
