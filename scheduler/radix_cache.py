@@ -109,6 +109,10 @@ class RadixCache:
 
         The caller frees its own slots for that already-cached part (the tree keeps its own).
         """
+        return self._insert(key, value)[0]
+
+    def _insert(self, key: list[int], value: list[int]) -> tuple[int, TreeNode]:
+        """insert(), also returning the node that ends at the end of key."""
         ps = self.page_size
         assert len(key) % ps == 0 and len(key) == len(value)
         node, pos = self.root, 0
@@ -128,7 +132,8 @@ class RadixCache:
             leaf = TreeNode(key=key[pos:], value=value[pos:], parent=node, last_access=now)
             node.children[self._child_key(leaf.key)] = leaf
             self.evictable_size_ += len(leaf.value)
-        return pos
+            node = leaf
+        return pos, node
 
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
         """Split child after split_len tokens; return the new upper node."""
@@ -233,13 +238,19 @@ class RadixCache:
         token_ids = req.fill_ids
         kv = self.req_to_token_pool.get(req.req_pool_idx, 0, len(token_ids))
         aligned = len(kv) - len(kv) % self.page_size
-        already = self.insert(token_ids[:aligned], kv[:aligned])
-        self.allocator.free(kv[len(req.prefix_indices) : already])
-        new_indices, new_last_node = self.match_prefix(token_ids[:aligned])
-        assert len(new_indices) == aligned
-        self.req_to_token_pool.write(req.req_pool_idx, len(req.prefix_indices), new_indices[len(req.prefix_indices) :])
+        whole = aligned == len(kv)
+        already, new_last_node = self._insert(token_ids if whole else token_ids[:aligned], kv if whole else kv[:aligned])
+        num_prefix = len(req.prefix_indices)
+        if already <= num_prefix:
+            new_indices = kv if whole else kv[:aligned]  # the tree took our slots as they are
+        else:
+            # Another request cached part of these tokens first: use its slots, free ours.
+            self.allocator.free(kv[num_prefix:already])
+            new_indices, new_last_node = self.match_prefix(token_ids[:aligned])
+            assert len(new_indices) == aligned
+            self.req_to_token_pool.write(req.req_pool_idx, num_prefix, new_indices[num_prefix:])
         self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(new_last_node)
         # The unaligned tail stays the request's own.
-        req.prefix_indices = new_indices + kv[aligned:]
+        req.prefix_indices = new_indices if whole else new_indices + kv[aligned:]
         req.last_node = new_last_node

@@ -54,6 +54,10 @@ class Req:
     prefill_tokens: int = 0  # prompt tokens admitted (cached + computed), over all admissions
 
     _input_ids: list[int] | None = None
+    max_new_tokens: int = 0  # copied from sampling_params: read on every step
+
+    def __post_init__(self) -> None:
+        self.max_new_tokens = self.sampling_params.max_new_tokens
 
     @property
     def origin_input_ids(self) -> list[int]:
@@ -70,10 +74,6 @@ class Req:
     def finished(self) -> bool:
         return self.finished_reason is not None
 
-    @property
-    def max_new_tokens(self) -> int:
-        return self.sampling_params.max_new_tokens
-
     def init_next_round_input(self, tree_cache: Any | None = None) -> None:
         """Set fill_ids, and (with a cache) the longest cached prefix, for the next prefill."""
         self.fill_ids = self.origin_input_ids + self.output_ids if self.output_ids else self.origin_input_ids
@@ -84,7 +84,7 @@ class Req:
         self.extend_input_len = len(self.fill_ids) - len(self.prefix_indices)
 
     def check_finished(self) -> None:
-        if len(self.output_ids) >= self.sampling_params.max_new_tokens:
+        if len(self.output_ids) >= self.max_new_tokens:
             self.finished_reason = FinishReason.LENGTH
         elif not self.sampling_params.ignore_eos and self.output_ids and self.output_ids[-1] in self.eos_token_ids:
             self.finished_reason = FinishReason.STOP

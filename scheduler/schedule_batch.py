@@ -141,14 +141,31 @@ class ScheduleBatch:
         out_cache_loc = self.allocator.alloc_decode(last_locs, seq_lens_before)
         if out_cache_loc is None:
             raise OutOfKVMemory("decode does not fit the KV pool")
+        rows = pool.req_to_token
         input_ids: list[int] = []
-        seq_lens: list[int] = []
         for r, loc in zip(reqs, out_cache_loc):
-            pool.req_to_token[r.req_pool_idx].append(loc)
-            input_ids.append(r.pending_token if r.pending_token is not None else r.output_ids[-1])
+            rows[r.req_pool_idx].append(loc)
+            input_ids.append(r.output_ids[-1] if r.pending_token is None else r.pending_token)
             r.seq_len += 1
-            seq_lens.append(r.seq_len)
-        self._make_plan(seq_lens_before, [1] * len(reqs), seq_lens, input_ids, seq_lens_before, out_cache_loc, [True] * len(reqs))
+        bs = len(reqs)
+        seq_lens = [n + 1 for n in seq_lens_before]
+        sum_prefix = sum(seq_lens_before)
+        self.plan = ForwardPlan(
+            mode=ForwardMode.DECODE,
+            req_pool_indices=[r.req_pool_idx for r in reqs],
+            prefix_lens=seq_lens_before,
+            extend_lens=[1] * bs,
+            seq_lens=seq_lens,
+            sampling=[r.sampling_params for r in reqs],
+            sample=[True] * bs,
+            input_ids=input_ids,
+            positions=seq_lens_before,
+            out_cache_loc=out_cache_loc,
+            num_tokens=bs,
+            sum_seq_len=sum_prefix + bs,
+            sum_prefix_len=sum_prefix,
+            attention_pairs=float(sum_prefix + bs),
+        )
 
     def _make_plan(self, prefix_lens, extend_lens, seq_lens, input_ids, positions, out_cache_loc, sample) -> None:
         num_tokens, sum_seq, sum_prefix, pairs = ForwardPlan.summarize(prefix_lens, extend_lens)

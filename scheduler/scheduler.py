@@ -96,7 +96,7 @@ class Scheduler:
             chunked_to_exclude = self.chunked_req
             self.tree_cache.cache_unfinished_req(self.chunked_req)
         last = self.last_batch
-        if last is not None and last.forward_mode.is_extend():
+        if last is not None and last.forward_mode is not ForwardMode.DECODE:
             last_bs = last.batch_size()
             last.filter_batch(exclude=(last.chunked_req, chunked_to_exclude))
             if last.batch_size() < last_bs:
@@ -199,14 +199,15 @@ class Scheduler:
         assert plan is not None
         reqs = list(batch.reqs)
         if overlap:
-            future = []
-            for r, sample in zip(reqs, plan.sample):
-                self._future_ct = self._future_ct % FUTURE_MAP_SIZE + 1
-                future.append(self._future_ct)
+            start = self._future_ct + 1
+            if start + len(reqs) > FUTURE_MAP_SIZE:
+                start = 1
+            self._future_ct = start + len(reqs) - 1
+            plan.future_indices = future = list(range(start, start + len(reqs)))
+            for r, f, sample in zip(reqs, future, plan.sample):
                 if sample:
-                    r.pending_token = -self._future_ct
-            plan.future_indices = future
-        if plan.mode.is_extend():
+                    r.pending_token = -f
+        if plan.mode is not ForwardMode.DECODE:
             for r in reqs:
                 if r.scheduled_time is None:
                     r.scheduled_time = now
@@ -214,33 +215,37 @@ class Scheduler:
 
     def process_batch_result(self, launched: LaunchedBatch, next_token_ids: list[int], now: float) -> None:
         plan = launched.plan
+        is_decode = plan.mode is ForwardMode.DECODE
+        future = plan.future_indices
         ps = self.config.page_size
-        for i, (req, tok) in enumerate(zip(launched.reqs, next_token_ids)):
+        for i, req in enumerate(launched.reqs):
             if req.is_retracted:
                 continue  # retracted while this forward ran: its token is dropped
-            if not plan.sample[i]:
+            if not is_decode and not plan.sample[i]:
                 req.is_chunked -= 1  # a non-final chunk samples nothing
                 continue
-            if req.finished():
+            if req.finished_reason is not None:
                 # Overlap: the request finished one step earlier, this token is the extra one.
-                if plan.mode == ForwardMode.DECODE and (ps == 1 or (req.input_len + len(req.output_ids) - 1) % ps == 0):
+                if is_decode and (ps == 1 or (req.input_len + len(req.output_ids) - 1) % ps == 0):
                     self.allocator.free(plan.out_cache_loc[i : i + 1])
                 continue
-            if plan.future_indices is not None and req.pending_token == -plan.future_indices[i]:
+            if future is not None and req.pending_token == -future[i]:
                 req.pending_token = None
-            req.output_ids.append(tok)
+            out = req.output_ids
+            out.append(next_token_ids[i])
             req.token_times.append(now)
             if req.first_token_time is None:
                 req.first_token_time = now
-            req.check_finished()
-            if req.finished():
+            if len(out) >= req.max_new_tokens or not req.sampling_params.ignore_eos:
+                req.check_finished()
+            if req.finished_reason is not None:
                 req.finish_time = now
                 self.tree_cache.cache_finished_req(req)
                 req.req_pool_idx = None
                 req.pending_token = None
                 req.drop_input_ids()
                 self.done.append(req)
-            elif plan.mode.is_extend():
+            elif not is_decode:
                 self.tree_cache.cache_unfinished_req(req)
 
     # -- checks -------------------------------------------------------------------

@@ -1,0 +1,23 @@
+"""Errors the CLI reports to the user as one line, without a traceback."""
+
+from __future__ import annotations
+
+
+class TraceError(Exception):
+    """A trace file that cannot be used, located as precisely as we can.
+
+    str() reads like a compiler message so that editors can jump to it:
+    ``traces/x.jsonl:12: field 'output_len': must be a non-negative integer, got -3``
+    """
+
+    def __init__(self, path: str, line: int | None, field: str | None, message: str) -> None:
+        self.path = str(path)
+        self.line = line  # 1-based line number in the file, None if not about one line
+        self.field = field  # the offending key or column, None if not about one field
+        self.message = message
+        super().__init__(self.path, line, field, message)
+
+    def __str__(self) -> str:
+        where = self.path if self.line is None else f"{self.path}:{self.line}"
+        what = self.message if self.field is None else f"field {self.field!r}: {self.message}"
+        return f"{where}: {what}"

@@ -1,0 +1,287 @@
+"""The native trace schema: a list of requests with arrival times and lengths.
+
+A request carries its prompt either as explicit token ids or as a length,
+optionally with block hashes that say which blocks of the prompt are shared
+with other requests. Token ids for the latter are made on demand by
+`materialize_input_ids`, one request at a time: a Mooncake replay holds
+about 144M prompt tokens, which must never all be in memory at once.
+
+The file format is described in docs/trace-format.md; loaders live in
+testbed/trace_formats.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+NATIVE_FORMAT_TAG = "testbed-trace"
+NATIVE_VERSION = 1
+DEFAULT_BLOCK_SIZE = 512
+
+
+@dataclass(slots=True)
+class TraceRequest:
+    arrival_s: float  # seconds from trace start, non-decreasing over the trace
+    input_len: int  # prompt tokens (>= 1)
+    output_len: int  # tokens to generate (>= 1)
+    input_ids: list[int] | None = None  # explicit prompt tokens (then input_len == len(input_ids))
+    # Prefix sharing: block i covers tokens [i*block_size, (i+1)*block_size); equal hash = equal
+    # tokens. A partial last block holds a prefix of the tokens of a full block with that hash.
+    block_hashes: list[int] | None = None
+    block_size: int = DEFAULT_BLOCK_SIZE
+    rid: str | None = None
+    priority: int = 0
+
+    def to_json_obj(self) -> dict:
+        """The request as a native-format JSON object (defaults left out)."""
+        obj: dict = {"arrival": self.arrival_s, "input_len": self.input_len, "output_len": self.output_len}
+        if self.input_ids is not None:
+            obj["input_ids"] = self.input_ids
+        if self.block_hashes is not None:
+            obj["block_hashes"] = self.block_hashes
+            obj["block_size"] = self.block_size
+        if self.rid is not None:
+            obj["id"] = self.rid
+        if self.priority:
+            obj["priority"] = self.priority
+        return obj
+
+
+@dataclass(slots=True)
+class TraceStats:
+    """What `testbed trace info` prints; cheap to compute (no token ids made)."""
+
+    num_requests: int
+    duration_s: float  # last arrival - first arrival
+    mean_input_len: float
+    mean_output_len: float
+    max_input_len: int
+    max_output_len: int
+    total_input_tokens: int
+    total_output_tokens: int
+    hashed_requests: int  # requests that carry block hashes
+    total_blocks: int  # block hashes over all requests
+    unique_blocks: int  # distinct (block_size, hash) pairs
+    # Prompt tokens an infinite prefix cache could serve: per request, the leading blocks
+    # already seen in an earlier request (an upper bound on the radix cache hit rate).
+    reusable_prefix_tokens: int
+
+    @property
+    def rate(self) -> float:
+        return (self.num_requests - 1) / self.duration_s if self.duration_s > 0 else float("inf")
+
+    @property
+    def reusable_fraction(self) -> float:
+        return self.reusable_prefix_tokens / self.total_input_tokens if self.total_input_tokens else 0.0
+
+
+@dataclass
+class Trace:
+    requests: list[TraceRequest]
+    path: str | None = None  # the file it was loaded from, if any
+    format: str = "native"  # the format it was loaded from
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def duration_s(self) -> float:
+        return self.requests[-1].arrival_s - self.requests[0].arrival_s if self.requests else 0.0
+
+    def sha256(self) -> str:
+        """Hash of the source file (identifies the trace a run replayed); of the native
+        JSONL serialization for a trace made in memory."""
+        if self.path is not None and os.path.isfile(self.path):
+            return file_sha256(self.path)
+        h = hashlib.sha256()
+        for line in _native_lines(self.requests):
+            h.update(line.encode())
+            h.update(b"\n")
+        return h.hexdigest()
+
+    def write(self, path: str | os.PathLike) -> None:
+        """Write the native format: JSONL if the name ends with .jsonl, else the JSON object
+        form. Either way one request per line, so that errors can name a line."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        header = {"format": NATIVE_FORMAT_TAG, "version": NATIVE_VERSION}
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            if path.suffix == ".jsonl":
+                f.write(json.dumps(header) + "\n")
+                for line in _native_lines(self.requests):
+                    f.write(line + "\n")
+            else:
+                # The header object, then the requests array with one element per line.
+                f.write(json.dumps(header)[:-1] + ', "requests": [\n')
+                lines = _native_lines(self.requests)
+                for i, line in enumerate(lines):
+                    f.write(line + (",\n" if i + 1 < len(self.requests) else "\n"))
+                f.write("]}\n")
+        os.replace(tmp, path)  # never leave a half-written trace under the real name
+
+    def stats(self) -> TraceStats:
+        reqs = self.requests
+        n = len(reqs)
+        total_in = sum(r.input_len for r in reqs)
+        total_out = sum(r.output_len for r in reqs)
+        # Longest token count seen so far for each block, so that a partial block seen
+        # earlier only counts for the tokens it really had.
+        seen: dict[tuple[int, int], int] = {}
+        total_blocks = hashed = reusable = 0
+        for r in reqs:
+            if not r.block_hashes:
+                continue
+            hashed += 1
+            total_blocks += len(r.block_hashes)
+            bs = r.block_size
+            matching = True
+            for i, h in enumerate(r.block_hashes):
+                ntok = max(0, min(bs, r.input_len - i * bs))
+                key = (bs, h)
+                before = seen.get(key, 0)
+                if matching:
+                    reusable += min(ntok, before)
+                    matching = before >= ntok
+                if ntok > before:
+                    seen[key] = ntok
+        return TraceStats(
+            num_requests=n,
+            duration_s=self.duration_s,
+            mean_input_len=total_in / n if n else 0.0,
+            mean_output_len=total_out / n if n else 0.0,
+            max_input_len=max((r.input_len for r in reqs), default=0),
+            max_output_len=max((r.output_len for r in reqs), default=0),
+            total_input_tokens=total_in,
+            total_output_tokens=total_out,
+            hashed_requests=hashed,
+            total_blocks=total_blocks,
+            unique_blocks=len(seen),
+            reusable_prefix_tokens=reusable,
+        )
+
+
+def _native_lines(requests: list[TraceRequest]) -> list[str]:
+    # Compact separators inside lists keep files with many hashes small; still one line each.
+    return [json.dumps(r.to_json_obj(), separators=(", ", ": ")) for r in requests]
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------
+# Token ids on demand.
+#
+# Only token *equality* matters to a prefix cache, and prefix matching stops at the first
+# differing token. So each hashed block is one "marker" token that identifies the hash,
+# followed by filler tokens copied from a shared pool (a list slice: a C-speed copy of
+# existing int objects, about 1.5 us per 512-token block, where building 512 fresh ints
+# with list(range(...)) costs 6-9 us on a slow server core). The filler offset is also
+# drawn from the hash, so different hashes differ beyond the first token too, except on a
+# rare offset collision; that never creates false sharing because the markers differ.
+# The unique tail of a request (tokens past its hashed blocks, or all of them when it
+# has no hashes) starts with a marker derived from its index, so nothing after it can
+# match another request.
+#
+# vocab_size None (simulator, any int is a token): markers live in ranges disjoint from
+#   the pool and from each other, so different hashes always differ at their first token:
+#   pool [0, 2^16), request markers 2^20 + index, hash markers 2^40 + zigzag(hash).
+#   All ids are non-negative (negative ids are the scheduler's placeholders).
+# vocab_size V (real engine): every id must be in [0, V), so markers are a multiplicative
+#   hash mod V and collide with probability 1/V. A collision of two sibling blocks
+#   makes the radix cache share one token (or, when the filler offsets also collide,
+#   with odds of 1/V^2, a whole block). That is harmless for correctness: the KV of
+#   equal tokens after an equal prefix is equal. It only adds a rare, tiny cache hit the
+#   simulator would not see. The pool is range(V), so fillers are arithmetic
+#   progressions mod V.
+# ---------------------------------------------------------------------------------------
+
+_SIM_POOL_SIZE = 1 << 16
+_SIM_REQUEST_MARKER_BASE = 1 << 20
+_SIM_HASH_MARKER_BASE = 1 << 40
+_MASK64 = (1 << 64) - 1
+
+
+@lru_cache(maxsize=8)
+def _pool(vocab_size: int | None) -> list[int]:
+    return list(range(_SIM_POOL_SIZE if vocab_size is None else vocab_size))
+
+
+def _zigzag(h: int) -> int:
+    """Any int to a distinct non-negative int: 0, -1, 1, -2, ... -> 0, 1, 2, 3, ..."""
+    return 2 * h if h >= 0 else -2 * h - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64 finalizer: spreads nearby integers (hash ids 0, 1, 2, ...) over 64 bits."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _fill(out: list[int], pool: list[int], offset: int, n: int) -> None:
+    """Append n tokens from the pool read cyclically from offset."""
+    size = len(pool)
+    while n > 0:
+        take = min(n, size - offset)
+        out.extend(pool[offset : offset + take])
+        n -= take
+        offset = 0
+
+
+def _append_run(out: list[int], n: int, marker: int, mixed: int, vocab_size: int | None) -> None:
+    """Append n tokens: the marker, then n - 1 fillers at an offset drawn from `mixed`."""
+    if n <= 0:
+        return
+    pool = _pool(vocab_size)
+    out.append(marker)
+    _fill(out, pool, mixed % len(pool), n - 1)
+
+
+def materialize_input_ids(req: TraceRequest, index: int, vocab_size: int | None = None) -> list[int]:
+    """The prompt token ids of request `index` of a trace, made on demand.
+
+    Explicit input_ids are returned as they are. Otherwise the tokens of block i depend on
+    block_hashes[i] and the block size alone, so equal hashes give equal tokens wherever
+    they occur, and different hashes give different first tokens. Tokens past the hashed
+    blocks are unique to the request. With vocab_size every id is in [0, vocab_size).
+    """
+    if req.input_ids is not None:
+        return req.input_ids
+    if vocab_size is not None and vocab_size < 1:
+        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+    out: list[int] = []
+    total = req.input_len
+    pos = 0
+    if req.block_hashes:
+        bs = req.block_size
+        for h in req.block_hashes:
+            n = min(bs, total - pos)
+            if n <= 0:
+                break
+            mixed = _mix64(_zigzag(h) & _MASK64)
+            if vocab_size is None:
+                marker = _SIM_HASH_MARKER_BASE + _zigzag(h)
+            else:
+                marker = mixed % vocab_size
+            # A second, independent draw for the filler offset.
+            _append_run(out, n, marker, mixed >> 20, vocab_size)
+            pos += n
+    if pos < total:
+        mixed = _mix64((index ^ 0x5DEECE66D) & _MASK64)
+        if vocab_size is None:
+            marker = _SIM_REQUEST_MARKER_BASE + index
+        else:
+            marker = mixed % vocab_size
+        _append_run(out, total - pos, marker, mixed >> 20, vocab_size)
+    return out

@@ -1,0 +1,418 @@
+"""Trace importers: the native format and public traces, detected by content.
+
+Every loader validates as it reads and raises TraceError naming the file, the 1-based
+line and the field, so that a user can fix a hand-written or converted trace quickly.
+
+Formats (see docs/trace-format.md):
+  native    JSON object {"format": "testbed-trace", "version": 1, "requests": [...]} or JSONL
+  mooncake  JSONL: timestamp (ms), input_length, output_length, hash_ids (512-token blocks)
+  azure     CSV: TIMESTAMP (wall clock), ContextTokens, GeneratedTokens
+  sharegpt  CSV: num_prefill_tokens, num_decode_tokens, ...; no arrivals, so Poisson at --rate
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import re
+from datetime import datetime, timedelta
+from typing import Any, Iterator
+
+import numpy as np
+
+from testbed.errors import TraceError
+from testbed.trace import DEFAULT_BLOCK_SIZE, NATIVE_FORMAT_TAG, NATIVE_VERSION, Trace, TraceRequest
+from testbed.trace_gen import poisson_arrivals
+
+FORMATS = ("native", "mooncake", "azure", "sharegpt")
+MOONCAKE_BLOCK_SIZE = 512
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+SHAREGPT_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
+
+
+# --- field checks ----------------------------------------------------------------------
+# Each check gets (value, field name, where) and returns the clean value or raises.
+# `where` is (path, line) so that errors point at the line.
+
+
+def _fail(where: tuple[str, int | None], field: str | None, message: str) -> TraceError:
+    return TraceError(where[0], where[1], field, message)
+
+
+def _int(value: Any, field: str, where: tuple[str, int | None], minimum: int) -> int:
+    # bool is an int in Python but never a length; integral floats (5.0) are accepted
+    # because some JSON writers emit them.
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        kind = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
+        raise _fail(where, field, f"must be {kind}, got {value!r}")
+    return value
+
+
+def _time(value: Any, field: str, where: tuple[str, int | None]) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise _fail(where, field, f"must be a non-negative number, got {value!r}")
+    return float(value)
+
+
+def _int_list(value: Any, field: str, where: tuple[str, int | None], minimum: int | None) -> list[int]:
+    if not isinstance(value, list):
+        raise _fail(where, field, f"must be a list of integers, got {type(value).__name__}")
+    for i, v in enumerate(value):
+        if not isinstance(v, int) or isinstance(v, bool) or (minimum is not None and v < minimum):
+            kind = "a non-negative integer" if minimum == 0 else "an integer"
+            raise _fail(where, field, f"element {i} must be {kind}, got {v!r}")
+    return value
+
+
+def _require(obj: dict, key: str, where: tuple[str, int | None]) -> Any:
+    if key not in obj:
+        raise _fail(where, key, "missing")
+    return obj[key]
+
+
+def _check_sorted(prev: float | None, arrival: float, field: str, where: tuple[str, int | None]) -> None:
+    if prev is not None and arrival < prev:
+        raise _fail(where, field, f"arrival times must be non-decreasing, got {arrival!r} after {prev!r}")
+
+
+def _check_hashes(hashes: list[int], input_len: int, block_size: int, exact: bool, field: str, where) -> None:
+    blocks = -(-input_len // block_size)  # ceil
+    if len(hashes) > blocks or (exact and len(hashes) != blocks):
+        need = f"ceil({input_len}/{block_size}) = {blocks}"
+        rel = "must have" if exact else "must have at most"
+        raise _fail(where, field, f"{rel} {need} entries for the input length, got {len(hashes)}")
+
+
+# --- detection -------------------------------------------------------------------------
+
+
+def _first_line(path: str) -> tuple[int, str, str]:
+    """(line number, text) of the first non-blank line, and the first 64 KiB of the file.
+    The line is read whole: a native request with explicit input_ids can be long."""
+    try:
+        with open(path, encoding="utf-8-sig", errors="replace") as f:  # -sig drops a BOM
+            head = f.read(1 << 16)
+            f.seek(0)
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    return lineno, line.strip(), head
+    except OSError as e:
+        raise TraceError(path, None, None, f"cannot read: {e.strerror or e}") from None
+    raise TraceError(path, None, None, "empty trace file")
+
+
+def detect_format(path: str | os.PathLike) -> str:
+    """The format of a trace file, from its first line (never from its name)."""
+    path = str(path)
+    lineno, line, head = _first_line(path)
+    if line[0] == "[":
+        return "native"
+    if line[0] == "{":
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            # The JSON form opens its object on the first line without closing it.
+            if NATIVE_FORMAT_TAG in head or '"requests"' in head:
+                return "native"
+            raise TraceError(path, lineno, None, f"invalid JSON: {e.msg} (column {e.colno})") from None
+        if isinstance(obj, dict):
+            if "hash_ids" in obj or ("timestamp" in obj and "input_length" in obj):
+                return "mooncake"
+            if obj.get("format") == NATIVE_FORMAT_TAG or "requests" in obj or "arrival" in obj:
+                return "native"
+        raise TraceError(path, lineno, None, "JSON, but neither a testbed trace nor a Mooncake trace; use --format")
+    header = next(csv.reader([line]))
+    cols = {c.strip() for c in header}
+    if set(AZURE_COLUMNS) <= cols:
+        return "azure"
+    if set(SHAREGPT_COLUMNS) <= cols:
+        return "sharegpt"
+    expected = f"JSON/JSONL (native, mooncake) or CSV with {','.join(AZURE_COLUMNS)} (azure)"
+    expected += f" or {','.join(SHAREGPT_COLUMNS)} (sharegpt)"
+    raise TraceError(path, lineno, None, f"unrecognized trace format (header {header[:6]!r}); expected {expected}")
+
+
+def load_trace(
+    path: str | os.PathLike, format: str | None = None, *, rate: float | None = None, seed: int = 0
+) -> Trace:
+    """Load and validate a trace. `format` forces a format instead of detecting it;
+    `rate` (req/s) and `seed` make Poisson arrivals for formats that have none (sharegpt)."""
+    path = str(path)
+    fmt = format or detect_format(path)
+    if fmt not in FORMATS:
+        raise TraceError(path, None, None, f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    try:
+        requests = _load_sharegpt(path, rate, seed) if fmt == "sharegpt" else _LOADERS[fmt](path)
+    except UnicodeDecodeError as e:
+        message = f"not UTF-8 text ({e.reason} at byte {e.start}); is it a {fmt} trace?"
+        raise TraceError(path, None, None, message) from None
+    except OSError as e:
+        raise TraceError(path, None, None, f"cannot read: {e.strerror or e}") from None
+    if not requests:
+        raise TraceError(path, None, None, "the trace has no requests")
+    return Trace(requests=requests, path=path, format=fmt)
+
+
+# --- native ----------------------------------------------------------------------------
+
+
+def _native_request(obj: Any, where: tuple[str, int | None], prev: float | None) -> TraceRequest:
+    if not isinstance(obj, dict):
+        raise _fail(where, None, f"a request must be a JSON object, got {type(obj).__name__}")
+    arrival = _time(_require(obj, "arrival", where), "arrival", where)
+    _check_sorted(prev, arrival, "arrival", where)
+    input_ids = None
+    if "input_ids" in obj:
+        input_ids = _int_list(obj["input_ids"], "input_ids", where, minimum=0)
+        if not input_ids:
+            raise _fail(where, "input_ids", "must not be empty")
+        input_len = len(input_ids)
+        if "input_len" in obj and _int(obj["input_len"], "input_len", where, 1) != input_len:
+            raise _fail(where, "input_len", f"is {obj['input_len']!r} but input_ids has {input_len} tokens")
+    elif "input_len" in obj:
+        input_len = _int(obj["input_len"], "input_len", where, 1)
+    else:
+        raise _fail(where, "input_len", "missing (give input_len or input_ids)")
+    output_len = _int(_require(obj, "output_len", where), "output_len", where, 1)
+    block_size = _int(obj.get("block_size", DEFAULT_BLOCK_SIZE), "block_size", where, 1)
+    hashes = None
+    if obj.get("block_hashes") is not None:
+        hashes = _int_list(obj["block_hashes"], "block_hashes", where, minimum=None)
+        # Blocks past the hashes are unique to the request, so fewer hashes is fine.
+        _check_hashes(hashes, input_len, block_size, False, "block_hashes", where)
+    rid = obj.get("id")
+    if rid is not None and not isinstance(rid, str):
+        raise _fail(where, "id", f"must be a string, got {rid!r}")
+    priority = obj.get("priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise _fail(where, "priority", f"must be an integer, got {priority!r}")
+    return TraceRequest(arrival, input_len, output_len, input_ids, hashes, block_size, rid, priority)
+
+
+def _check_header(obj: dict, where: tuple[str, int | None]) -> None:
+    if obj.get("format") != NATIVE_FORMAT_TAG:
+        raise _fail(where, "format", f"must be {NATIVE_FORMAT_TAG!r}, got {obj.get('format')!r}")
+    version = obj.get("version", NATIVE_VERSION)
+    if version != NATIVE_VERSION:
+        raise _fail(where, "version", f"this testbed reads version {NATIVE_VERSION}, got {version!r}")
+
+
+def _jsonl_objects(path: str) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed JSON) for each non-blank line."""
+    with open(path, encoding="utf-8-sig") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TraceError(path, lineno, None, f"invalid JSON: {e.msg} (column {e.colno})") from None
+
+
+def _load_native(path: str) -> list[TraceRequest]:
+    # JSONL when the first line is a complete JSON object on its own (a request or the
+    # header); the JSON form's first line opens the document and does not parse alone
+    # (or, written on one line, holds the "requests" list itself).
+    _, line, _ = _first_line(path)
+    try:
+        jsonl = line.startswith("{") and "requests" not in json.loads(line)
+    except json.JSONDecodeError:
+        jsonl = False
+    return _load_native_jsonl(path) if jsonl else _load_native_json(path)
+
+
+def _load_native_jsonl(path: str) -> list[TraceRequest]:
+    requests: list[TraceRequest] = []
+    prev = None
+    for lineno, obj in _jsonl_objects(path):
+        where = (path, lineno)
+        if isinstance(obj, dict) and "format" in obj:
+            if requests:
+                raise _fail(where, "format", "a header object is only allowed on the first line")
+            _check_header(obj, where)
+            continue
+        req = _native_request(obj, where, prev)
+        prev = req.arrival_s
+        requests.append(req)
+    return requests
+
+
+def _load_native_json(path: str) -> list[TraceRequest]:
+    with open(path, encoding="utf-8-sig") as f:
+        text = f.read()
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TraceError(path, e.lineno, None, f"invalid JSON: {e.msg} (column {e.colno})") from None
+    if isinstance(doc, dict):
+        _check_header(doc, (path, 1))
+        items = _require(doc, "requests", (path, 1))
+        if not isinstance(items, list):
+            raise _fail((path, 1), "requests", f"must be a list, got {type(items).__name__}")
+    elif isinstance(doc, list):
+        items = doc  # a bare array of request objects is accepted too
+    else:
+        raise TraceError(path, 1, None, "expected a JSON object with a 'requests' list")
+    requests: list[TraceRequest] = []
+    prev = None
+    for i, obj in enumerate(items):
+        try:
+            req = _native_request(obj, (path, None), prev)
+        except TraceError as e:
+            # Parsing the whole document at once is fast; only on an error do we find out
+            # which line the offending request starts on.
+            e.line = _json_element_lines(text)[i]
+            raise
+        prev = req.arrival_s
+        requests.append(req)
+    return requests
+
+
+def _json_element_lines(text: str) -> list[int]:
+    """1-based line of each element of the requests array (or of a top-level array)."""
+    decoder = json.JSONDecoder()
+    ws = re.compile(r"\s*")
+
+    def skip(pos: int) -> int:
+        return ws.match(text, pos).end()
+
+    pos = skip(1 if text.startswith("\ufeff") else 0)
+    if text[pos] == "{":
+        pos = skip(pos + 1)
+        while text[pos] != "}":
+            key, pos = decoder.raw_decode(text, pos)
+            pos = skip(skip(pos) + 1)  # past ':'
+            if key == "requests":
+                break
+            _, pos = decoder.raw_decode(text, pos)
+            pos = skip(pos)
+            if text[pos] == ",":
+                pos = skip(pos + 1)
+    lines: list[int] = []
+    pos = skip(pos + 1)  # past '['
+    while pos < len(text) and text[pos] != "]":
+        lines.append(text.count("\n", 0, pos) + 1)
+        _, pos = decoder.raw_decode(text, pos)
+        pos = skip(pos)
+        if text[pos] == ",":
+            pos = skip(pos + 1)
+    return lines
+
+
+# --- mooncake --------------------------------------------------------------------------
+
+
+def _load_mooncake(path: str) -> list[TraceRequest]:
+    requests: list[TraceRequest] = []
+    prev = None
+    for lineno, obj in _jsonl_objects(path):
+        where = (path, lineno)
+        if not isinstance(obj, dict):
+            raise _fail(where, None, f"a request must be a JSON object, got {type(obj).__name__}")
+        arrival = _time(_require(obj, "timestamp", where), "timestamp", where) / 1000.0  # ms -> s
+        _check_sorted(prev, arrival, "timestamp", where)
+        input_len = _int(_require(obj, "input_length", where), "input_length", where, 1)
+        output_len = _int(_require(obj, "output_length", where), "output_length", where, 1)
+        hashes = _int_list(_require(obj, "hash_ids", where), "hash_ids", where, minimum=None)
+        _check_hashes(hashes, input_len, MOONCAKE_BLOCK_SIZE, True, "hash_ids", where)
+        requests.append(TraceRequest(arrival, input_len, output_len, None, hashes, MOONCAKE_BLOCK_SIZE))
+        prev = arrival
+    return requests
+
+
+# --- CSV formats -----------------------------------------------------------------------
+
+
+def _csv_rows(path: str, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
+    """(line number, {column: text}) for each data row; checks the header has the columns."""
+    with open(path, encoding="utf-8-sig", newline="") as f:  # newline='' lets csv handle CRLF
+        reader = csv.reader(f)
+        header = [c.strip() for c in next(reader, [])]
+        missing = [c for c in required if c not in header]
+        if missing:
+            raise TraceError(path, 1, missing[0], f"missing column (header has {header!r})")
+        idx = {c: header.index(c) for c in required}
+        lineno = reader.line_num
+        for row in reader:
+            start, lineno = lineno + 1, reader.line_num  # a quoted field may span lines
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue
+            if len(row) < len(header):
+                raise TraceError(path, start, None, f"expected {len(header)} columns, got {len(row)}")
+            yield start, {c: row[i].strip() for c, i in idx.items()}
+
+
+def _csv_int(text: str, field: str, where: tuple[str, int | None], minimum: int) -> int:
+    value: Any = text  # _int rejects it with the text in the message if it is no number
+    try:
+        value = float(text) if "." in text or "e" in text.lower() else int(text)  # "12.0" is accepted
+    except ValueError:
+        pass
+    return _int(value, field, where, minimum)
+
+
+# TIMESTAMP: "2023-11-16 18:17:03.9799600": any number of fractional digits (datetime only
+# keeps 6), optionally a timezone ("+00:00" or "Z"), as in Azure's 2024 traces.
+_TIMESTAMP = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:\.(\d+))?\s*(Z|[+-]\d{2}:?\d{2})?")
+
+
+def _parse_timestamp(text: str, where: tuple[str, int | None]) -> tuple[datetime, int]:
+    """(whole seconds as a UTC-naive datetime, nanoseconds) of a wall-clock string."""
+    m = _TIMESTAMP.fullmatch(text)
+    if not m:
+        raise _fail(where, "TIMESTAMP", f"must be a time like '2023-11-16 18:17:03.9799600', got {text!r}")
+    try:
+        dt = datetime.fromisoformat(f"{m.group(1)} {m.group(2)}")
+    except ValueError:
+        raise _fail(where, "TIMESTAMP", f"not a valid date and time: {text!r}") from None
+    tz = (m.group(4) or "Z").replace(":", "")
+    if tz != "Z":  # to UTC, so that rows in different offsets compare
+        dt -= (1 if tz[0] == "+" else -1) * timedelta(hours=int(tz[1:3]), minutes=int(tz[3:]))
+    frac = (m.group(3) or "")[:9].ljust(9, "0")
+    return dt, int(frac)
+
+
+def _load_azure(path: str) -> list[TraceRequest]:
+    requests: list[TraceRequest] = []
+    t0: tuple[datetime, int] | None = None
+    prev = None
+    for lineno, row in _csv_rows(path, AZURE_COLUMNS):
+        where = (path, lineno)
+        dt, ns = _parse_timestamp(row["TIMESTAMP"], where)
+        if t0 is None:
+            t0 = (dt, ns)
+        # Whole seconds and nanoseconds apart, so 100 ns ticks survive the subtraction.
+        delta = dt - t0[0]
+        arrival = (delta.days * 86400 + delta.seconds) + (ns - t0[1]) * 1e-9
+        if prev is not None and arrival < prev:
+            message = f"must be non-decreasing: {row['TIMESTAMP']} is {prev - arrival:.7f} s before the previous row"
+            raise _fail(where, "TIMESTAMP", message)
+        input_len = _csv_int(row["ContextTokens"], "ContextTokens", where, 1)
+        output_len = _csv_int(row["GeneratedTokens"], "GeneratedTokens", where, 1)
+        requests.append(TraceRequest(arrival, input_len, output_len))
+        prev = arrival
+    return requests
+
+
+def _load_sharegpt(path: str, rate: float | None, seed: int) -> list[TraceRequest]:
+    if rate is None or not (rate > 0 and math.isfinite(rate)):
+        got = "" if rate is None else f", got {rate!r}"
+        message = f"a sharegpt trace has no arrival times: --rate R (req/s, > 0) is needed{got}"
+        raise TraceError(path, None, None, message)
+    lengths = []
+    for lineno, row in _csv_rows(path, SHAREGPT_COLUMNS):
+        where = (path, lineno)
+        lengths.append((
+            _csv_int(row["num_prefill_tokens"], "num_prefill_tokens", where, 1),
+            _csv_int(row["num_decode_tokens"], "num_decode_tokens", where, 1),
+        ))
+    arrivals = poisson_arrivals(len(lengths), rate, np.random.default_rng(seed)) if lengths else []
+    return [TraceRequest(a, i, o) for a, (i, o) in zip(arrivals, lengths)]
+
+
+# Loaders that need nothing but the path (sharegpt also needs the rate and seed).
+_LOADERS = {"native": _load_native, "mooncake": _load_mooncake, "azure": _load_azure}
