@@ -26,7 +26,7 @@ class ChunkCache:
     def reset(self) -> None:
         pass
 
-    def match_prefix(self, key: list[int]) -> tuple[list[int], None]:
+    def match_prefix(self, key: list[int], max_len: int | None = None) -> tuple[list[int], None]:
         return [], None
 
     def insert(self, key: list[int], value: list[int]) -> int:

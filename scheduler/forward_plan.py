@@ -33,10 +33,10 @@ class ForwardPlan:
     sampling: list[SamplingParams]
     # If False the request is a non-final prefill chunk: its sampled token is discarded.
     sample: list[bool]
-    # Per new token (sum(extend_lens) entries).
-    input_ids: list[int]  # negative ids are placeholders: -(future index) of a token still on the device
-    positions: list[int]
-    out_cache_loc: list[int]  # KV slot each new token writes
+    out_cache_loc: list[int]  # KV slot each new token writes (sum(extend_lens) entries)
+    # Where the new tokens come from: request i computes token_sources[i][prefix_lens[i]:seq_lens[i]].
+    # input_ids and positions are derived from it on first use: the simulator never needs them.
+    token_sources: list[list[int]] | None = None
     # Overlap mode: the future-map index where each request's sampled token is stored,
     # so that the next batch can name it before the CPU has seen it.
     future_indices: list[int] | None = None
@@ -47,10 +47,32 @@ class ForwardPlan:
     # sum(extend_len * (prefix_len + (extend_len + 1) / 2)): query-key pairs of causal attention
     attention_pairs: float = 0.0
     extra: dict = field(default_factory=dict)
+    _input_ids: list[int] | None = None
+    _positions: list[int] | None = None
 
     @property
     def batch_size(self) -> int:
         return len(self.req_pool_indices)
+
+    @property
+    def input_ids(self) -> list[int]:
+        """Token of each new position; negative ids are placeholders, -(future index) of a
+        token still on the device (overlap mode)."""
+        if self._input_ids is None:
+            ids: list[int] = []
+            for src, p, s in zip(self.token_sources, self.prefix_lens, self.seq_lens):
+                ids.extend(src[p:s])
+            self._input_ids = ids
+        return self._input_ids
+
+    @property
+    def positions(self) -> list[int]:
+        if self._positions is None:
+            pos: list[int] = []
+            for p, s in zip(self.prefix_lens, self.seq_lens):
+                pos.extend(range(p, s))
+            self._positions = pos
+        return self._positions
 
     @staticmethod
     def summarize(prefix_lens: list[int], extend_lens: list[int]) -> tuple[int, int, int, float]:

@@ -52,21 +52,38 @@ class TokenToKVPoolAllocator:
         self.page_size = page_size
         self.num_pages = size // page_size
         self.size = self.num_pages * page_size
-        # Pop from the end gives the lowest index first: deterministic and cache friendly.
-        self.free_pages: list[int] = list(range(self.num_pages - 1, -1, -1))
+        # Freed pages; pages never used yet are [next_fresh_page, num_pages), so memory
+        # grows with the pages in use, not with the pool (a tiny model's pool on a big
+        # GPU holds billions of tokens).
+        self.free_pages: list[int] = []
+        self.next_fresh_page = 0
 
     def available_size(self) -> int:
-        return len(self.free_pages) * self.page_size
+        return (len(self.free_pages) + self.num_pages - self.next_fresh_page) * self.page_size
+
+    def num_free_pages(self) -> int:
+        return len(self.free_pages) + self.num_pages - self.next_fresh_page
+
+    def _take_pages(self, num_pages: int) -> list[int]:
+        free = self.free_pages
+        if num_pages <= len(free):
+            pages = free[len(free) - num_pages :]
+            del free[len(free) - num_pages :]
+            return pages
+        pages = free[:]
+        free.clear()
+        fresh = num_pages - len(pages)
+        pages.extend(range(self.next_fresh_page, self.next_fresh_page + fresh))
+        self.next_fresh_page += fresh
+        return pages
 
     def alloc(self, need_size: int) -> list[int] | None:
         """need_size fresh slots (whole pages when page_size > 1)."""
         ps = self.page_size
         num_pages = -(-need_size // ps)
-        if num_pages > len(self.free_pages):
+        if num_pages > self.num_free_pages():
             return None
-        pages = self.free_pages[-num_pages:] if num_pages else []
-        del self.free_pages[len(self.free_pages) - num_pages :]
-        pages.reverse()
+        pages = self._take_pages(num_pages) if num_pages else []
         if ps == 1:
             return pages
         out: list[int] = []
@@ -87,7 +104,7 @@ class TokenToKVPoolAllocator:
         need_pages = 0
         for before, n in zip(seq_lens_before, extend_lens):
             need_pages += -(-(before + n) // ps) - (-(-before // ps))
-        if need_pages > len(self.free_pages):
+        if need_pages > self.num_free_pages():
             return None
         out: list[int] = []
         for last, before, n in zip(last_locs, seq_lens_before, extend_lens):
@@ -105,13 +122,13 @@ class TokenToKVPoolAllocator:
         if ps == 1:
             return self.alloc(len(last_locs))
         need_pages = sum(1 for before in seq_lens_before if before % ps == 0)
-        if need_pages > len(self.free_pages):
+        if need_pages > self.num_free_pages():
             return None
+        new_pages = self._take_pages(need_pages)
         out: list[int] = []
         for last, before in zip(last_locs, seq_lens_before):
             if before % ps == 0:
-                p = self.free_pages.pop()
-                out.append(p * ps)
+                out.append(new_pages.pop() * ps)
             else:
                 out.append(last + 1)
         return out

@@ -28,14 +28,11 @@ class TreeNode:
     lock_ref: int = 0
     last_access: int = 0  # a logical clock, so eviction order is deterministic
 
-    def __lt__(self, other: TreeNode) -> bool:
-        return self.last_access < other.last_access
-
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:
     """Length of the common prefix of a and b; C-speed slice compares, not a Python loop."""
     n = min(len(a), len(b))
-    if a[:n] == b[:n]:
+    if (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):
         return n
     lo, hi = 0, n - 1  # a[:lo] == b[:lo] and a[:hi+1] != b[:hi+1]
     while lo < hi:
@@ -64,6 +61,8 @@ class RadixCache:
     def reset(self) -> None:
         self.root = TreeNode()
         self.root.lock_ref = 1  # the root is never evicted
+        # Unlocked leaves, kept up to date so that eviction need not walk the tree.
+        self.evictable_leaves: dict[TreeNode, None] = {}
         self.evictable_size_ = 0
         self.protected_size_ = 0
         self._clock = 0
@@ -72,8 +71,15 @@ class RadixCache:
     def _child_key(self, key: list[int], pos: int = 0):
         return key[pos] if self.page_size == 1 else tuple(key[pos : pos + self.page_size])
 
-    def _match_len(self, node_key: list[int], key: list[int], pos: int) -> int:
-        n = common_prefix_len(node_key, key[pos : pos + len(node_key)])
+    def _match_len(self, node_key: list[int], key: list[int], pos: int, end: int | None = None) -> int:
+        """Tokens of node_key that match key from pos (up to end), page aligned."""
+        stop = pos + len(node_key)
+        if end is not None and end < stop:
+            stop = end
+        seg = key[pos:stop]
+        if seg == node_key:  # the common case: the whole node matches
+            return len(seg)
+        n = common_prefix_len(node_key, seg)
         return n - n % self.page_size
 
     def _tick(self) -> int:
@@ -81,10 +87,11 @@ class RadixCache:
         return self._clock
 
     # -- match / insert ---------------------------------------------------
-    def match_prefix(self, key: list[int]) -> tuple[list[int], TreeNode]:
-        """KV slots of the longest cached prefix of key (page aligned), and its last node."""
+    def match_prefix(self, key: list[int], max_len: int | None = None) -> tuple[list[int], TreeNode]:
+        """KV slots of the longest cached prefix of key[:max_len] (page aligned), and its last node."""
         ps = self.page_size
-        end = len(key) - len(key) % ps
+        end = len(key) if max_len is None else min(max_len, len(key))
+        end -= end % ps
         node, pos, value = self.root, 0, []
         now = self._tick()
         node.last_access = now
@@ -93,7 +100,7 @@ class RadixCache:
             if child is None:
                 break
             child.last_access = now
-            n = self._match_len(child.key, key, pos)
+            n = self._match_len(child.key, key, pos, end)
             if n < len(child.key):
                 if n > 0:
                     child = self._split_node(child, n)
@@ -131,6 +138,8 @@ class RadixCache:
         if pos < len(key):
             leaf = TreeNode(key=key[pos:], value=value[pos:], parent=node, last_access=now)
             node.children[self._child_key(leaf.key)] = leaf
+            self.evictable_leaves.pop(node, None)  # no longer a leaf
+            self.evictable_leaves[leaf] = None
             self.evictable_size_ += len(leaf.value)
             node = leaf
         return pos, node
@@ -155,6 +164,8 @@ class RadixCache:
 
     # -- locks ------------------------------------------------------------
     def inc_lock_ref(self, node: TreeNode | None) -> None:
+        if node is not None and node.lock_ref == 0:
+            self.evictable_leaves.pop(node, None)
         while node is not None and node is not self.root:
             if node.lock_ref == 0:
                 self.evictable_size_ -= len(node.value)
@@ -163,6 +174,8 @@ class RadixCache:
             node = node.parent
 
     def dec_lock_ref(self, node: TreeNode | None) -> None:
+        if node is not None and node.lock_ref == 1 and not node.children and node is not self.root:
+            self.evictable_leaves[node] = None
         while node is not None and node is not self.root:
             if node.lock_ref == 1:
                 self.evictable_size_ += len(node.value)
@@ -182,19 +195,22 @@ class RadixCache:
         """Free at least num_tokens slots from unlocked leaves, least recently used first."""
         if num_tokens <= 0 or self.evictable_size_ == 0:
             return 0
-        leaves = [n for n in self._iter_nodes() if not n.children and n.lock_ref == 0 and n is not self.root]
-        heapq.heapify(leaves)
+        # (last_access, tiebreak, node): tuples compare in C; last_access values are unique.
+        heap = [(n.last_access, i, n) for i, n in enumerate(self.evictable_leaves)]
+        heapq.heapify(heap)
         evicted = 0
-        while evicted < num_tokens and leaves:
-            node = heapq.heappop(leaves)
+        while evicted < num_tokens and heap:
+            _, i, node = heapq.heappop(heap)
             self.allocator.free(node.value)
             evicted += len(node.value)
             self.evictable_size_ -= len(node.value)
+            del self.evictable_leaves[node]
             parent = node.parent
             assert parent is not None
             del parent.children[self._child_key(node.key)]
             if not parent.children and parent.lock_ref == 0 and parent is not self.root:
-                heapq.heappush(leaves, parent)
+                self.evictable_leaves[parent] = None
+                heapq.heappush(heap, (parent.last_access, -i - 1, parent))
         return evicted
 
     def _iter_nodes(self):
@@ -219,7 +235,8 @@ class RadixCache:
         # The last sampled token was never fed to the model, so it has no KV. (With
         # overlap, a slot for it may exist: the caller frees that one.)
         kv_len = finished_kv_len(req)
-        token_ids = (req.origin_input_ids + req.output_ids)[:kv_len]
+        prompt = req.origin_input_ids
+        token_ids = prompt[:kv_len] if kv_len <= len(prompt) else prompt + req.output_ids[: kv_len - len(prompt)]
         kv = self.req_to_token_pool.get(req.req_pool_idx, 0, kv_len)
         self._insert_and_release(req, token_ids, kv)
         self.req_to_token_pool.free(req.req_pool_idx)
@@ -229,7 +246,8 @@ class RadixCache:
         aligned = len(kv) - len(kv) % self.page_size
         if aligned < len(kv):
             self.allocator.free(kv[aligned:])
-        already = self.insert(token_ids[:aligned], kv[:aligned])
+            token_ids, kv = token_ids[:aligned], kv[:aligned]
+        already = self.insert(token_ids, kv)
         # Slots of the part another request cached first are duplicates: free ours.
         self.allocator.free(kv[len(req.prefix_indices) : already])
 

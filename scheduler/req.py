@@ -79,8 +79,7 @@ class Req:
         self.fill_ids = self.origin_input_ids + self.output_ids if self.output_ids else self.origin_input_ids
         if tree_cache is not None:
             # At least one token must be computed to get logits of the next token.
-            max_prefix_len = len(self.fill_ids) - 1
-            self.prefix_indices, self.last_node = tree_cache.match_prefix(self.fill_ids[:max_prefix_len])
+            self.prefix_indices, self.last_node = tree_cache.match_prefix(self.fill_ids, len(self.fill_ids) - 1)
         self.extend_input_len = len(self.fill_ids) - len(self.prefix_indices)
 
     def check_finished(self) -> None:

@@ -71,19 +71,30 @@ class ScheduleBatch:
         out_cache_loc = alloc.alloc_extend(last_locs, prefix_lens, extend_lens)
         if out_cache_loc is None:
             raise OutOfKVMemory(f"prefill of {sum(extend_lens)} tokens does not fit the KV pool")
-        input_ids: list[int] = []
-        positions: list[int] = []
         seq_lens: list[int] = []
         pos = 0
         for r, prefix_len, n in zip(self.reqs, prefix_lens, extend_lens):
-            pool.write(r.req_pool_idx, prefix_len, out_cache_loc[pos : pos + n])
+            pool.write(r.req_pool_idx, prefix_len, out_cache_loc[pos : pos + n] if len(self.reqs) > 1 else out_cache_loc)
             pos += n
-            input_ids.extend(r.fill_ids[prefix_len:])
-            positions.extend(range(prefix_len, prefix_len + n))
             r.seq_len = prefix_len + n
             seq_lens.append(r.seq_len)
         sample = [r is not self.chunked_req for r in self.reqs]
-        self._make_plan(prefix_lens, extend_lens, seq_lens, input_ids, positions, out_cache_loc, sample)
+        num_tokens, sum_seq, sum_prefix, pairs = ForwardPlan.summarize(prefix_lens, extend_lens)
+        self.plan = ForwardPlan(
+            mode=ForwardMode.EXTEND,
+            req_pool_indices=[r.req_pool_idx for r in self.reqs],
+            prefix_lens=prefix_lens,
+            extend_lens=extend_lens,
+            seq_lens=seq_lens,
+            sampling=[r.sampling_params for r in self.reqs],
+            sample=sample,
+            out_cache_loc=out_cache_loc,
+            token_sources=[r.fill_ids for r in self.reqs],
+            num_tokens=num_tokens,
+            sum_seq_len=sum_seq,
+            sum_prefix_len=sum_prefix,
+            attention_pairs=pairs,
+        )
 
     # -- decode -------------------------------------------------------------
     def new_pages_next_decode(self, reqs: list[Req] | None = None) -> int:
@@ -158,32 +169,13 @@ class ScheduleBatch:
             seq_lens=seq_lens,
             sampling=[r.sampling_params for r in reqs],
             sample=[True] * bs,
-            input_ids=input_ids,
-            positions=seq_lens_before,
             out_cache_loc=out_cache_loc,
+            _input_ids=input_ids,
+            _positions=seq_lens_before,
             num_tokens=bs,
             sum_seq_len=sum_prefix + bs,
             sum_prefix_len=sum_prefix,
             attention_pairs=float(sum_prefix + bs),
-        )
-
-    def _make_plan(self, prefix_lens, extend_lens, seq_lens, input_ids, positions, out_cache_loc, sample) -> None:
-        num_tokens, sum_seq, sum_prefix, pairs = ForwardPlan.summarize(prefix_lens, extend_lens)
-        self.plan = ForwardPlan(
-            mode=self.forward_mode,
-            req_pool_indices=[r.req_pool_idx for r in self.reqs],
-            prefix_lens=prefix_lens,
-            extend_lens=extend_lens,
-            seq_lens=seq_lens,
-            sampling=[r.sampling_params for r in self.reqs],
-            sample=sample,
-            input_ids=input_ids,
-            positions=positions,
-            out_cache_loc=out_cache_loc,
-            num_tokens=num_tokens,
-            sum_seq_len=sum_seq,
-            sum_prefix_len=sum_prefix,
-            attention_pairs=pairs,
         )
 
     # -- membership ---------------------------------------------------------

@@ -132,9 +132,10 @@ class Scheduler:
             self.config.effective_chunked_prefill_size,
             self.config.page_size,
         )
-        if self.chunked_req is not None:
-            self.chunked_req.init_next_round_input()
-            self.chunked_req = adder.add_chunked_req(self.chunked_req)
+        continued = self.chunked_req
+        if continued is not None:
+            continued.init_next_round_input()
+            self.chunked_req = adder.add_chunked_req(continued)
 
         for req in self.waiting_queue:
             if running_bs + len(adder.can_run_list) >= self.max_running_requests:
@@ -150,8 +151,9 @@ class Scheduler:
         can_run = adder.can_run_list
         if not can_run:
             return None
-        admitted = set(map(id, can_run))
-        self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
+        # Admitted requests are a prefix of the (sorted) queue; the continued chunk is not in it.
+        num_from_queue = len(can_run) - (1 if continued is not None else 0)
+        del self.waiting_queue[:num_from_queue]
         if adder.new_chunked_req is not None:
             assert self.chunked_req is None
             self.chunked_req = adder.new_chunked_req
@@ -255,18 +257,21 @@ class Scheduler:
         errors: list[str] = []
         if not self.is_idle():
             errors.append(f"{len(self.waiting_queue)} waiting and {self.running_batch.batch_size()} running requests left")
+        # O(pages ever used), not O(pool): pages past next_fresh_page were never handed out.
         free_pages = alloc.free_pages
-        if len(set(free_pages)) != len(free_pages):
-            errors.append("a KV page is free twice")
+        free_set = set(free_pages)
+        if len(free_set) != len(free_pages) or any(p >= alloc.next_fresh_page for p in free_pages):
+            errors.append("a KV page is free twice, or a fresh page is on the free list")
         if cache.protected_size() != 0:
             errors.append(f"{cache.protected_size()} KV slots still locked in the cache")
         held = cache.all_values()
         ps = alloc.page_size
         held_pages = {v // ps for v in held}
-        if len(held) != cache.evictable_size() or held_pages & set(free_pages):
+        if len(held) != cache.evictable_size() or held_pages & free_set:
             errors.append("the cache's slots and its evictable size disagree, or a cached page is also free")
-        if len(free_pages) + len(held_pages) != alloc.num_pages:
-            errors.append(f"KV leak: {alloc.num_pages - len(free_pages) - len(held_pages)} pages neither free nor cached")
+        leaked = alloc.next_fresh_page - len(free_set) - len(held_pages)
+        if leaked:
+            errors.append(f"KV leak: {leaked} pages neither free nor cached")
         if self.req_to_token_pool.available_size() != self.req_to_token_pool.size:
             errors.append("request slots leaked")
         if len(self.done) != self.num_requests:
