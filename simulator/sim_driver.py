@@ -1,9 +1,9 @@
 """SimDriver: runs the scheduler's event loop on SimPy's clock.
 
-Each wait the loop yields becomes a SimPy event: CPU work is a timeout charged
-by the cost model; a launch charges the launch's CPU cost and queues the forward
-on the device stream (forwards run one after another, each as long as the cost
-model says); awaiting a result waits until that forward ends.
+CPU work is charged by the cost model and advances the loop's clock; a launch
+charges the launch's CPU cost and queues the forward on the device stream
+(forwards run one after another, each as long as the cost model says); awaiting
+a result, or the next arrival, is a SimPy timeout to that time.
 """
 
 from __future__ import annotations
@@ -50,9 +50,13 @@ class SimDriver:
         self.env = simpy.Environment()
         self.device_free_at = 0.0
         self.device_busy_s = 0.0
+        # CPU time charged but not yet waited out. The loop is the only process, so
+        # its CPU work needs no event of its own: it is folded into the next timeout,
+        # and clock() counts it. One SimPy event per wait instead of one per stage.
+        self.cpu_pending = 0.0
 
     def clock(self) -> float:
-        return self.env.now
+        return self.env.now + self.cpu_pending
 
     def run(self, loop: EventLoop) -> None:
         self.env.process(self._drive(loop.run()))
@@ -67,34 +71,33 @@ class SimDriver:
             try:
                 wait = gen.send(value)
             except StopIteration:
-                return
+                break
             value = None
             kind = type(wait)
             if kind is CpuWork:
-                dt = cost.cpu_time(wait.stage, wait.num_reqs, wait.num_tokens)
-                if dt > 0:
-                    yield timeout(dt)
+                self.cpu_pending += cost.cpu_time(wait.stage, wait.num_reqs, wait.num_tokens)
             elif kind is Launch:
                 plan = wait.plan
-                launch_start = env.now
-                dt = cost.cpu_time("launch", plan.batch_size, plan.num_tokens)
-                if dt > 0:
-                    yield timeout(dt)
+                launch_start = self.clock()
+                self.cpu_pending += cost.cpu_time("launch", plan.batch_size, plan.num_tokens)
                 # Kernels start as soon as the first is launched and the stream is free,
                 # but the forward cannot end before its last kernel was launched.
                 start = max(launch_start, self.device_free_at)
                 duration = cost.forward_time(plan)
-                end = max(start + duration, env.now)
+                end = max(start + duration, self.clock())
                 self.device_free_at = end
                 self.device_busy_s += duration
                 value = SimForward(plan, start, end)
             elif kind is AwaitResult:
                 fwd: SimForward = wait.handle
-                if fwd.end > env.now:
-                    yield timeout(fwd.end - env.now)
+                yield timeout(max(fwd.end, self.clock()) - env.now)
+                self.cpu_pending = 0.0
                 value = ForwardResult([SIM_TOKEN_ID] * fwd.plan.batch_size, fwd.start, fwd.end)
             elif kind is WaitForArrival:
-                if wait.until > env.now:
-                    yield timeout(wait.until - env.now)
+                yield timeout(max(wait.until, self.clock()) - env.now)
+                self.cpu_pending = 0.0
             else:
                 raise TypeError(f"unknown wait {wait!r}")
+        if self.cpu_pending:
+            yield timeout(self.cpu_pending)
+            self.cpu_pending = 0.0
