@@ -6,8 +6,10 @@ cache_unfinished_req hands the request its own slots back as its prefix.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from array import array
+from typing import TYPE_CHECKING, Sequence
 
+from scheduler.ids import ids
 from scheduler.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 from scheduler.radix_cache import finished_kv_len
 
@@ -26,10 +28,10 @@ class ChunkCache:
     def reset(self) -> None:
         pass
 
-    def match_prefix(self, key: list[int], max_len: int | None = None) -> tuple[list[int], None]:
-        return [], None
+    def match_prefix(self, key: Sequence[int], max_len: int | None = None) -> tuple[array, None]:
+        return ids(), None
 
-    def insert(self, key: list[int], value: list[int]) -> int:
+    def insert(self, key: Sequence[int], value: Sequence[int]) -> int:
         return 0
 
     def inc_lock_ref(self, node: None) -> None:

@@ -7,6 +7,7 @@ here is plain Python data (lists of ints), never a tensor.
 from __future__ import annotations
 
 import enum
+from array import array
 from dataclasses import dataclass, field
 
 from scheduler.sampling import SamplingParams
@@ -33,10 +34,10 @@ class ForwardPlan:
     sampling: list[SamplingParams]
     # If False the request is a non-final prefill chunk: its sampled token is discarded.
     sample: list[bool]
-    out_cache_loc: list[int]  # KV slot each new token writes (sum(extend_lens) entries)
+    out_cache_loc: array  # KV slot each new token writes (sum(extend_lens) int64 entries)
     # Where the new tokens come from: request i computes token_sources[i][prefix_lens[i]:seq_lens[i]].
     # input_ids and positions are derived from it on first use: the simulator never needs them.
-    token_sources: list[list[int]] | None = None
+    token_sources: list[array] | None = None
     # Overlap mode: the future-map index where each request's sampled token is stored,
     # so that the next batch can name it before the CPU has seen it.
     future_indices: list[int] | None = None
@@ -47,7 +48,7 @@ class ForwardPlan:
     # sum(extend_len * (prefix_len + (extend_len + 1) / 2)): query-key pairs of causal attention
     attention_pairs: float = 0.0
     extra: dict = field(default_factory=dict)
-    _input_ids: list[int] | None = None
+    _input_ids: array | list[int] | None = None
     _positions: list[int] | None = None
 
     @property
@@ -55,11 +56,11 @@ class ForwardPlan:
         return len(self.req_pool_indices)
 
     @property
-    def input_ids(self) -> list[int]:
+    def input_ids(self) -> array | list[int]:
         """Token of each new position; negative ids are placeholders, -(future index) of a
         token still on the device (overlap mode)."""
         if self._input_ids is None:
-            ids: list[int] = []
+            ids = array("q")
             for src, p, s in zip(self.token_sources, self.prefix_lens, self.seq_lens):
                 ids.extend(src[p:s])
             self._input_ids = ids

@@ -7,11 +7,15 @@
 
 from __future__ import annotations
 
+from array import array
+
+from scheduler.ids import as_ids, ids
+
 
 class ReqToTokenPool:
     def __init__(self, size: int) -> None:
         self.size = size
-        self.req_to_token: list[list[int]] = [[] for _ in range(size)]
+        self.req_to_token: list[array] = [ids() for _ in range(size)]
         self.free_slots: list[int] = list(range(size - 1, -1, -1))  # pop() gives 0 first
 
     def available_size(self) -> int:
@@ -23,19 +27,20 @@ class ReqToTokenPool:
         return self.free_slots.pop()
 
     def free(self, slot: int) -> None:
-        self.req_to_token[slot] = []
+        self.req_to_token[slot] = ids()
         self.free_slots.append(slot)
 
-    def write(self, slot: int, start: int, locs: list[int]) -> None:
+    def write(self, slot: int, start: int, locs: array) -> None:
         """req_to_token[slot][start:start+len(locs)] = locs (the row grows at its end)."""
         row = self.req_to_token[slot]
+        locs = as_ids(locs)
         if start == len(row):
             row.extend(locs)
         else:
             assert start < len(row), "write leaves a hole"
             row[start : start + len(locs)] = locs
 
-    def get(self, slot: int, start: int, end: int) -> list[int]:
+    def get(self, slot: int, start: int, end: int) -> array:
         return self.req_to_token[slot][start:end]
 
 
@@ -55,7 +60,7 @@ class TokenToKVPoolAllocator:
         # Freed pages; pages never used yet are [next_fresh_page, num_pages), so memory
         # grows with the pages in use, not with the pool (a tiny model's pool on a big
         # GPU holds billions of tokens).
-        self.free_pages: list[int] = []
+        self.free_pages: array = ids()
         self.next_fresh_page = 0
 
     def available_size(self) -> int:
@@ -64,34 +69,34 @@ class TokenToKVPoolAllocator:
     def num_free_pages(self) -> int:
         return len(self.free_pages) + self.num_pages - self.next_fresh_page
 
-    def _take_pages(self, num_pages: int) -> list[int]:
+    def _take_pages(self, num_pages: int) -> array:
         free = self.free_pages
         if num_pages <= len(free):
             pages = free[len(free) - num_pages :]
             del free[len(free) - num_pages :]
             return pages
-        pages = free[:]
-        free.clear()
+        pages = free
+        self.free_pages = ids()
         fresh = num_pages - len(pages)
         pages.extend(range(self.next_fresh_page, self.next_fresh_page + fresh))
         self.next_fresh_page += fresh
         return pages
 
-    def alloc(self, need_size: int) -> list[int] | None:
+    def alloc(self, need_size: int) -> array | None:
         """need_size fresh slots (whole pages when page_size > 1)."""
         ps = self.page_size
         num_pages = -(-need_size // ps)
         if num_pages > self.num_free_pages():
             return None
-        pages = self._take_pages(num_pages) if num_pages else []
+        pages = self._take_pages(num_pages) if num_pages else ids()
         if ps == 1:
             return pages
-        out: list[int] = []
+        out = ids()
         for p in pages:
             out.extend(range(p * ps, p * ps + ps))
         return out[:need_size]
 
-    def alloc_extend(self, last_locs: list[int], seq_lens_before: list[int], extend_lens: list[int]) -> list[int] | None:
+    def alloc_extend(self, last_locs: list[int], seq_lens_before: list[int], extend_lens: list[int]) -> array | None:
         """KV slots for extending each request by extend_lens tokens.
 
         last_locs[i] is the slot of the request's last token (-1 if none): a partly
@@ -106,7 +111,7 @@ class TokenToKVPoolAllocator:
             need_pages += -(-(before + n) // ps) - (-(-before // ps))
         if need_pages > self.num_free_pages():
             return None
-        out: list[int] = []
+        out = ids()
         for last, before, n in zip(last_locs, seq_lens_before, extend_lens):
             in_last_page = min(n, (-before) % ps)  # free slots left in the last page
             if in_last_page:
@@ -116,16 +121,16 @@ class TokenToKVPoolAllocator:
                 out.extend(self.alloc(rest))  # type: ignore[arg-type]
         return out
 
-    def alloc_decode(self, last_locs: list[int], seq_lens_before: list[int]) -> list[int] | None:
+    def alloc_decode(self, last_locs: list[int], seq_lens_before: list[int]) -> array | None:
         """One slot per request for its next token."""
         ps = self.page_size
         if ps == 1:
-            return self.alloc(len(last_locs))
+            return self.alloc(len(seq_lens_before))
         need_pages = sum(1 for before in seq_lens_before if before % ps == 0)
         if need_pages > self.num_free_pages():
             return None
         new_pages = self._take_pages(need_pages)
-        out: list[int] = []
+        out = ids()
         for last, before in zip(last_locs, seq_lens_before):
             if before % ps == 0:
                 out.append(new_pages.pop() * ps)
@@ -133,7 +138,7 @@ class TokenToKVPoolAllocator:
                 out.append(last + 1)
         return out
 
-    def free(self, locs: list[int]) -> None:
+    def free(self, locs: array) -> None:
         if not locs:
             return
         ps = self.page_size

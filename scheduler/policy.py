@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 
+from scheduler.ids import zeros
 from scheduler.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 from scheduler.radix_cache import RadixCache, TreeNode
 from scheduler.req import Req
@@ -76,27 +77,32 @@ class SchedulePolicy:
                 if len(matched) >= IN_BATCH_PREFIX_DEPRIORITIZE_THRESHOLD:
                     deprioritized.add(r.rid)
                 else:
-                    self.waiting_queue_tree.insert(key, [0] * len(key))
+                    self.waiting_queue_tree.insert(key, zeros(len(key)))
         return deprioritized
 
     def _sort_by_dfs_weight(self, waiting_queue: list[Req]) -> None:
+        """SGLang's DFS-weight order: walk the cache tree, heaviest subtree first, and list
+        each node's requests after its subtree's (post-order), so that requests sharing a
+        prefix run together, the longest matches first."""
         last_node_to_reqs: dict[TreeNode, list[Req]] = defaultdict(list)
         for r in waiting_queue:
             last_node_to_reqs[r.last_node].append(r)
         weight: dict[TreeNode, int] = defaultdict(int)
         for node, reqs in last_node_to_reqs.items():
-            weight[node] += len(reqs)
-            node = node.parent
-            while node is not None:  # walk up: a node weighs as much as the requests below it
+            while node is not None:  # a node weighs as much as the requests in its subtree
                 weight[node] += len(reqs)
                 node = node.parent
-        root = self.tree_cache.root
         ordered: list[Req] = []
-        stack = [root]
+        # Iterative post-order: (node, children expanded?).
+        stack: list[tuple[TreeNode, bool]] = [(self.tree_cache.root, False)]
         while stack:
-            node = stack.pop()
-            ordered.extend(last_node_to_reqs.get(node, []))
-            # Heaviest child first: push in increasing weight so it pops first.
-            children = sorted((c for c in node.children.values() if weight.get(c, 0) > 0), key=lambda c: weight[c])
-            stack.extend(children)
+            node, expanded = stack.pop()
+            if expanded:
+                ordered.extend(last_node_to_reqs.get(node, ()))
+                continue
+            stack.append((node, True))
+            children = [c for c in node.children.values() if weight.get(c, 0) > 0]
+            # Heaviest first: stable sort keeps tree order among equals; push lightest first.
+            children.sort(key=lambda c: -weight[c])
+            stack.extend((c, False) for c in reversed(children))
         waiting_queue[:] = ordered

@@ -10,9 +10,11 @@ evictable_size and protected_size is exactly the number of slots in the tree.
 from __future__ import annotations
 
 import heapq
+from array import array
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
+from scheduler.ids import as_ids, ids
 from scheduler.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 
 if TYPE_CHECKING:
@@ -21,15 +23,15 @@ if TYPE_CHECKING:
 
 @dataclass(eq=False, slots=True)
 class TreeNode:
-    key: list[int] = field(default_factory=list)
-    value: list[int] = field(default_factory=list)
+    key: array = field(default_factory=ids)  # token ids
+    value: array = field(default_factory=ids)  # their KV slots
     parent: TreeNode | None = None
     children: dict = field(default_factory=dict)
     lock_ref: int = 0
     last_access: int = 0  # a logical clock, so eviction order is deterministic
 
 
-def common_prefix_len(a: list[int], b: list[int]) -> int:
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the common prefix of a and b; C-speed slice compares, not a Python loop."""
     n = min(len(a), len(b))
     if (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):
@@ -68,10 +70,10 @@ class RadixCache:
         self._clock = 0
 
     # -- keys -------------------------------------------------------------
-    def _child_key(self, key: list[int], pos: int = 0):
+    def _child_key(self, key: array, pos: int = 0):
         return key[pos] if self.page_size == 1 else tuple(key[pos : pos + self.page_size])
 
-    def _match_len(self, node_key: list[int], key: list[int], pos: int, end: int | None = None) -> int:
+    def _match_len(self, node_key: array, key: array, pos: int, end: int | None = None) -> int:
         """Tokens of node_key that match key from pos (up to end), page aligned."""
         stop = pos + len(node_key)
         if end is not None and end < stop:
@@ -87,12 +89,13 @@ class RadixCache:
         return self._clock
 
     # -- match / insert ---------------------------------------------------
-    def match_prefix(self, key: list[int], max_len: int | None = None) -> tuple[list[int], TreeNode]:
+    def match_prefix(self, key: Sequence[int], max_len: int | None = None) -> tuple[array, TreeNode]:
         """KV slots of the longest cached prefix of key[:max_len] (page aligned), and its last node."""
+        key = as_ids(key)
         ps = self.page_size
         end = len(key) if max_len is None else min(max_len, len(key))
         end -= end % ps
-        node, pos, value = self.root, 0, []
+        node, pos, value = self.root, 0, ids()
         now = self._tick()
         node.last_access = now
         while pos < end:
@@ -111,14 +114,14 @@ class RadixCache:
             node, pos = child, pos + n
         return value, node
 
-    def insert(self, key: list[int], value: list[int]) -> int:
+    def insert(self, key: Sequence[int], value: Sequence[int]) -> int:
         """Insert key -> value; return how many leading tokens were already cached.
 
         The caller frees its own slots for that already-cached part (the tree keeps its own).
         """
-        return self._insert(key, value)[0]
+        return self._insert(as_ids(key), as_ids(value))[0]
 
-    def _insert(self, key: list[int], value: list[int]) -> tuple[int, TreeNode]:
+    def _insert(self, key: array, value: array) -> tuple[int, TreeNode]:
         """insert(), also returning the node that ends at the end of key."""
         ps = self.page_size
         assert len(key) % ps == 0 and len(key) == len(value)
@@ -236,13 +239,13 @@ class RadixCache:
         # overlap, a slot for it may exist: the caller frees that one.)
         kv_len = finished_kv_len(req)
         prompt = req.origin_input_ids
-        token_ids = prompt[:kv_len] if kv_len <= len(prompt) else prompt + req.output_ids[: kv_len - len(prompt)]
+        token_ids = prompt[:kv_len] if kv_len <= len(prompt) else prompt + ids(req.output_ids[: kv_len - len(prompt)])
         kv = self.req_to_token_pool.get(req.req_pool_idx, 0, kv_len)
         self._insert_and_release(req, token_ids, kv)
         self.req_to_token_pool.free(req.req_pool_idx)
         self.dec_lock_ref(req.last_node)
 
-    def _insert_and_release(self, req: Req, token_ids: list[int], kv: list[int]) -> None:
+    def _insert_and_release(self, req: Req, token_ids: array, kv: array) -> None:
         aligned = len(kv) - len(kv) % self.page_size
         if aligned < len(kv):
             self.allocator.free(kv[aligned:])

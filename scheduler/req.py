@@ -7,6 +7,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from scheduler.ids import as_ids, ids
 from scheduler.sampling import SamplingParams
 
 
@@ -36,9 +37,9 @@ class Req:
 
     # Set by the scheduler while the request holds memory.
     req_pool_idx: int | None = None
-    prefix_indices: list[int] = field(default_factory=list)  # KV slots of the reused prefix
+    prefix_indices: array = field(default_factory=ids)  # KV slots of the reused prefix
     last_node: Any = None  # radix node that locks prefix_indices
-    fill_ids: list[int] = field(default_factory=list)  # the tokens this round extends to
+    fill_ids: array = field(default_factory=ids)  # the tokens this round extends to
     extend_input_len: int = 0
     seq_len: int = 0  # tokens whose KV is allocated (what the next forward attends to)
     is_chunked: int = 0  # > 0 while a chunk of its prefill is in flight
@@ -53,30 +54,34 @@ class Req:
     cached_tokens: int = 0  # prompt tokens served from the radix cache, over all admissions
     prefill_tokens: int = 0  # prompt tokens admitted (cached + computed), over all admissions
 
-    _input_ids: list[int] | None = None
+    _input_ids: array | None = None
     max_new_tokens: int = 0  # copied from sampling_params: read on every step
 
     def __post_init__(self) -> None:
         self.max_new_tokens = self.sampling_params.max_new_tokens
 
     @property
-    def origin_input_ids(self) -> list[int]:
+    def origin_input_ids(self) -> array:
         if self._input_ids is None:
-            ids = self.input_ids_fn()
-            assert len(ids) == self.input_len, f"{self.rid}: {len(ids)} prompt ids, expected {self.input_len}"
-            self._input_ids = ids
+            prompt = as_ids(self.input_ids_fn())
+            assert len(prompt) == self.input_len, f"{self.rid}: {len(prompt)} prompt ids, expected {self.input_len}"
+            self._input_ids = prompt
         return self._input_ids
 
-    def drop_input_ids(self) -> None:
-        """Forget the materialized prompt (it can be made again)."""
+    def release_tokens(self) -> None:
+        """A finished request keeps its outputs and metrics, not its prompt and KV lists
+        (a replay of a long trace would otherwise hold every prompt)."""
         self._input_ids = None
+        self.fill_ids = ids()
+        self.prefix_indices = ids()
+        self.last_node = None
 
     def finished(self) -> bool:
         return self.finished_reason is not None
 
     def init_next_round_input(self, tree_cache: Any | None = None) -> None:
         """Set fill_ids, and (with a cache) the longest cached prefix, for the next prefill."""
-        self.fill_ids = self.origin_input_ids + self.output_ids if self.output_ids else self.origin_input_ids
+        self.fill_ids = self.origin_input_ids + ids(self.output_ids) if self.output_ids else self.origin_input_ids
         if tree_cache is not None:
             # At least one token must be computed to get logits of the next token.
             self.prefix_indices, self.last_node = tree_cache.match_prefix(self.fill_ids, len(self.fill_ids) - 1)
@@ -89,9 +94,9 @@ class Req:
             self.finished_reason = FinishReason.STOP
 
     def reset_for_retract(self) -> None:
-        self.prefix_indices = []
+        self.prefix_indices = ids()
         self.last_node = None
-        self.fill_ids = []
+        self.fill_ids = ids()
         self.extend_input_len = 0
         self.seq_len = 0
         self.req_pool_idx = None

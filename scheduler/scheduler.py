@@ -67,11 +67,10 @@ class Scheduler:
     def add_request(self, req: Req) -> None:
         self.num_requests += 1
         need = req.input_len + req.max_new_tokens
-        ps = self.config.page_size
         if need > self.config.context_len:
             self._reject(req, f"input {req.input_len} + output {req.max_new_tokens} tokens exceed the context length {self.config.context_len}")
-        elif -(-need // ps) * ps > self.allocator.size:
-            self._reject(req, f"input {req.input_len} + output {req.max_new_tokens} tokens exceed the KV pool of {self.allocator.size} tokens")
+        elif need >= self.allocator.size:  # PrefillAdder admits only what leaves a free slot
+            self._reject(req, f"input {req.input_len} + output {req.max_new_tokens} tokens do not fit the KV pool of {self.allocator.size} tokens (a request must leave one slot free)")
         else:
             self.waiting_queue.append(req)
 
@@ -245,7 +244,7 @@ class Scheduler:
                 self.tree_cache.cache_finished_req(req)
                 req.req_pool_idx = None
                 req.pending_token = None
-                req.drop_input_ids()
+                req.release_tokens()
                 self.done.append(req)
             elif not is_decode:
                 self.tree_cache.cache_unfinished_req(req)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 STEP_COLUMNS = (
     "step",
     "mode",  # extend | decode
@@ -25,9 +27,16 @@ STEP_COLUMNS = (
 )
 
 
+def _column(name: str):
+    # Typed arrays: 8 bytes a value instead of a Python object (a long replay has 100k+ steps).
+    if name == "mode":
+        return []
+    return array("d") if name.endswith(("_start", "_end")) else array("q")
+
+
 class StepLog:
     def __init__(self) -> None:
-        self.cols: dict[str, list] = {name: [] for name in STEP_COLUMNS}
+        self.cols: dict[str, list | array] = {name: _column(name) for name in STEP_COLUMNS}
         self._appenders = [self.cols[name].append for name in STEP_COLUMNS]
 
     def append(self, *values) -> None:

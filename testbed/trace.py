@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from array import array
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -212,8 +213,8 @@ _MASK64 = (1 << 64) - 1
 
 
 @lru_cache(maxsize=8)
-def _pool(vocab_size: int | None) -> list[int]:
-    return list(range(_SIM_POOL_SIZE if vocab_size is None else vocab_size))
+def _pool(vocab_size: int | None) -> array:
+    return array("q", range(_SIM_POOL_SIZE if vocab_size is None else vocab_size))
 
 
 def _zigzag(h: int) -> int:
@@ -229,7 +230,7 @@ def _mix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def _fill(out: list[int], pool: list[int], offset: int, n: int) -> None:
+def _fill(out: array, pool: array, offset: int, n: int) -> None:
     """Append n tokens from the pool read cyclically from offset."""
     size = len(pool)
     while n > 0:
@@ -239,7 +240,7 @@ def _fill(out: list[int], pool: list[int], offset: int, n: int) -> None:
         offset = 0
 
 
-def _append_run(out: list[int], n: int, marker: int, mixed: int, vocab_size: int | None) -> None:
+def _append_run(out: array, n: int, marker: int, mixed: int, vocab_size: int | None) -> None:
     """Append n tokens: the marker, then n - 1 fillers at an offset drawn from `mixed`."""
     if n <= 0:
         return
@@ -248,19 +249,19 @@ def _append_run(out: list[int], n: int, marker: int, mixed: int, vocab_size: int
     _fill(out, pool, mixed % len(pool), n - 1)
 
 
-def materialize_input_ids(req: TraceRequest, index: int, vocab_size: int | None = None) -> list[int]:
+def materialize_input_ids(req: TraceRequest, index: int, vocab_size: int | None = None) -> array:
     """The prompt token ids of request `index` of a trace, made on demand.
 
-    Explicit input_ids are returned as they are. Otherwise the tokens of block i depend on
+    Returns an int64 array. Explicit input_ids are copied as they are. Otherwise the tokens of block i depend on
     block_hashes[i] and the block size alone, so equal hashes give equal tokens wherever
     they occur, and different hashes give different first tokens. Tokens past the hashed
     blocks are unique to the request. With vocab_size every id is in [0, vocab_size).
     """
     if req.input_ids is not None:
-        return req.input_ids
+        return array("q", req.input_ids)
     if vocab_size is not None and vocab_size < 1:
         raise ValueError(f"vocab_size must be positive, got {vocab_size}")
-    out: list[int] = []
+    out = array("q")  # int64: slices and compares are memcpy/memcmp in the scheduler
     total = req.input_len
     pos = 0
     if req.block_hashes:
