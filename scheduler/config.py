@@ -44,5 +44,14 @@ class SchedulerConfig:
         # SGLang: enough request slots for the pool, within [2048, 4096].
         return min(max(int(self.kv_tokens / self.context_len * 512), 2048), 4096)
 
+    def __post_init__(self) -> None:
+        if self.kv_tokens < self.page_size:
+            raise ValueError(f"the KV pool ({self.kv_tokens} tokens) is smaller than one page ({self.page_size})")
+        chunk = self.effective_chunked_prefill_size
+        if chunk is not None and chunk < self.page_size:
+            raise ValueError(f"chunked_prefill_size {chunk} is smaller than a page ({self.page_size} tokens)")
+        if self.max_prefill_tokens < 1:
+            raise ValueError("max_prefill_tokens must be positive")
+
     def to_dict(self) -> dict:
         return asdict(self)

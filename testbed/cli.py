@@ -7,8 +7,9 @@ import sys
 
 from scheduler.model_config import ModelConfigError, bundled_model_names
 from scheduler.policy import POLICIES
-from testbed.errors import TraceError
-from testbed.replay import DEFAULT_HARDWARE, DEFAULT_MODEL, ReplayOptions, replay
+from simulator.hardware import HardwareConfigError
+from testbed.errors import ConfigError, TraceError
+from testbed.replay import ReplayOptions, check_options, replay
 from testbed.summary_table import format_summary
 
 EXIT_USAGE = 2
@@ -77,6 +78,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     opts = options_from_args(args)
+    check_options(opts)
     bar = tqdm(total=None, unit="req", desc=f"replay {opts.mode}", disable=args.quiet, dynamic_ncols=True)
 
     def progress(done: int, total: int) -> None:
@@ -88,10 +90,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     try:
         result = replay(args.trace, opts, out=args.out, progress=progress)
     except KeyboardInterrupt:
-        bar.close()
         print("\ninterrupted: the run folder is marked incomplete", file=sys.stderr)
         return EXIT_INTERRUPTED
-    bar.close()
+    finally:
+        bar.close()
     print(format_summary(result.summary, title=f"{args.trace} ({opts.mode}, {opts.policy}, overlap {'on' if opts.overlap else 'off'})"))
     print(f"run folder: {result.run_dir}   (wall {result.wall_s:.1f} s)")
     return 0
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (TraceError, ModelConfigError, ValueError, FileNotFoundError) as e:
+    except (TraceError, ModelConfigError, HardwareConfigError, ConfigError, FileNotFoundError, IsADirectoryError) as e:
         print(f"testbed: error: {e}", file=sys.stderr)
         return EXIT_USAGE
 

@@ -21,3 +21,7 @@ class TraceError(Exception):
         where = self.path if self.line is None else f"{self.path}:{self.line}"
         what = self.message if self.field is None else f"field {self.field!r}: {self.message}"
         return f"{where}: {what}"
+
+
+class ConfigError(ValueError):
+    """Options that cannot work together (or with this machine); the CLI prints it and exits 2."""

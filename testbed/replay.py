@@ -15,6 +15,7 @@ from scheduler.req import Req
 from scheduler.sampling import SamplingParams
 from scheduler.scheduler import Scheduler
 from testbed import metrics
+from testbed.errors import ConfigError
 from testbed.run_folder import (
     REQUESTS_FILE,
     RUN_FILE,
@@ -59,6 +60,14 @@ class ReplayResult:
     status: str
     summary: dict
     wall_s: float
+
+
+def check_options(opts: ReplayOptions) -> None:
+    """Reject what cannot run, before any work starts."""
+    if opts.mode != "sim":
+        raise ConfigError(f"--mode {opts.mode}: only 'sim' is available in this version")
+    if not 0 < opts.mem_fraction_static <= 1:
+        raise ConfigError(f"--mem-fraction-static must be in (0, 1], got {opts.mem_fraction_static}")
 
 
 def default_run_dir(trace_path: str, opts: ReplayOptions) -> Path:
@@ -109,8 +118,7 @@ def replay(
     A KeyboardInterrupt leaves the folder marked "incomplete" (with every request
     so far) and is raised again.
     """
-    if opts.mode != "sim":
-        raise ValueError(f"--mode {opts.mode}: only 'sim' is available in this version")
+    check_options(opts)
     from simulator.hardware import load_hardware
     from simulator.kv_capacity import kv_capacity_tokens
     from simulator.roofline import RooflineCostModel
@@ -122,8 +130,11 @@ def replay(
     trace = load_trace(trace_path, opts.format, rate=opts.rate, seed=opts.seed)
     if opts.max_requests is not None:
         trace.requests = trace.requests[: opts.max_requests]
-    kv_tokens = opts.kv_tokens or kv_capacity_tokens(model, hw, opts.mem_fraction_static, page_size=opts.page_size)
-    config = scheduler_config(opts, model, kv_tokens)
+    try:
+        kv_tokens = opts.kv_tokens or kv_capacity_tokens(model, hw, opts.mem_fraction_static, page_size=opts.page_size)
+        config = scheduler_config(opts, model, kv_tokens)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     cost_model = RooflineCostModel(model, hw)
 
     run_dir = Path(out) if out is not None else default_run_dir(trace_path, opts)
@@ -153,6 +164,8 @@ def replay(
     driver = SimDriver(cost_model)
     total = len(trace)
     report = (lambda done: progress(done, total)) if progress is not None else None
+    if report is not None:
+        report(0)
     loop = EventLoop(scheduler, make_requests(trace, opts, model, None), driver.clock, opts.overlap, report)
     status = "incomplete"  # until the loop ends: Ctrl-C leaves it so
     try:
