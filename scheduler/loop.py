@@ -92,6 +92,7 @@ class EventLoop:
         self.overlap = overlap
         self.progress = progress
         self.steps = StepLog()
+        self.received: list[Req] = []  # every request handed to the scheduler, in arrival order
         self._next_req: Req | None = next(requests, None)
         self._num_steps = 0
 
@@ -99,6 +100,7 @@ class EventLoop:
     def recv_requests(self, now: float) -> None:
         nxt = self._next_req
         while nxt is not None and nxt.arrival_time <= now:
+            self.received.append(nxt)
             self.scheduler.add_request(nxt)
             nxt = next(self.requests, None)
         self._next_req = nxt

@@ -177,11 +177,8 @@ def replay(
         meta["error"] = f"{type(e).__name__}: {e}"
         raise
     finally:
-        in_flight = scheduler.waiting_queue + scheduler.running_batch.reqs
-        if scheduler.chunked_req is not None and scheduler.chunked_req not in in_flight:
-            in_flight.append(scheduler.chunked_req)
-        reqs = scheduler.done + (in_flight if status != "complete" else [])
-        df = metrics.requests_frame(reqs)
+        # Every request received: finished, rejected, or (interrupted) still unfinished.
+        df = metrics.requests_frame(loop.received)
         write_parquet(run_dir / REQUESTS_FILE, df)
         write_parquet(run_dir / STEPS_FILE, steps_frame(loop.steps.cols))
         meta["status"] = status
