@@ -122,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     except (TraceError, ModelConfigError, HardwareConfigError, ConfigError, FileNotFoundError, IsADirectoryError) as e:
         print(f"testbed: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        # `testbed ... | head`: the reader left; not an error of ours.
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
