@@ -266,10 +266,13 @@ class RadixCache:
             new_indices = kv if whole else kv[:aligned]  # the tree took our slots as they are
         else:
             # Another request cached part of these tokens first: use its slots, free ours.
+            # An unaligned tail of our earlier chunk shares its page with kv[num_prefix],
+            # so that page goes too: rewrite the row from the page start.
+            start = num_prefix - num_prefix % self.page_size
             self.allocator.free(kv[num_prefix:already])
             new_indices, new_last_node = self.match_prefix(token_ids[:aligned])
             assert len(new_indices) == aligned
-            self.req_to_token_pool.write(req.req_pool_idx, num_prefix, new_indices[num_prefix:])
+            self.req_to_token_pool.write(req.req_pool_idx, start, new_indices[start:])
         self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(new_last_node)
         # The unaligned tail stays the request's own.

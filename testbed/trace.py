@@ -230,6 +230,15 @@ def _mix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
+def _sim_hash_marker(h: int) -> int:
+    """A distinct int64 token for each block hash. Hash ids of real traces are small and map
+    one to one; the rare huge ones (|h| >= 2**61) are mixed into a disjoint range."""
+    z = _zigzag(h)
+    if z < 1 << 62:
+        return _SIM_HASH_MARKER_BASE + z
+    return _SIM_HASH_MARKER_BASE + (1 << 62) + _mix64(z & _MASK64) % (1 << 61)
+
+
 def _fill(out: array, pool: array, offset: int, n: int) -> None:
     """Append n tokens from the pool read cyclically from offset."""
     size = len(pool)
@@ -272,7 +281,7 @@ def materialize_input_ids(req: TraceRequest, index: int, vocab_size: int | None 
                 break
             mixed = _mix64(_zigzag(h) & _MASK64)
             if vocab_size is None:
-                marker = _SIM_HASH_MARKER_BASE + _zigzag(h)
+                marker = _sim_hash_marker(h)
             else:
                 marker = mixed % vocab_size
             # A second, independent draw for the filler offset.

@@ -34,8 +34,6 @@ def make_plan(prefix_lens: list[int], extend_lens: list[int], mode: ForwardMode 
         seq_lens=[x + y for x, y in zip(prefix_lens, extend_lens)],
         sampling=[],
         sample=[True] * b,
-        input_ids=[0] * n,
-        positions=[],
         out_cache_loc=[],
         num_tokens=n,
         sum_seq_len=s,
