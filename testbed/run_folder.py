@@ -56,8 +56,10 @@ def versions() -> dict:
     return out
 
 
-def steps_frame(cols: dict[str, list]) -> pd.DataFrame:
-    return pd.DataFrame({name: cols[name] for name in STEP_COLUMNS})
+def steps_frame(cols: dict) -> pd.DataFrame:
+    # Ctrl-C can land between two columns' appends: keep only whole rows.
+    n = min(len(cols[name]) for name in STEP_COLUMNS)
+    return pd.DataFrame({name: cols[name][:n] for name in STEP_COLUMNS})
 
 
 @dataclass
