@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import fields
 
 from scheduler.model_config import ModelConfigError, bundled_model_names
 from scheduler.policy import POLICIES
@@ -53,25 +54,8 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> ReplayOptions:
-    return ReplayOptions(
-        mode=args.mode,
-        policy=args.policy,
-        chunked_prefill_size=args.chunked_prefill_size,
-        max_prefill_tokens=args.max_prefill_tokens,
-        page_size=args.page_size,
-        kv_tokens=args.kv_tokens,
-        mem_fraction_static=args.mem_fraction_static,
-        overlap=args.overlap,
-        disable_radix_cache=args.disable_radix_cache,
-        max_running_requests=args.max_running_requests,
-        model=args.model,
-        hardware=args.hardware,
-        time_scale=args.time_scale,
-        max_requests=args.max_requests,
-        seed=args.seed,
-        format=args.format,
-        rate=args.rate,
-    )
+    # Every ReplayOptions field has a --flag of the same name (add_replay_options).
+    return ReplayOptions(**{f.name: getattr(args, f.name) for f in fields(ReplayOptions)})
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
