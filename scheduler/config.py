@@ -19,6 +19,8 @@ class SchedulerConfig:
     schedule_conservativeness: float = 1.0
     new_token_ratio_decay_steps: int = 600
     seed: int = 0
+    # Journal ReqToTokenPool writes into each plan, for an executor that mirrors the table.
+    journal_row_writes: bool = False
 
     @property
     def init_new_token_ratio(self) -> float:

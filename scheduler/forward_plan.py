@@ -41,6 +41,10 @@ class ForwardPlan:
     # Overlap mode: the future-map index where each request's sampled token is stored,
     # so that the next batch can name it before the CPU has seen it.
     future_indices: list[int] | None = None
+    # Writes to ReqToTokenPool rows since the last plan, as (row, start, slots), for an
+    # executor that mirrors the table on its device (decode appends are not in it: they
+    # are req_pool_indices x positions -> out_cache_loc). None when nobody mirrors.
+    row_writes: list[tuple[int, int, array]] | None = None
     # Cost-model summaries, filled by the scheduler so that cost models need not loop.
     num_tokens: int = 0  # sum(extend_lens)
     sum_seq_len: int = 0  # sum(seq_lens)

@@ -13,8 +13,10 @@ from scheduler.ids import as_ids, ids
 
 
 class ReqToTokenPool:
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, journal: bool = False) -> None:
         self.size = size
+        # Row writes since the last take_journal(), for an executor's device mirror.
+        self.journal: list[tuple[int, int, array]] | None = [] if journal else None
         self.req_to_token: list[array] = [ids() for _ in range(size)]
         self.free_slots: list[int] = list(range(size - 1, -1, -1))  # pop() gives 0 first
 
@@ -34,11 +36,19 @@ class ReqToTokenPool:
         """req_to_token[slot][start:start+len(locs)] = locs (the row grows at its end)."""
         row = self.req_to_token[slot]
         locs = as_ids(locs)
+        if self.journal is not None:
+            self.journal.append((slot, start, locs[:]))
         if start == len(row):
             row.extend(locs)
         else:
             assert start < len(row), "write leaves a hole"
             row[start : start + len(locs)] = locs
+
+    def take_journal(self) -> list[tuple[int, int, array]] | None:
+        journal = self.journal
+        if journal is not None:
+            self.journal = []
+        return journal
 
     def get(self, slot: int, start: int, end: int) -> array:
         return self.req_to_token[slot][start:end]

@@ -11,7 +11,7 @@ Configs of common models ship in ``scheduler/configs/`` as the published
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import replace, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,8 @@ class ModelConfig:
     # Sliding-window attention if the config enables it, else None (no model we ship uses it).
     sliding_window: int | None = None
     raw: dict = field(default_factory=dict, hash=False, compare=False, repr=False)
+    # The local folder it was read from (weights, tokenizer), None for a bundled config.
+    folder: str | None = field(default=None, hash=False, compare=False)
 
     # ----------------------------------------------------------------- parsing
     @classmethod
@@ -99,6 +101,15 @@ class ModelConfig:
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(int(e) for e in eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
 
+        # transformers 5 writes rope_parameters (rope_type, rope_theta, scaling keys) instead
+        # of rope_theta and rope_scaling.
+        rope_params = cfg.get("rope_parameters") or {}
+        rope_theta = float(cfg.get("rope_theta") or rope_params.get("rope_theta") or 10000.0)
+        rope_scaling = cfg.get("rope_scaling")
+        if not rope_scaling and rope_params.get("rope_type", "default") != "default":
+            rope_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
+        rope_scaling = dict(rope_scaling) if rope_scaling else None
+
         sliding = cfg.get("sliding_window")
         # Qwen2 configs carry a sliding_window value but switch it off with use_sliding_window.
         if cfg.get("use_sliding_window") is False:
@@ -117,8 +128,8 @@ class ModelConfig:
             max_position_embeddings=int(need("max_position_embeddings")),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
-            rope_scaling=dict(cfg["rope_scaling"]) if cfg.get("rope_scaling") else None,
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
             # Newer transformers write "dtype" instead of "torch_dtype".
             torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
             eos_token_id=eos_ids,
@@ -217,11 +228,12 @@ def load_model_config(name_or_path: str | Path) -> ModelConfig:
         cfg_path = path / "config.json"
         if not cfg_path.is_file():
             raise ModelConfigError(f"model folder {str(path)!r} has no config.json")
-        return ModelConfig.from_hf_config(_read_json(cfg_path), name=path.resolve().name)
+        return replace(ModelConfig.from_hf_config(_read_json(cfg_path), name=path.resolve().name), folder=str(path.resolve()))
     if path.is_file():
         # A config.json names its model by its folder; any other file by its stem.
         name = path.resolve().parent.name if path.name == "config.json" else path.stem
-        return ModelConfig.from_hf_config(_read_json(path), name=name)
+        folder = str(path.resolve().parent) if path.name == "config.json" else None
+        return replace(ModelConfig.from_hf_config(_read_json(path), name=name), folder=folder)
 
     key = str(name_or_path).lower()
     if key in bundled_model_names():

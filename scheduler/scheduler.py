@@ -45,7 +45,7 @@ class Scheduler:
         page_size = config.page_size
         self.max_running_requests = config.effective_max_running_requests
         # One slot more than can run, for the request being chunked.
-        self.req_to_token_pool = ReqToTokenPool(self.max_running_requests + 2)
+        self.req_to_token_pool = ReqToTokenPool(self.max_running_requests + 2, journal=config.journal_row_writes)
         self.allocator = TokenToKVPoolAllocator(config.kv_tokens, page_size)
         cache_cls = ChunkCache if config.disable_radix_cache else RadixCache
         self.tree_cache = cache_cls(self.req_to_token_pool, self.allocator, page_size)
@@ -81,7 +81,11 @@ class Scheduler:
         self.done.append(req)
 
     def is_idle(self) -> bool:
-        return not self.waiting_queue and self.running_batch.is_empty() and self.chunked_req is None
+        """No unfinished request waits, runs, or sits in the last prefill batch (merged at the next schedule)."""
+        last = self.last_batch
+        unmerged = last is not None and last.forward_mode is not ForwardMode.DECODE and any(not r.finished() for r in last.reqs)
+        running = any(not r.finished() for r in self.running_batch.reqs)
+        return not self.waiting_queue and not running and self.chunked_req is None and not unmerged
 
     def kv_used_tokens(self) -> int:
         """Slots held by requests or locked in the cache (not counting evictable cache)."""

@@ -44,13 +44,19 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=d.overlap, help="overlap scheduling with the forward (default on)")
     p.add_argument("--disable-radix-cache", action="store_true", help="no prefix cache")
     p.add_argument("--max-running-requests", type=_positive_int, default=None, help="cap on the running batch (default: from the KV pool)")
-    p.add_argument("--model", default=d.model, help=f"bundled config ({', '.join(bundled_model_names())}) or a local HF folder / config.json (default %(default)s)")
+    p.add_argument("--model", default=None, help=f"bundled config ({', '.join(bundled_model_names())}) or a local HF folder / config.json (default llama-3.1-8b; tiny-llama for --mode real on a CPU)")
     p.add_argument("--hardware", default=d.hardware, help="hardware spec: h100, h200, a100, cpu, or a JSON file (default %(default)s)")
     p.add_argument("--time-scale", type=_positive_float, default=d.time_scale, help="multiply arrival times: 2 stretches them (half the load), 0.5 compresses (default %(default)s)")
     p.add_argument("--max-requests", type=_positive_int, default=None, help="replay only the first N requests")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of every random choice (default %(default)s)")
     p.add_argument("--format", choices=("native", "mooncake", "azure", "sharegpt"), default=None, help="trace format (default: detected from the content)")
     p.add_argument("--rate", type=_positive_float, default=None, help="request rate for traces without arrival times (ShareGPT lengths)")
+    g = p.add_argument_group("real engine (--mode real)")
+    g.add_argument("--load-format", choices=("auto", "dummy"), default=None, help="weights from the model folder (auto) or random (dummy); default: auto for a folder, dummy for a bundled config")
+    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device, help="default: CUDA if present, else the CPU")
+    g.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default=d.dtype, help="default: bfloat16 on CUDA, float32 on the CPU")
+    g.add_argument("--attention-backend", choices=("auto", "torch", "flashinfer"), default=d.attention_backend, help="default: flashinfer on CUDA when installed, else torch")
+    g.add_argument("--kv-memory-gb", type=_positive_float, default=d.kv_memory_gb, help="CPU: KV cache budget when --kv-tokens is not given (default %(default)s)")
 
 
 def options_from_args(args: argparse.Namespace) -> ReplayOptions:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator
@@ -30,7 +30,17 @@ from testbed.trace import Trace, materialize_input_ids
 from testbed.trace_formats import load_trace
 
 DEFAULT_MODEL = "llama-3.1-8b"
+DEFAULT_CPU_MODEL = "tiny-llama"  # what --mode real runs without a GPU
 DEFAULT_HARDWARE = "h100"
+MODES = ("sim", "real")
+
+
+def default_model(mode: str) -> str:
+    if mode == "real":
+        import torch
+
+        return DEFAULT_MODEL if torch.cuda.is_available() else DEFAULT_CPU_MODEL
+    return DEFAULT_MODEL
 
 
 @dataclass(frozen=True)
@@ -45,13 +55,19 @@ class ReplayOptions:
     overlap: bool = True
     disable_radix_cache: bool = False
     max_running_requests: int | None = None
-    model: str = DEFAULT_MODEL
-    hardware: str = DEFAULT_HARDWARE
+    model: str | None = None  # None: llama-3.1-8b, or tiny-llama for --mode real on a CPU
+    hardware: str = DEFAULT_HARDWARE  # the simulator's hardware spec
     time_scale: float = 1.0  # arrival times are multiplied by this: 2 = half the load
     max_requests: int | None = None
     seed: int = 0
     format: str | None = None
     rate: float | None = None  # arrivals for traces without them (ShareGPT lengths)
+    # The real engine.
+    load_format: str | None = None  # auto | dummy; None: auto for a model folder, dummy for a bundled config
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on the CPU
+    attention_backend: str = "auto"  # auto | torch | flashinfer
+    kv_memory_gb: float = 1.0  # CPU: KV cache budget when --kv-tokens is not given
 
 
 @dataclass
@@ -64,8 +80,10 @@ class ReplayResult:
 
 def check_options(opts: ReplayOptions) -> None:
     """Reject what cannot run, before any work starts."""
-    if opts.mode != "sim":
-        raise ConfigError(f"--mode {opts.mode}: only 'sim' is available in this version")
+    if opts.mode not in MODES:
+        raise ConfigError(f"--mode {opts.mode}: choose one of {', '.join(MODES)}")
+    if opts.load_format not in (None, "auto", "dummy"):
+        raise ConfigError(f"--load-format {opts.load_format}: choose auto or dummy")
     if not 0 < opts.mem_fraction_static <= 1:
         raise ConfigError(f"--mem-fraction-static must be in (0, 1], got {opts.mem_fraction_static}")
 
@@ -94,6 +112,7 @@ def make_requests(trace: Trace, opts: ReplayOptions, model: ModelConfig, vocab_s
 
 def scheduler_config(opts: ReplayOptions, model: ModelConfig, kv_tokens: int) -> SchedulerConfig:
     return SchedulerConfig(
+        journal_row_writes=opts.mode == "real",
         kv_tokens=kv_tokens,
         context_len=model.context_len,
         policy=opts.policy,
@@ -119,23 +138,17 @@ def replay(
     so far) and is raised again.
     """
     check_options(opts)
-    from simulator.hardware import load_hardware
-    from simulator.kv_capacity import kv_capacity_tokens
-    from simulator.roofline import RooflineCostModel
-    from simulator.sim_driver import SimDriver
+    from testbed.backends import build_real, build_sim
 
     wall_start = time.perf_counter()
+    opts = replace(opts, model=opts.model or default_model(opts.mode))  # run.json records what ran
     model = load_model_config(opts.model)
-    hw = load_hardware(opts.hardware)
     trace = load_trace(trace_path, opts.format, rate=opts.rate, seed=opts.seed)
     if opts.max_requests is not None:
         trace.requests = trace.requests[: opts.max_requests]
-    try:
-        kv_tokens = opts.kv_tokens or kv_capacity_tokens(model, hw, opts.mem_fraction_static, page_size=opts.page_size)
-        config = scheduler_config(opts, model, kv_tokens)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    cost_model = RooflineCostModel(model, hw)
+    build = build_sim if opts.mode == "sim" else build_real
+    backend, config = build(opts, model, lambda kv_tokens: scheduler_config(opts, model, kv_tokens))
+    kv_tokens = backend.kv_tokens
 
     run_dir = Path(out) if out is not None else default_run_dir(trace_path, opts)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -152,8 +165,7 @@ def replay(
         },
         "options": asdict(opts),
         "model": model.name,
-        "hardware": hw.name,
-        "cost_model": cost_model.name,
+        **backend.meta,
         "scheduler": config.to_dict() | {"max_running_requests": config.effective_max_running_requests},
         "versions": versions(),
         "summary": None,
@@ -161,12 +173,12 @@ def replay(
     write_json(run_dir / RUN_FILE, meta)
 
     scheduler = Scheduler(config)
-    driver = SimDriver(cost_model)
+    driver = backend.driver
     total = len(trace)
     report = (lambda done: progress(done, total)) if progress is not None else None
     if report is not None:
         report(0)
-    loop = EventLoop(scheduler, make_requests(trace, opts, model, None), driver.clock, opts.overlap, report)
+    loop = EventLoop(scheduler, make_requests(trace, opts, model, backend.vocab_size), driver.clock, opts.overlap, report)
     status = "incomplete"  # until the loop ends: Ctrl-C leaves it so
     try:
         driver.run(loop)

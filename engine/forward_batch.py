@@ -1,0 +1,62 @@
+"""ForwardBatch: a ForwardPlan turned into device tensors, shared by the model and attention."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from scheduler.forward_plan import ForwardMode, ForwardPlan
+
+
+def ids_tensor(values, device: torch.device) -> torch.Tensor:
+    """An int64 array (or list) as a tensor on device, never aliasing the array's memory."""
+    if not len(values):
+        return torch.empty(0, dtype=torch.int64, device=device)
+    if isinstance(values, list):
+        return torch.tensor(values, dtype=torch.int64, device=device)
+    host = torch.frombuffer(values, dtype=torch.int64)
+    return host.clone() if device.type == "cpu" else host.to(device)
+
+
+@dataclass
+class ForwardBatch:
+    plan: ForwardPlan
+    mode: ForwardMode
+    input_ids: torch.Tensor  # [T] int64, placeholders resolved
+    positions: torch.Tensor  # [T] int64
+    out_cache_loc: torch.Tensor  # [T] int64
+    req_pool_indices: torch.Tensor  # [B] int64
+    seq_lens: torch.Tensor  # [B] int64
+    last_token_index: torch.Tensor  # [B]: row of each request's last new token in the [T] outputs
+
+    @property
+    def batch_size(self) -> int:
+        return self.plan.batch_size
+
+    @classmethod
+    def from_plan(cls, plan: ForwardPlan, input_ids: torch.Tensor, device: torch.device) -> "ForwardBatch":
+        def t(values) -> torch.Tensor:
+            return torch.as_tensor(values, dtype=torch.int64).to(device, non_blocking=True)
+
+        if plan.mode is ForwardMode.DECODE:
+            positions = t(plan.positions)
+            last = torch.arange(plan.batch_size, device=device)
+        else:
+            positions = t(plan.positions)
+            ends = [0] * plan.batch_size
+            acc = 0
+            for i, n in enumerate(plan.extend_lens):
+                acc += n
+                ends[i] = acc - 1
+            last = t(ends)
+        return cls(
+            plan=plan,
+            mode=plan.mode,
+            input_ids=input_ids,
+            positions=positions,
+            out_cache_loc=ids_tensor(plan.out_cache_loc, device),
+            req_pool_indices=t(plan.req_pool_indices),
+            seq_lens=t(plan.seq_lens),
+            last_token_index=last,
+        )

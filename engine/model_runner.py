@@ -1,0 +1,113 @@
+"""ModelRunner: runs one ForwardPlan on the model and returns the sampled token ids.
+
+It owns the model, the device KV cache, the attention backend and the future
+map: in overlap mode the scheduler names the tokens of batch N by future
+indices before they exist; batch N+1's input ids carry -index, resolved here on
+the device from the tokens batch N stored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.attention import TorchAttention
+from engine.device import DeviceChoice
+from engine.forward_batch import ForwardBatch, ids_tensor
+from engine.kv_cache import KVCache
+from engine.llama import LlamaForCausalLM
+from engine.sampler import SamplingBatch, sample
+from engine.weights import init_dummy_weights, load_weights
+from scheduler.forward_plan import ForwardMode, ForwardPlan
+from scheduler.model_config import ModelConfig
+from scheduler.scheduler import FUTURE_MAP_SIZE
+
+LOAD_FORMATS = ("auto", "dummy")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    load_format: str = "auto"  # auto: weights from the model folder; dummy: random (SGLang's name)
+    seed: int = 0
+    kv_tokens: int | None = None  # None: from device memory (CUDA) or kv_memory_gb (CPU)
+    mem_fraction_static: float = 0.88  # CUDA: share of device memory for weights + KV
+    kv_memory_gb: float = 1.0  # CPU: memory budget of the KV cache
+
+
+class ModelRunner:
+    def __init__(self, model_cfg: ModelConfig, choice: DeviceChoice, cfg: EngineConfig, weights_folder: str | Path | None) -> None:
+        self.model_cfg, self.choice, self.cfg = model_cfg, choice, cfg
+        self.device, self.dtype = choice.device, choice.dtype
+        # Built on the meta device in the target dtype, then given storage: no throwaway
+        # float32 initialization of billions of parameters.
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device("meta"):
+                model = LlamaForCausalLM(model_cfg, self.device)
+        finally:
+            torch.set_default_dtype(previous)
+        self.model = model.to_empty(device=self.device)
+        if model_cfg.tie_word_embeddings:
+            self.model.lm_head.weight = self.model.model.embed_tokens.weight
+        if cfg.load_format == "dummy":
+            init_dummy_weights(self.model, seed=cfg.seed)
+        elif cfg.load_format == "auto":
+            if weights_folder is None:
+                raise ValueError("--load-format auto needs a model folder with weights; use --load-format dummy for a bundled config")
+            load_weights(self.model, weights_folder)
+        else:
+            raise ValueError(f"--load-format {cfg.load_format}: choose one of {', '.join(LOAD_FORMATS)}")
+        self.model.eval()
+        self.future = torch.zeros(FUTURE_MAP_SIZE + 1, dtype=torch.int64, device=self.device)
+        self.cache: KVCache | None = None
+        self.attn: TorchAttention | None = None
+        self.num_forwards = 0
+        self.last_logits: torch.Tensor | None = None  # of the latest forward, for tests
+
+    def kv_tokens_that_fit(self) -> int:
+        """KV pool size: --kv-tokens, else what the memory budget holds."""
+        if self.cfg.kv_tokens is not None:
+            return self.cfg.kv_tokens
+        per_slot = KVCache.bytes_per_slot(self.model_cfg, self.dtype)
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = free - total * (1 - self.cfg.mem_fraction_static)
+        else:
+            budget = self.cfg.kv_memory_gb * (1 << 30)
+        tokens = int(budget // per_slot)
+        if tokens < 1:
+            raise ValueError(f"no memory left for the KV cache ({budget / 2**30:.2f} GiB budget after the weights)")
+        return tokens
+
+    def init_cache(self, kv_tokens: int, num_req_rows: int) -> None:
+        row_len = min(self.model_cfg.context_len, kv_tokens)
+        self.cache = KVCache(self.model_cfg, kv_tokens, num_req_rows, row_len, self.dtype, self.device)
+        cfg = self.model_cfg
+        self.attn = TorchAttention(self.cache, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+
+    def forward(self, plan: ForwardPlan, keep_logits: bool = False) -> torch.Tensor:
+        """Run plan; return the sampled ids [B] (int64, on the device)."""
+        cache, attn = self.cache, self.attn
+        assert cache is not None and attn is not None, "init_cache first"
+        with torch.inference_mode():
+            cache.apply_row_writes(plan)
+            input_ids = ids_tensor(plan.input_ids, self.device)
+            if plan.mode is ForwardMode.DECODE:
+                # Tokens still on the device (overlap) come as -future index.
+                input_ids = torch.where(input_ids < 0, self.future[(-input_ids).clamp(min=0)], input_ids)
+            batch = ForwardBatch.from_plan(plan, input_ids, self.device)
+            if plan.mode is ForwardMode.DECODE:
+                cache.req_to_token[batch.req_pool_indices, batch.positions] = batch.out_cache_loc
+            attn.prepare(batch)
+            logits = self.model(batch, attn)
+            # The step of a sampled token is its position: the same in overlap and normal mode.
+            sampling = SamplingBatch.build(plan.sampling, plan.seq_lens, seed=self.cfg.seed, salt=self.num_forwards)
+            next_ids = sample(logits, sampling)
+            if plan.future_indices is not None:
+                self.future[ids_tensor(plan.future_indices, self.device)] = next_ids
+            self.num_forwards += 1
+            self.last_logits = logits if keep_logits else None
+        return next_ids

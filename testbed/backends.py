@@ -1,0 +1,89 @@
+"""The two clocks a replay can run on: the simulator and the real engine.
+
+Each builder returns a Backend: the driver that runs the event loop, the KV
+pool size the scheduler gets, the vocabulary prompts are drawn from, and what
+run.json records about it. torch is imported only for the real engine, so a
+simulation starts fast on any machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from scheduler.config import SchedulerConfig
+from scheduler.model_config import ModelConfig
+from testbed.errors import ConfigError
+
+
+@dataclass
+class Backend:
+    driver: Any  # SimDriver | RealDriver: clock() and run(loop)
+    kv_tokens: int
+    vocab_size: int | None  # None: the simulator takes any int as a token
+    meta: dict = field(default_factory=dict)  # for run.json: hardware, cost model or device
+
+
+def build_sim(opts, model: ModelConfig, make_config: Callable[[int], SchedulerConfig]) -> tuple[Backend, SchedulerConfig]:
+    from simulator.hardware import load_hardware
+    from simulator.kv_capacity import kv_capacity_tokens
+    from simulator.roofline import RooflineCostModel
+    from simulator.sim_driver import SimDriver
+
+    hw = load_hardware(opts.hardware)
+    try:
+        kv_tokens = opts.kv_tokens or kv_capacity_tokens(model, hw, opts.mem_fraction_static, page_size=opts.page_size)
+        config = make_config(kv_tokens)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    cost_model = RooflineCostModel(model, hw)
+    meta = {"hardware": hw.name, "cost_model": cost_model.name}
+    return Backend(SimDriver(cost_model), kv_tokens, None, meta), config
+
+
+def build_real(opts, model: ModelConfig, make_config: Callable[[int], SchedulerConfig]) -> tuple[Backend, SchedulerConfig]:
+    from engine.device import DeviceError, choose_device
+    from engine.model_runner import EngineConfig, ModelRunner
+    from engine.real_driver import RealDriver
+    from engine.rope import UnsupportedRopeError
+    from engine.weights import WeightLoadError
+
+    try:
+        choice = choose_device(opts.device, opts.dtype, opts.attention_backend)
+    except DeviceError as e:
+        raise ConfigError(str(e)) from None
+    if choice.attention_backend != "torch":
+        raise ConfigError("the flashinfer attention backend is not available in this version; use --attention-backend torch")
+    folder = model.folder
+    load_format = opts.load_format or ("auto" if folder else "dummy")
+    if load_format == "auto" and not folder:
+        raise ConfigError(f"--load-format auto: {model.name} is a bundled config without weights; use --load-format dummy or a model folder")
+    print(f"real engine: {choice.reason}; {load_format} weights", flush=True)
+    engine_cfg = EngineConfig(
+        load_format=load_format,
+        seed=opts.seed,
+        kv_tokens=opts.kv_tokens,
+        mem_fraction_static=opts.mem_fraction_static,
+        kv_memory_gb=opts.kv_memory_gb,
+    )
+    try:
+        runner = ModelRunner(model, choice, engine_cfg, folder)
+        kv_tokens = runner.kv_tokens_that_fit()
+        config = make_config(kv_tokens)
+    except (ValueError, WeightLoadError, UnsupportedRopeError) as e:
+        raise ConfigError(str(e)) from None
+    runner.init_cache(kv_tokens, config.effective_max_running_requests + 2)
+    meta = {
+        "hardware": str(choice.device) if choice.device.type == "cpu" else _gpu_name(choice.device),
+        "device": choice.reason,
+        "attention_backend": choice.attention_backend,
+        "dtype": str(choice.dtype).removeprefix("torch."),
+        "load_format": load_format,
+    }
+    return Backend(RealDriver(runner, opts.overlap), kv_tokens, model.vocab_size, meta), config
+
+
+def _gpu_name(device) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(device)
