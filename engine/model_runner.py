@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from engine.attention import TorchAttention
+from engine.attention import AttentionBackend, TorchAttention
 from engine.device import DeviceChoice
 from engine.forward_batch import ForwardBatch, ids_tensor
 from engine.kv_cache import KVCache
@@ -69,7 +69,7 @@ class ModelRunner:
         self.model.eval()
         self.future = torch.zeros(FUTURE_MAP_SIZE + 1, dtype=torch.int64, device=self.device)
         self.cache: KVCache | None = None
-        self.attn: TorchAttention | None = None
+        self.attn: AttentionBackend | None = None
         self.num_forwards = 0
         self.last_logits: torch.Tensor | None = None  # of the latest forward, for tests
 
@@ -92,7 +92,12 @@ class ModelRunner:
         row_len = min(self.model_cfg.context_len, kv_tokens)
         self.cache = KVCache(self.model_cfg, kv_tokens, num_req_rows, row_len, self.dtype, self.device)
         cfg = self.model_cfg
-        self.attn = TorchAttention(self.cache, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        if self.choice.attention_backend == "flashinfer":
+            from engine.flashinfer_attention import FlashInferAttention
+
+            self.attn = FlashInferAttention(self.cache, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, self.dtype)
+        else:
+            self.attn = TorchAttention(self.cache, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
 
     def forward(self, plan: ForwardPlan, keep_logits: bool = False) -> torch.Tensor:
         """Run plan; return the sampled ids [B] (int64, on the device)."""

@@ -52,8 +52,6 @@ def build_real(opts, model: ModelConfig, make_config: Callable[[int], SchedulerC
         choice = choose_device(opts.device, opts.dtype, opts.attention_backend)
     except DeviceError as e:
         raise ConfigError(str(e)) from None
-    if choice.attention_backend != "torch":
-        raise ConfigError("the flashinfer attention backend is not available in this version; use --attention-backend torch")
     folder = model.folder
     load_format = opts.load_format or ("auto" if folder else "dummy")
     if load_format == "auto" and not folder:
