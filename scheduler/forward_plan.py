@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from scheduler.sampling import SamplingParams
 
@@ -51,7 +51,6 @@ class ForwardPlan:
     sum_prefix_len: int = 0  # sum(prefix_lens)
     # sum(extend_len * (prefix_len + (extend_len + 1) / 2)): query-key pairs of causal attention
     attention_pairs: float = 0.0
-    extra: dict = field(default_factory=dict)
     _input_ids: array | list[int] | None = None
     _positions: list[int] | None = None
 

@@ -7,7 +7,7 @@ into the plain-data ForwardPlan that an executor runs or a cost model prices.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from scheduler.forward_plan import ForwardMode, ForwardPlan
 from scheduler.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
@@ -34,7 +34,6 @@ class ScheduleBatch:
     # Filled when the batch runs: what the step record needs.
     num_retracted: int = 0
     cache_hit_tokens: int = 0
-    extra: dict = field(default_factory=dict)
 
     def batch_size(self) -> int:
         return len(self.reqs)
@@ -144,7 +143,7 @@ class ScheduleBatch:
         self._evict_if_needed(remaining * RETRACT_DECODE_STEPS)
         req.reset_for_retract()
 
-    def prepare_for_decode(self, future_token: dict[int, int] | None = None) -> None:
+    def prepare_for_decode(self) -> None:
         """Allocate one slot per request and plan one decode step."""
         self.forward_mode = ForwardMode.DECODE
         reqs, pool = self.reqs, self.req_to_token_pool
