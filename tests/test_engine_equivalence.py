@@ -10,19 +10,15 @@ save_pretrained, loaded by the engine, and run through the scheduler:
   lengths prefilled and decoded together (the padded decode path);
 - greedy tokens of a mixed batch run by EventLoop + RealDriver, overlap off and on,
   equal transformers' generate, and equal each other;
-- the same with retraction forced by a KV pool barely larger than one request.
+- the same with retraction forced by a KV pool barely larger than one request
+  (and, by hand, the logits of the retracted request's second prefill);
+- greedy tokens with pages of 4 and 16, chunks on top of radix hits, no prefix cache,
+  staggered arrivals (one family: the scheduler options, not the model, vary).
 """
 
 from __future__ import annotations
 
 import pytest
-import torch
-
-from engine.real_driver import RealDriver
-from scheduler.forward_plan import ForwardMode
-from scheduler.loop import EventLoop
-from scheduler.req import FinishReason
-from scheduler.scheduler import Scheduler
 from engine_helpers import (
     ARCHS,
     ManualRun,
@@ -36,6 +32,12 @@ from engine_helpers import (
     save_hf_model,
     scheduler_config,
 )
+
+from engine.real_driver import RealDriver
+from scheduler.forward_plan import ForwardMode
+from scheduler.loop import EventLoop
+from scheduler.req import FinishReason
+from scheduler.scheduler import Scheduler
 
 
 class Env:
@@ -241,3 +243,46 @@ def test_retraction_logits_equal_transformers_after_the_re_prefill(env):
     for r, (p, n) in zip(reqs, specs):
         check_record_against_hf(env.hf, run.records[r.rid], r.output_ids, f"request {r.rid} (retracted {r.num_retractions}x)")
         assert r.output_ids == env.generate(p, n)
+
+
+# --- scheduler options around the same engine ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def qwen2_env(tmp_path_factory) -> Env:
+    return Env("qwen2", tmp_path_factory.mktemp("qwen2-matrix"), seed=7)
+
+
+@pytest.mark.parametrize(
+    "page_size, chunk, overlap, disable_radix_cache, kv_tokens",
+    [
+        (1, 16, True, False, 4096),  # chunks on top of radix hits, overlap
+        (4, 16, True, False, 120),  # pages of 4, chunks, a pool small enough to retract
+        (16, None, False, True, 160),  # pages of 16, no prefix cache, no overlap
+    ],
+    ids=["page1-chunk16-overlap", "page4-chunk16-overlap-small-pool", "page16-nocache-normal"],
+)
+def test_pages_chunks_shared_prefixes_and_staggered_arrivals_keep_transformers_tokens(
+    qwen2_env, page_size, chunk, overlap, disable_radix_cache, kv_tokens
+):
+    env = qwen2_env
+    shared = prompt(99, 40)
+    specs = [(prompt(20 + i, n), o) for i, (n, o) in enumerate(zip(MIXED_LENS, MIXED_OUTS))]
+    specs += [(shared + prompt(200 + i, 5 + 3 * i), 6 + i) for i in range(4)]
+    config = scheduler_config(
+        env.runner, kv_tokens=kv_tokens, overlap=overlap, page_size=page_size,
+        chunked_prefill_size=chunk, disable_radix_cache=disable_radix_cache,
+    )  # fmt: skip
+    sched = Scheduler(config)
+    # The first of the prefix sharers comes with the rest, the others 0.1 s later: by then
+    # it has been prefilled and cached (a forward of this model takes milliseconds).
+    arrivals = [0.002 * i if i <= 6 else 0.1 + 0.002 * i for i in range(len(specs))]
+    reqs = [make_req(f"r{i}", p, n, index=i, arrival=t) for i, ((p, n), t) in enumerate(zip(specs, arrivals))]
+    driver = RealDriver(env.runner, overlap)
+    loop = EventLoop(sched, iter(reqs), driver.clock, overlap)
+    driver.run(loop)
+    sched.check_invariants()
+    if not disable_radix_cache:
+        assert sum(r.cached_tokens for r in reqs) > 0
+    for r, (p, n) in zip(reqs, specs):
+        assert r.output_ids == env.generate(p, n), f"request {r.rid} (prompt {len(p)}, {n} tokens)"
