@@ -46,13 +46,20 @@ class RealDriver:
             self.stream = torch.cuda.Stream(runner.device) if overlap else torch.cuda.current_stream(runner.device)
             # Device times are read as offsets from this event, recorded at the wall-clock origin.
             self.origin = torch.cuda.Event(enable_timing=True)
-            self.origin.record(self.stream)
         self.device_busy_s = 0.0
+
+    def _start_clock(self) -> None:
+        """Time 0 is when the loop starts: the trace's first arrival."""
+        if self.cuda:
+            torch.cuda.synchronize(self.runner.device)
+            self.origin.record(self.stream)
+        self.t0 = time.perf_counter()
 
     def clock(self) -> float:
         return time.perf_counter() - self.t0
 
     def run(self, loop: EventLoop) -> None:
+        self._start_clock()
         try:
             self._drive(loop.run())
         finally:
