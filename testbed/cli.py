@@ -51,6 +51,7 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=d.seed, help="seed of every random choice (default %(default)s)")
     p.add_argument("--format", choices=("native", "mooncake", "azure", "sharegpt"), default=None, help="trace format (default: detected from the content)")
     p.add_argument("--rate", type=_positive_float, default=None, help="request rate for traces without arrival times (ShareGPT lengths)")
+    p.add_argument("--profile", default=None, help="sim: cost every forward and CPU stage from a calibrated profile (testbed calibrate) instead of the roofline")
     g = p.add_argument_group("real engine (--mode real)")
     g.add_argument("--load-format", choices=("auto", "dummy"), default=None, help="weights from the model folder (auto) or random (dummy); default: auto for a folder, dummy for a bundled config")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device, help="default: CUDA if present, else the CPU")
@@ -89,8 +90,43 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from testbed.calibrate import CalibrationConfig, calibrate
+
+    bars: dict[str, tqdm] = {}
+
+    def progress(phase: str, done: int, total: int) -> None:
+        if args.quiet:
+            return
+        bar = bars.get(phase)
+        if bar is None:
+            label = "forward sweep" if phase == "forward" else "CPU stages (real replay)"
+            bar = bars[phase] = tqdm(total=total, desc=label, dynamic_ncols=True)
+        bar.total = total
+        bar.update(done - bar.n)
+
+    cfg = CalibrationConfig(model=args.model, hardware=args.hardware, load_format=args.load_format, device=args.device, reps=args.reps)
+    try:
+        profile = calibrate(cfg, args.out, progress)
+    finally:
+        for bar in bars.values():
+            bar.close()
+    h = profile["holdout"]
+    print(f"profile {args.out}: {profile['model']} on {profile['hardware']}, {len(profile['measurements']['extend'])} extend "
+          f"+ {len(profile['measurements']['decode'])} decode points, {profile['wall_s']} s")
+    for kind in ("extend", "decode"):
+        e = h[kind]
+        if e.get("points"):
+            print(f"  {kind} fit, held-out error: median {e['median_rel_err'] * 100:.1f}%, max {e['max_rel_err'] * 100:.1f}% ({e['points']} points)")
+    for stage in ("schedule", "launch", "process"):
+        print(f"  CPU {stage}: {profile['fit']['cpu'][stage]}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from testbed import trace_cli
+    from testbed import compare_cli, trace_cli
 
     parser = argparse.ArgumentParser(prog="testbed", description="LLM-serving scheduler testbed: replay traces in simulation or on a real engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -101,6 +137,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_replay)
     trace_cli.register(sub)
+    compare_cli.register(sub)
+    p = sub.add_parser("calibrate", help="measure the real engine here and fit a profile for the simulator")
+    p.add_argument("--model", default="tiny-llama", help="bundled config or local HF folder (default %(default)s)")
+    p.add_argument("--hardware", default=None, help="a name for this machine in the profile (default: cpu or the GPU's name)")
+    p.add_argument("--out", required=True, help="profile file to write, e.g. profiles/cpu-tiny-llama.json")
+    p.add_argument("--load-format", choices=("auto", "dummy"), default=None)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--reps", type=_positive_int, default=3, help="timed repetitions per grid point (default %(default)s)")
+    p.add_argument("-q", "--quiet", action="store_true")
+    p.set_defaults(func=cmd_calibrate)
     return parser
 
 

@@ -1,0 +1,134 @@
+"""Two runs side by side: their summary metrics, and why they may not be comparable.
+
+RUN_A is the reference: relative error = (B - A) / A. The usual pair is a
+simulated run (A or B) and a real run of the same trace and options, so the
+mode, the hardware and the real engine's settings are never differences; what
+changes the workload or the scheduler's decisions is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from testbed.metrics import LATENCIES
+from testbed.run_folder import Run
+
+STATS = ("mean", "p50", "p90", "p99")
+LATENCY_KEYS = tuple(f"{s}_{name}_ms" for name in LATENCIES for s in STATS)
+OTHER_KEYS = ("request_throughput", "output_throughput", "input_throughput", "cache_hit_rate", "completed")
+METRIC_KEYS = LATENCY_KEYS + OTHER_KEYS
+
+# Replay options that change the workload or the scheduler, compared as run.json
+# recorded them. kv_tokens, max_running_requests, format and model are compared
+# by their effective values (see differences).
+WORKLOAD_OPTIONS = (
+    "policy",
+    "chunked_prefill_size",
+    "max_prefill_tokens",
+    "page_size",
+    "overlap",
+    "disable_radix_cache",
+    "time_scale",
+    "max_requests",
+    "seed",
+)
+# Formats without arrival times: only for these does --rate shape the workload.
+FORMATS_WITHOUT_ARRIVALS = ("sharegpt",)
+
+
+@dataclass
+class MetricRow:
+    name: str
+    a: float | int | None
+    b: float | int | None
+    rel_err: float | None  # (b - a) / a; None when a is 0 or either is missing
+
+
+def _number(v) -> float | int | None:
+    """A summary value as a number; None for missing, non-numeric or NaN/inf."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def rel_err(a, b) -> float | None:
+    a, b = _number(a), _number(b)
+    if a is None or b is None or a == 0:
+        return None
+    return (b - a) / a
+
+
+def compare_runs(a: Run, b: Run) -> list[MetricRow]:
+    """One row per metric of METRIC_KEYS, in that order."""
+    rows = []
+    for key in METRIC_KEYS:
+        va, vb = _number(a.summary.get(key)), _number(b.summary.get(key))
+        rows.append(MetricRow(key, va, vb, rel_err(va, vb)))
+    return rows
+
+
+def _opt(run: Run, name: str):
+    return (run.meta.get("options") or {}).get(name)
+
+
+def _effective(run: Run, name: str):
+    """What the scheduler got (run.json "scheduler"), else what was asked for."""
+    sched = run.meta.get("scheduler") or {}
+    if name in sched:
+        return sched[name]
+    if name == "kv_tokens" and "kv_tokens" in run.summary:
+        return run.summary["kv_tokens"]
+    return _opt(run, name)
+
+
+def _trace(run: Run) -> dict:
+    return run.meta.get("trace") or {}
+
+
+def _show(v) -> str:
+    return "default" if v is None else str(v)
+
+
+def differences(a: Run, b: Run) -> list[str]:
+    """Why A and B are not comparable, one human-readable line each; [] if they are."""
+    out = []
+    for label, run in (("A", a), ("B", b)):
+        if run.status != "complete":
+            out.append(f"run {label} ({run.path}) is {run.status}, not complete")
+
+    ta, tb = _trace(a), _trace(b)
+    if ta.get("sha256") != tb.get("sha256"):
+        out.append(
+            f"trace: A replayed {ta.get('path')} (sha256 {str(ta.get('sha256'))[:12]}), "
+            f"B replayed {tb.get('path')} (sha256 {str(tb.get('sha256'))[:12]})"
+        )
+    # The format a trace was read as (detected or given), not the --format flag.
+    fa, fb = ta.get("format", _opt(a, "format")), tb.get("format", _opt(b, "format"))
+    if fa != fb:
+        out.append(f"format: A read the trace as {_show(fa)}, B as {_show(fb)}")
+    if _opt(a, "rate") != _opt(b, "rate") and (fa in FORMATS_WITHOUT_ARRIVALS or fb in FORMATS_WITHOUT_ARRIVALS):
+        out.append(f"rate: A {_show(_opt(a, 'rate'))}, B {_show(_opt(b, 'rate'))} req/s")
+    ma, mb = a.meta.get("model", _opt(a, "model")), b.meta.get("model", _opt(b, "model"))
+    if ma != mb:
+        out.append(f"model: A {_show(ma)}, B {_show(mb)}")
+
+    for name in WORKLOAD_OPTIONS:
+        va, vb = _opt(a, name), _opt(b, name)
+        if va != vb:
+            out.append(f"{name}: A {_show(va)}, B {_show(vb)}")
+
+    # A KV pool of the same size is the same scheduler, however it was sized
+    # (--kv-tokens, device memory, mem_fraction_static, kv_memory_gb).
+    ka, kb = _effective(a, "kv_tokens"), _effective(b, "kv_tokens")
+    if ka != kb:
+        out.append(
+            f"kv_tokens: A {_show(ka)}, B {_show(kb)} (KV pool in tokens; "
+            f"give both runs the same --kv-tokens)"
+        )
+    ra, rb = _effective(a, "max_running_requests"), _effective(b, "max_running_requests")
+    asked_same = _opt(a, "max_running_requests") == _opt(b, "max_running_requests")
+    # The default cap follows the pool size: already reported above as kv_tokens.
+    if ra != rb and not (asked_same and ka != kb):
+        out.append(f"max_running_requests: A {_show(ra)}, B {_show(rb)}")
+    return out
