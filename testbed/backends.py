@@ -31,13 +31,27 @@ def build_sim(opts, model: ModelConfig, make_config: Callable[[int], SchedulerCo
     from simulator.sim_driver import SimDriver
 
     hw = load_hardware(opts.hardware)
+    profile = None
+    if opts.profile is not None:
+        from simulator.profile_cost import ProfileCostModel, ProfileError
+
+        try:
+            profile = ProfileCostModel.load(opts.profile)
+        except ProfileError as e:
+            raise ConfigError(str(e)) from None
+        if profile.model != model.name:
+            raise ConfigError(f"--profile {opts.profile} was calibrated for {profile.model}, not {model.name}")
     try:
-        kv_tokens = opts.kv_tokens or kv_capacity_tokens(model, hw, opts.mem_fraction_static, page_size=opts.page_size)
+        # A profile knows the KV pool its engine had; otherwise it follows from the hardware.
+        kv_tokens = opts.kv_tokens or (profile and profile.profile.get("engine", {}).get("kv_tokens")) or kv_capacity_tokens(
+            model, hw, opts.mem_fraction_static, page_size=opts.page_size
+        )
         config = make_config(kv_tokens)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    cost_model = RooflineCostModel(model, hw)
-    meta = {"hardware": hw.name, "cost_model": cost_model.name}
+    cost_model = profile or RooflineCostModel(model, hw)
+    hardware = profile.profile.get("hardware") if profile else hw.name
+    meta = {"hardware": hardware, "cost_model": cost_model.name}
     return Backend(SimDriver(cost_model), kv_tokens, None, meta), config
 
 

@@ -41,7 +41,7 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-size", type=_positive_int, default=d.page_size, help="KV page size in tokens (default %(default)s)")
     p.add_argument("--kv-tokens", type=_positive_int, default=None, help="KV pool size in tokens (default: from the model and the device memory)")
     p.add_argument("--mem-fraction-static", type=float, default=d.mem_fraction_static, help="device memory share for weights and KV (default %(default)s)")
-    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=d.overlap, help="overlap scheduling with the forward (default on)")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None, help="overlap scheduling with the forward (default on; off for the real engine on a CPU)")
     p.add_argument("--disable-radix-cache", action="store_true", help="no prefix cache")
     p.add_argument("--max-running-requests", type=_positive_int, default=None, help="cap on the running batch (default: from the KV pool)")
     p.add_argument("--model", default=None, help=f"bundled config ({', '.join(bundled_model_names())}) or a local HF folder / config.json (default llama-3.1-8b; tiny-llama for --mode real on a CPU)")
@@ -70,6 +70,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     opts = options_from_args(args)
     check_options(opts)
+    from testbed.replay import default_overlap
+
+    overlap = default_overlap(opts)
     bar = tqdm(total=None, unit="req", desc=f"replay {opts.mode}", disable=args.quiet, dynamic_ncols=True)
 
     def progress(done: int, total: int) -> None:
@@ -85,7 +88,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     finally:
         bar.close()
-    print(format_summary(result.summary, title=f"{args.trace} ({opts.mode}, {opts.policy}, overlap {'on' if opts.overlap else 'off'})"))
+    print(format_summary(result.summary, title=f"{args.trace} ({opts.mode}, {opts.policy}, overlap {'on' if overlap else 'off'})"))
     print(f"run folder: {result.run_dir}   (wall {result.wall_s:.1f} s)")
     return 0
 
@@ -144,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="profile file to write, e.g. profiles/cpu-tiny-llama.json")
     p.add_argument("--load-format", choices=("auto", "dummy"), default=None)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--reps", type=_positive_int, default=3, help="timed repetitions per grid point (default %(default)s)")
+    p.add_argument("--reps", type=_positive_int, default=5, help="timed repetitions per grid point (default %(default)s)")
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(func=cmd_calibrate)
     return parser

@@ -35,6 +35,16 @@ DEFAULT_HARDWARE = "h100"
 MODES = ("sim", "real")
 
 
+def default_overlap(opts: ReplayOptions) -> bool:
+    if opts.overlap is not None:
+        return opts.overlap
+    if opts.mode == "real" and opts.device != "cuda":
+        import torch
+
+        return opts.device == "auto" and torch.cuda.is_available()
+    return True
+
+
 def default_model(mode: str) -> str:
     if mode == "real":
         import torch
@@ -52,7 +62,9 @@ class ReplayOptions:
     page_size: int = 1
     kv_tokens: int | None = None  # None: from the model and the device memory
     mem_fraction_static: float = 0.88
-    overlap: bool = True
+    # None: on, except for the real engine on a CPU, where the forward on a worker thread
+    # competes with the loop for the cores (the example trace's TPOT was 3.8x worse).
+    overlap: bool | None = None
     disable_radix_cache: bool = False
     max_running_requests: int | None = None
     model: str | None = None  # None: llama-3.1-8b, or tiny-llama for --mode real on a CPU
@@ -68,6 +80,8 @@ class ReplayOptions:
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on the CPU
     attention_backend: str = "auto"  # auto | torch | flashinfer
     kv_memory_gb: float = 1.0  # CPU: KV cache budget when --kv-tokens is not given
+    # The simulator: a calibrated profile (testbed calibrate) instead of the roofline.
+    profile: str | None = None
 
 
 @dataclass
@@ -141,7 +155,8 @@ def replay(
     from testbed.backends import build_real, build_sim
 
     wall_start = time.perf_counter()
-    opts = replace(opts, model=opts.model or default_model(opts.mode))  # run.json records what ran
+    # run.json records what ran: defaults resolved.
+    opts = replace(opts, model=opts.model or default_model(opts.mode), overlap=default_overlap(opts))
     model = load_model_config(opts.model)
     trace = load_trace(trace_path, opts.format, rate=opts.rate, seed=opts.seed)
     if opts.max_requests is not None:

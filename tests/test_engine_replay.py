@@ -83,7 +83,7 @@ def test_real_replay_exits_0_and_prints_the_summary(runs):
     proc = procs["real"]
     _assert_ok(proc)
     assert "real engine:" in proc.stdout and "auto weights" in proc.stdout
-    assert "(real, fcfs, overlap on)" in proc.stdout
+    assert "(real, fcfs, overlap off)" in proc.stdout
     assert "9 completed, 1 rejected, 0 unfinished" in proc.stdout
     for row in ("TTFT", "TPOT", "ITL", "E2E"):
         assert row in proc.stdout

@@ -1,0 +1,64 @@
+"""ProfileCostModel: forward and CPU-stage times from a calibrated profile (testbed calibrate).
+
+A profile is a JSON file: what was measured on the real engine (raw
+measurements) and the models fitted to them (simulator/profile_fit.py). It plugs
+in beside the roofline through the same CostModel protocol.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from scheduler.forward_plan import ForwardMode, ForwardPlan
+from simulator.cost_model import CpuStageCosts, StageCost
+from simulator.profile_fit import DECODE_FEATURES, EXTEND_FEATURES, LinearFit, extend_features
+
+PROFILE_FORMAT = "testbed-profile"
+PROFILE_VERSION = 1
+
+
+class ProfileError(ValueError):
+    pass
+
+
+class ProfileCostModel:
+    def __init__(self, profile: dict, path: str | None = None) -> None:
+        if profile.get("format") != PROFILE_FORMAT:
+            raise ProfileError(f"{path or 'profile'}: not a testbed profile (no \"format\": \"{PROFILE_FORMAT}\")")
+        try:
+            fitted = profile["fit"]
+            self.extend = LinearFit.from_dict(EXTEND_FEATURES, fitted["extend"])
+            self.knee = float(fitted["extend"].get("knee", 0.0))
+            self.decode = LinearFit.from_dict(DECODE_FEATURES, fitted["decode"])
+            self.cpu = CpuStageCosts(**{stage: StageCost(**fitted["cpu"][stage]) for stage in ("schedule", "launch", "process")})
+        except (KeyError, TypeError) as e:
+            raise ProfileError(f"{path or 'profile'}: missing or malformed fit ({e})") from None
+        self.profile = profile
+        self.model = profile.get("model")
+        self.name = f"profile:{Path(path).name if path else profile.get('name', 'inline')}"
+        self._d_fixed, self._d_req, self._d_kv, self._d_pad = self.decode.coef
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ProfileCostModel":
+        path = Path(path)
+        try:
+            profile = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ProfileError(f"{path}: no such profile") from None
+        except json.JSONDecodeError as e:
+            raise ProfileError(f"{path}:{e.lineno}: bad JSON: {e.msg}") from None
+        return cls(profile, str(path))
+
+    def forward_time(self, plan: ForwardPlan) -> float:
+        bs = len(plan.req_pool_indices)
+        if bs == 0:
+            return 0.0
+        if plan.mode is ForwardMode.DECODE:
+            padded = self._d_pad * bs * max(plan.seq_lens) if self._d_pad else 0.0
+            return self._d_fixed + self._d_req * bs + self._d_kv * plan.sum_seq_len + padded
+        # Extend batches are few and small: the per-request features are worth a loop.
+        return self.extend.predict(extend_features(plan.prefix_lens, plan.extend_lens, self.knee))
+
+    def cpu_time(self, stage: str, num_reqs: int, num_tokens: int) -> float:
+        return self.cpu.time(stage, num_reqs, num_tokens)

@@ -1,0 +1,257 @@
+"""testbed calibrate: measure the real engine on this machine, fit a profile for the simulator.
+
+Three sweeps on the engine of this device (CUDA if present, else the CPU):
+- extend forwards over a grid of new tokens x cached prefix length (batches of 1
+  and several requests), timed as the real driver times a forward;
+- decode forwards over a grid of batch size x context length;
+- the CPU cost of each loop stage (schedule, launch, process) against batch size
+  and tokens, from the steps of a real replay of a generated trace.
+The profile keeps the raw measurements, the fitted models, and the fits' errors
+on held-out measurements.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from scheduler.forward_plan import ForwardMode, ForwardPlan
+from scheduler.ids import ids
+from scheduler.model_config import load_model_config
+from scheduler.sampling import SamplingParams
+from simulator import profile_fit as pf
+from simulator.profile_cost import PROFILE_FORMAT, PROFILE_VERSION
+from testbed.run_folder import load_run, versions, write_json
+
+Progress = Callable[[str, int, int], None]  # (phase, done, total)
+
+
+@dataclass
+class CalibrationConfig:
+    model: str = "tiny-llama"
+    hardware: str | None = None  # a label for this machine; default: "cpu" or the GPU's name
+    load_format: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    attention_backend: str = "auto"
+    reps: int = 5
+    extend_tokens: list[int] = field(default_factory=lambda: [16, 64, 256, 512, 1024, 2048])
+    extend_prefixes: list[int] = field(default_factory=lambda: [0, 256, 1024, 2048])
+    extend_batches: list[int] = field(default_factory=lambda: [1, 4])
+    decode_batches: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128])
+    decode_lens: list[int] = field(default_factory=lambda: [64, 256, 1024, 2048])
+    cpu_trace_requests: int = 200
+    seed: int = 0
+
+
+def synthetic_plan(mode: ForwardMode, prefix_lens: list[int], extend_lens: list[int], with_rows: bool) -> ForwardPlan:
+    """A plan of requests laid out side by side in the KV pool (rows 0..B-1)."""
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    out_cache_loc, row_writes, off = ids(), [], 0
+    for i, (p, s) in enumerate(zip(prefix_lens, seq_lens)):
+        row_writes.append((i, 0, ids(range(off, off + s))))
+        out_cache_loc.extend(range(off + p, off + s))
+        off += s
+    n, sum_seq, sum_prefix, pairs = ForwardPlan.summarize(prefix_lens, extend_lens)
+    return ForwardPlan(
+        mode=mode,
+        req_pool_indices=list(range(len(seq_lens))),
+        prefix_lens=prefix_lens,
+        extend_lens=extend_lens,
+        seq_lens=seq_lens,
+        sampling=[SamplingParams(max_new_tokens=1)] * len(seq_lens),
+        sample=[True] * len(seq_lens),
+        out_cache_loc=out_cache_loc,
+        token_sources=[ids([1]) * s for s in seq_lens],
+        row_writes=row_writes if with_rows else None,
+        num_tokens=n,
+        sum_seq_len=sum_seq,
+        sum_prefix_len=sum_prefix,
+        attention_pairs=pairs,
+    )
+
+
+class ForwardTimer:
+    """Times runner.forward the way RealDriver does: CUDA events on a GPU, the wall clock on the CPU."""
+
+    def __init__(self, runner) -> None:
+        import torch
+
+        self.runner, self.torch = runner, torch
+        self.cuda = runner.device.type == "cuda"
+
+    def time(self, plan: ForwardPlan, reps: int) -> list[float]:
+        torch = self.torch
+        self.runner.forward(plan)  # warm up; extend plans keep their row writes, as a real step has
+        out = []
+        for _ in range(reps):
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                self.runner.forward(plan)
+                end.record()
+                end.synchronize()
+                out.append(start.elapsed_time(end) / 1e3)
+            else:
+                t0 = time.perf_counter()
+                self.runner.forward(plan)
+                out.append(time.perf_counter() - t0)
+        return out
+
+
+def _extend_grid(cfg: CalibrationConfig, context: int) -> list[tuple[int, int, int]]:
+    return [
+        (b, n, p)
+        for b in cfg.extend_batches
+        for n in cfg.extend_tokens
+        for p in cfg.extend_prefixes
+        if n >= b and p + n // b <= context
+    ]
+
+
+def measure_forwards(runner, cfg: CalibrationConfig, context: int, progress: Progress | None) -> tuple[list[dict], list[dict]]:
+    timer = ForwardTimer(runner)
+    ext_grid = _extend_grid(cfg, context)
+    # Uniform batches, and ragged ones (lengths spread from s/8 to s) where padding shows.
+    dec_grid = [(b, s, ragged) for b in cfg.decode_batches for s in cfg.decode_lens for ragged in (False, True)
+                if s < context and (b > 1 or not ragged)]
+    total = len(ext_grid) + len(dec_grid)
+    extend, decode = [], []
+    for k, (b, n, p) in enumerate(ext_grid):
+        plan = synthetic_plan(ForwardMode.EXTEND, [p] * b, [n // b] * b, with_rows=True)
+        secs = timer.time(plan, cfg.reps)
+        extend.append({"batch_size": b, "num_tokens": plan.num_tokens, "prefix_len": p, "attention_pairs": plan.attention_pairs,
+                       "sum_prefix_len": plan.sum_prefix_len, "seconds": secs, "median_s": statistics.median(secs)})
+        if progress:
+            progress("forward", k + 1, total)
+    for k, (b, s, ragged) in enumerate(dec_grid):
+        lens = [max(1, s // 8 + (s - s // 8) * i // max(b - 1, 1)) for i in range(b)] if ragged else [s] * b
+        # Rows are written once (a decode step only appends to them).
+        setup = synthetic_plan(ForwardMode.EXTEND, [0] * b, lens, with_rows=True)
+        runner.cache.apply_row_writes(setup)
+        plan = synthetic_plan(ForwardMode.DECODE, lens, [1] * b, with_rows=False)
+        secs = timer.time(plan, cfg.reps)
+        decode.append({"batch_size": b, "max_seq_len": max(plan.seq_lens), "sum_seq_len": plan.sum_seq_len, "ragged": ragged,
+                       "seconds": secs, "median_s": statistics.median(secs)})
+        if progress:
+            progress("forward", len(ext_grid) + k + 1, total)
+    return extend, decode
+
+
+def measure_cpu_stages(cfg: CalibrationConfig, model_name: str, progress: Progress | None) -> list[dict]:
+    """CPU stage times from the steps of a real replay (default overlap) of a generated trace."""
+    from testbed.replay import ReplayOptions, replay
+    from testbed.trace_gen import GenConfig, generate_trace
+
+    trace = generate_trace(GenConfig(
+        num_requests=cfg.cpu_trace_requests, rate=50.0, input_len="uniform:32,512", output_len="uniform:16,128",
+        system_prompts=4, system_prompt_len=128, shared_fraction=0.5, seed=cfg.seed + 1000,
+    ))
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "calibration.jsonl"
+        trace.write(path)
+        opts = ReplayOptions(mode="real", model=model_name, load_format=cfg.load_format, device=cfg.device, dtype=cfg.dtype,
+                             attention_backend=cfg.attention_backend, seed=cfg.seed)
+        report = (lambda done, total: progress("cpu", done, total)) if progress else None
+        replay(str(path), opts, out=Path(d) / "run", progress=report)
+        steps = load_run(Path(d) / "run").steps
+    rows = []
+    for stage in ("schedule", "launch", "process"):
+        dur = (steps[f"{stage}_end"] - steps[f"{stage}_start"]).to_numpy().copy()
+        if stage == "launch":
+            # Without overlap on the CPU the forward runs inside the launch: only the rest is launch work.
+            dev = (steps["device_end"] - steps["device_start"]).to_numpy()
+            inside = (steps["device_start"] >= steps["launch_start"]).to_numpy() & (steps["device_end"] <= steps["launch_end"]).to_numpy()
+            dur = np.where(inside, np.maximum(dur - dev, 0.0), dur)
+        if stage == "process":
+            # The loop's own bookkeeping until the next schedule belongs to this stage,
+            # unless the loop went idle (waited for an arrival) in between.
+            gap = steps["schedule_start"].to_numpy()[1:] - steps["process_end"].to_numpy()[:-1]
+            dur[:-1] += np.where((gap >= 0) & (gap < 0.002), gap, 0.0)
+        for b, n, t in zip(steps["batch_size"], steps["num_tokens"], dur):
+            rows.append({"stage": stage, "num_reqs": int(b), "num_tokens": int(n), "seconds": float(t)})
+    return rows
+
+
+def fit_profile(extend: list[dict], decode: list[dict], cpu: list[dict]) -> tuple[dict, dict]:
+    batches = [([m["prefix_len"]] * m["batch_size"], [m["num_tokens"] // m["batch_size"]] * m["batch_size"]) for m in extend]
+    et = [m["median_s"] for m in extend]
+    extend_fit, knee = pf.fit_extend(batches, et)
+    ex = [pf.extend_features(p, e, knee) for p, e in batches]
+    dx = [pf.decode_features(m["batch_size"], m["sum_seq_len"], m["max_seq_len"]) for m in decode]
+    dt = [m["median_s"] for m in decode]
+    fitted = {
+        "extend": extend_fit.to_dict() | {"knee": knee},
+        "decode": pf.fit(pf.DECODE_FEATURES, dx, dt, relative=True).to_dict(),
+        "cpu": {},
+    }
+    errors = {
+        "extend": pf.holdout_error(pf.EXTEND_FEATURES, ex, et, relative=True),
+        "decode": pf.holdout_error(pf.DECODE_FEATURES, dx, dt, relative=True),
+    }
+    for stage in ("schedule", "launch", "process"):
+        rows = [m for m in cpu if m["stage"] == stage]
+        x = [[1.0, m["num_reqs"], m["num_tokens"]] for m in rows]
+        t = [m["seconds"] for m in rows]
+        fitted["cpu"][stage] = pf.fit(pf.CPU_FEATURES, x, t, relative=False).to_dict()
+        f = pf.LinearFit.from_dict(pf.CPU_FEATURES, fitted["cpu"][stage])
+        # A stage's total over a run is what the simulator must get right.
+        errors[f"cpu_{stage}_total_rel_err"] = abs(sum(f.predict(xi) for xi in x) - sum(t)) / sum(t) if t else None
+    return fitted, errors
+
+
+def calibrate(cfg: CalibrationConfig, out: str | Path, progress: Progress | None = None) -> dict:
+    from testbed.backends import build_real
+    from testbed.replay import ReplayOptions, scheduler_config
+
+    model = load_model_config(cfg.model)
+    opts = ReplayOptions(mode="real", model=cfg.model, load_format=cfg.load_format, device=cfg.device, dtype=cfg.dtype,
+                         attention_backend=cfg.attention_backend, seed=cfg.seed)
+    t0 = time.perf_counter()
+    backend, _ = build_real(opts, model, lambda kv: scheduler_config(opts, model, kv))
+    runner = backend.driver.runner
+    backend_hardware = backend.meta["hardware"]
+    largest_decode = max(cfg.decode_batches) * (max(cfg.decode_lens) + 1)
+    largest_extend = max(cfg.extend_batches) * (max(cfg.extend_prefixes) + max(cfg.extend_tokens))
+    runner.init_cache(max(largest_decode, largest_extend), max(max(cfg.decode_batches), max(cfg.extend_batches)) + 2)
+    extend, decode = measure_forwards(runner, cfg, model.context_len, progress)
+    del runner, backend
+    cpu = measure_cpu_stages(cfg, cfg.model, progress)
+    fitted, errors = fit_profile(extend, decode, cpu)
+    profile = {
+        "format": PROFILE_FORMAT,
+        "version": PROFILE_VERSION,
+        "model": model.name,
+        "hardware": cfg.hardware or backend_hardware,
+        "engine": {"kv_tokens": _real_kv_tokens(opts, model)},
+        "calibration": asdict(cfg),
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "versions": versions(),
+        "fit": fitted,
+        "holdout": errors,
+        "measurements": {"extend": extend, "decode": decode, "cpu": cpu},
+    }
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, profile)
+    return profile
+
+
+def _real_kv_tokens(opts, model) -> int:
+    """The KV pool a default real run of this model gets here (what a sim with this profile uses)."""
+    from engine.device import choose_device
+    from engine.kv_cache import KVCache
+    from engine.model_runner import EngineConfig
+
+    choice = choose_device(opts.device, opts.dtype, opts.attention_backend)
+    if choice.device.type == "cpu":
+        return int(EngineConfig().kv_memory_gb * (1 << 30) // KVCache.bytes_per_slot(model, choice.dtype))
+    return 0  # CUDA: depends on free memory at run time; sims pass --kv-tokens

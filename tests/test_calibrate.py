@@ -1,0 +1,80 @@
+"""testbed calibrate and --profile: a real (small) sweep on this machine's engine, then a sim on it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scheduler.forward_plan import ForwardMode
+from simulator.profile_cost import ProfileCostModel
+from testbed.calibrate import CalibrationConfig, calibrate, synthetic_plan
+from testbed.errors import ConfigError
+from testbed.replay import ReplayOptions, replay
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def profile_path(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("profile") / "cpu-tiny.json"
+    cfg = CalibrationConfig(
+        model="tiny-llama", reps=1, extend_tokens=[16, 128, 512], extend_prefixes=[0, 256], extend_batches=[1, 2],
+        decode_batches=[1, 4, 16], decode_lens=[32, 256], cpu_trace_requests=30,
+    )
+    phases = []
+    calibrate(cfg, out, progress=lambda phase, done, total: phases.append(phase))
+    assert {"forward", "cpu"} <= set(phases), "progress is reported for both sweeps"
+    return out
+
+
+def test_profile_holds_measurements_fit_and_holdout_error(profile_path):
+    p = json.loads(profile_path.read_text())
+    assert p["format"] == "testbed-profile" and p["model"] == "tiny-llama"
+    m = p["measurements"]
+    assert len(m["extend"]) == 3 * 2 * 2 and all(x["median_s"] > 0 for x in m["extend"])
+    assert any(x["ragged"] for x in m["decode"]) and all(x["median_s"] > 0 for x in m["decode"])
+    assert {x["stage"] for x in m["cpu"]} == {"schedule", "launch", "process"}
+    assert set(p["fit"]) == {"extend", "decode", "cpu"}
+    assert all(v >= 0 for k, v in p["fit"]["extend"].items())  # non-negative: extrapolates sanely
+    assert p["holdout"]["extend"]["points"] > 0 and p["holdout"]["extend"]["median_rel_err"] >= 0
+
+
+def test_profile_cost_model_prices_plans_like_the_measurements(profile_path):
+    cost = ProfileCostModel.load(profile_path)
+    p = json.loads(profile_path.read_text())
+    small = synthetic_plan(ForwardMode.EXTEND, [0], [16], with_rows=False)
+    big = synthetic_plan(ForwardMode.EXTEND, [256], [512], with_rows=False)
+    assert 0 < cost.forward_time(small) < cost.forward_time(big)
+    d1 = synthetic_plan(ForwardMode.DECODE, [32], [1], with_rows=False)
+    d16 = synthetic_plan(ForwardMode.DECODE, [256] * 16, [1] * 16, with_rows=False)
+    assert 0 < cost.forward_time(d1) < cost.forward_time(d16)
+    # Within a factor of 2 of what was measured for the largest extend point (noise allowed).
+    meas = next(x for x in p["measurements"]["extend"] if x["batch_size"] == 1 and x["num_tokens"] == 512 and x["prefix_len"] == 256)
+    assert 0.5 < cost.forward_time(big) / meas["median_s"] < 2.0
+
+
+def test_sim_with_a_profile_runs_and_records_it(profile_path, tmp_path):
+    out = tmp_path / "run"
+    result = replay(str(REPO / "traces" / "a.json"), ReplayOptions(model="tiny-llama", profile=str(profile_path), max_requests=40), out=out)
+    meta = json.loads((out / "run.json").read_text())
+    assert result.status == "complete" and meta["cost_model"].startswith("profile:")
+    assert meta["summary"]["kv_tokens"] == json.loads(profile_path.read_text())["engine"]["kv_tokens"]
+
+
+def test_a_profile_of_another_model_is_refused(profile_path, tmp_path):
+    with pytest.raises(ConfigError, match="calibrated for tiny-llama"):
+        replay(str(REPO / "traces" / "a.json"), ReplayOptions(model="llama-3.1-8b", profile=str(profile_path)), out=tmp_path / "r")
+
+
+def test_cli_bad_profile_exits_2(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    proc = subprocess.run(
+        [sys.executable, "-m", "testbed.cli", "replay", str(REPO / "traces" / "a.json"), "--model", "tiny-llama", "--profile", str(bad), "-q"],
+        capture_output=True, text=True, cwd=REPO,
+    )
+    assert proc.returncode == 2 and "bad JSON" in proc.stderr and "Traceback" not in proc.stderr
