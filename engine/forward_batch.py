@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -40,21 +41,14 @@ class ForwardBatch:
             return torch.as_tensor(values, dtype=torch.int64).to(device, non_blocking=True)
 
         if plan.mode is ForwardMode.DECODE:
-            positions = t(plan.positions)
             last = torch.arange(plan.batch_size, device=device)
         else:
-            positions = t(plan.positions)
-            ends = [0] * plan.batch_size
-            acc = 0
-            for i, n in enumerate(plan.extend_lens):
-                acc += n
-                ends[i] = acc - 1
-            last = t(ends)
+            last = t([end - 1 for end in accumulate(plan.extend_lens)])
         return cls(
             plan=plan,
             mode=plan.mode,
             input_ids=input_ids,
-            positions=positions,
+            positions=t(plan.positions),
             out_cache_loc=ids_tensor(plan.out_cache_loc, device),
             req_pool_indices=t(plan.req_pool_indices),
             seq_lens=t(plan.seq_lens),
