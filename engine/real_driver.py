@@ -46,7 +46,6 @@ class RealDriver:
             self.stream = torch.cuda.Stream(runner.device) if overlap else torch.cuda.current_stream(runner.device)
             # Device times are read as offsets from this event, recorded at the wall-clock origin.
             self.origin = torch.cuda.Event(enable_timing=True)
-        self.device_busy_s = 0.0
 
     def _start_clock(self) -> None:
         """Time 0 is when the loop starts: the trace's first arrival."""
@@ -121,6 +120,5 @@ class RealDriver:
             if f.future is not None:
                 f.future.result()
             start, end = f.start, f.end
-        self.device_busy_s += end - start
         assert f.ids is not None
         return ForwardResult(f.ids.tolist(), start, end)

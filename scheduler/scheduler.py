@@ -32,7 +32,6 @@ class LaunchedBatch:
     chunked_req: Req | None
     num_retracted: int
     cache_hit_tokens: int
-    num_waiting: int  # queue length when it was scheduled
 
 
 class InvariantError(AssertionError):
@@ -216,7 +215,7 @@ class Scheduler:
             for r in reqs:
                 if r.scheduled_time is None:
                     r.scheduled_time = now
-        return LaunchedBatch(reqs, plan, batch.chunked_req, batch.num_retracted, batch.cache_hit_tokens, len(self.waiting_queue))
+        return LaunchedBatch(reqs, plan, batch.chunked_req, batch.num_retracted, batch.cache_hit_tokens)
 
     def process_batch_result(self, launched: LaunchedBatch, next_token_ids: list[int], now: float) -> None:
         plan = launched.plan

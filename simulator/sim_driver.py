@@ -49,7 +49,6 @@ class SimDriver:
         self.cost_model = cost_model
         self.env = simpy.Environment()
         self.device_free_at = 0.0
-        self.device_busy_s = 0.0
         # CPU time charged but not yet waited out. The loop is the only process, so
         # its CPU work needs no event of its own: it is folded into the next timeout,
         # and clock() counts it. One SimPy event per wait instead of one per stage.
@@ -86,7 +85,6 @@ class SimDriver:
                 duration = cost.forward_time(plan)
                 end = max(start + duration, self.clock())
                 self.device_free_at = end
-                self.device_busy_s += duration
                 value = SimForward(plan, start, end)
             elif kind is AwaitResult:
                 fwd: SimForward = wait.handle

@@ -218,6 +218,8 @@ def calibrate(cfg: CalibrationConfig, out: str | Path, progress: Progress | None
     backend, _ = build_real(opts, model, lambda kv: scheduler_config(opts, model, kv))
     runner = backend.driver.runner
     backend_hardware = backend.meta["hardware"]
+    # The KV pool a default real run of this model gets here: what a sim with this profile uses.
+    engine_kv_tokens = backend.kv_tokens
     largest_decode = max(cfg.decode_batches) * (max(cfg.decode_lens) + 1)
     largest_extend = max(cfg.extend_batches) * (max(cfg.extend_prefixes) + max(cfg.extend_tokens))
     runner.init_cache(max(largest_decode, largest_extend), max(max(cfg.decode_batches), max(cfg.extend_batches)) + 2)
@@ -230,7 +232,7 @@ def calibrate(cfg: CalibrationConfig, out: str | Path, progress: Progress | None
         "version": PROFILE_VERSION,
         "model": model.name,
         "hardware": cfg.hardware or backend_hardware,
-        "engine": {"kv_tokens": _real_kv_tokens(opts, model)},
+        "engine": {"kv_tokens": engine_kv_tokens},
         "calibration": asdict(cfg),
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "wall_s": round(time.perf_counter() - t0, 1),
@@ -244,14 +246,3 @@ def calibrate(cfg: CalibrationConfig, out: str | Path, progress: Progress | None
     write_json(out, profile)
     return profile
 
-
-def _real_kv_tokens(opts, model) -> int:
-    """The KV pool a default real run of this model gets here (what a sim with this profile uses)."""
-    from engine.device import choose_device
-    from engine.kv_cache import KVCache
-    from engine.model_runner import EngineConfig
-
-    choice = choose_device(opts.device, opts.dtype, opts.attention_backend)
-    if choice.device.type == "cpu":
-        return int(EngineConfig().kv_memory_gb * (1 << 30) // KVCache.bytes_per_slot(model, choice.dtype))
-    return 0  # CUDA: depends on free memory at run time; sims pass --kv-tokens
