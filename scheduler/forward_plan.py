@@ -51,6 +51,7 @@ class ForwardPlan:
     sum_prefix_len: int = 0  # sum(prefix_lens)
     # sum(extend_len * (prefix_len + (extend_len + 1) / 2)): query-key pairs of causal attention
     attention_pairs: float = 0.0
+    max_seq_len: int = 0  # max(seq_lens): what a backend that pads the batch reads per request
     _input_ids: array | list[int] | None = None
     _positions: list[int] | None = None
 
@@ -79,11 +80,13 @@ class ForwardPlan:
         return self._positions
 
     @staticmethod
-    def summarize(prefix_lens: list[int], extend_lens: list[int]) -> tuple[int, int, int, float]:
-        """(num_tokens, sum_seq_len, sum_prefix_len, attention_pairs) of a batch."""
+    def summarize(prefix_lens: list[int], extend_lens: list[int]) -> tuple[int, int, int, float, int]:
+        """(num_tokens, sum_seq_len, sum_prefix_len, attention_pairs, max_seq_len) of a batch."""
         num_tokens = sum(extend_lens)
         sum_prefix = sum(prefix_lens)
         pairs = 0.0
+        longest = 0
         for p, e in zip(prefix_lens, extend_lens):
             pairs += e * (p + (e + 1) / 2)
-        return num_tokens, sum_prefix + num_tokens, sum_prefix, pairs
+            longest = max(longest, p + e)
+        return num_tokens, sum_prefix + num_tokens, sum_prefix, pairs, longest

@@ -158,6 +158,8 @@ class EventLoop:
             sched.running_batch.batch_size(),
             len(sched.waiting_queue),
             f.launched.num_retracted,
+            plan.max_seq_len,
+            plan.attention_pairs,
         )
         if self.progress is not None:
             self.progress(len(sched.done))

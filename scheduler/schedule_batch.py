@@ -78,7 +78,7 @@ class ScheduleBatch:
             r.seq_len = prefix_len + n
             seq_lens.append(r.seq_len)
         sample = [r is not self.chunked_req for r in self.reqs]
-        num_tokens, sum_seq, sum_prefix, pairs = ForwardPlan.summarize(prefix_lens, extend_lens)
+        num_tokens, sum_seq, sum_prefix, pairs, longest = ForwardPlan.summarize(prefix_lens, extend_lens)
         self.plan = ForwardPlan(
             mode=ForwardMode.EXTEND,
             req_pool_indices=[r.req_pool_idx for r in self.reqs],
@@ -94,6 +94,7 @@ class ScheduleBatch:
             sum_seq_len=sum_seq,
             sum_prefix_len=sum_prefix,
             attention_pairs=pairs,
+            max_seq_len=longest,
         )
 
     # -- decode -------------------------------------------------------------
@@ -177,6 +178,7 @@ class ScheduleBatch:
             sum_seq_len=sum_prefix + bs,
             sum_prefix_len=sum_prefix,
             attention_pairs=float(sum_prefix + bs),
+            max_seq_len=max(seq_lens),
         )
 
     # -- membership ---------------------------------------------------------

@@ -24,14 +24,18 @@ STEP_COLUMNS = (
     "num_running",
     "num_waiting",
     "num_retracted",  # requests retracted when this step was scheduled
+    # What a forward's cost depends on beyond the token counts (a calibration can fit them).
+    "max_seq_len",  # longest sequence in the batch
+    "attention_pairs",  # query-key pairs of causal attention
 )
+FLOAT_COLUMNS = ("attention_pairs",)
 
 
 def _column(name: str):
     # Typed arrays: 8 bytes a value instead of a Python object (a long replay has 100k+ steps).
     if name == "mode":
         return []
-    return array("d") if name.endswith(("_start", "_end")) else array("q")
+    return array("d") if name.endswith(("_start", "_end")) or name in FLOAT_COLUMNS else array("q")
 
 
 class StepLog:

@@ -15,7 +15,7 @@ from simulator.cost_model import CpuStageCosts, StageCost
 from simulator.profile_fit import DECODE_FEATURES, EXTEND_FEATURES, LinearFit, extend_features
 
 PROFILE_FORMAT = "testbed-profile"
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2  # 2: extend knee on attention pairs, forwards timed in a replay in the fit
 
 
 class ProfileError(ValueError):
@@ -23,24 +23,34 @@ class ProfileError(ValueError):
 
 
 class ProfileCostModel:
-    def __init__(self, profile: dict, path: str | None = None) -> None:
+    """Forward and CPU-stage times of a profile; with overlap, as the profile's overlapped replay measured them."""
+
+    def __init__(self, profile: dict, path: str | None = None, overlap: bool = False) -> None:
         if profile.get("format") != PROFILE_FORMAT:
             raise ProfileError(f"{path or 'profile'}: not a testbed profile (no \"format\": \"{PROFILE_FORMAT}\")")
+        if profile.get("version") != PROFILE_VERSION:
+            raise ProfileError(f"{path or 'profile'}: profile version {profile.get('version')}, this testbed reads version "
+                               f"{PROFILE_VERSION}: make it again with testbed calibrate")
         try:
             fitted = profile["fit"]
             self.extend = LinearFit.from_dict(EXTEND_FEATURES, fitted["extend"])
             self.knee = float(fitted["extend"].get("knee", 0.0))
             self.decode = LinearFit.from_dict(DECODE_FEATURES, fitted["decode"])
-            self.cpu = CpuStageCosts(**{stage: StageCost(**fitted["cpu"][stage]) for stage in ("schedule", "launch", "process")})
+            # With overlap the CPU stages run beside a forward: on a CPU they compete for the cores.
+            cpu = fitted.get("cpu_overlap", fitted["cpu"]) if overlap else fitted["cpu"]
+            self.cpu = CpuStageCosts(**{stage: StageCost(**cpu[stage]) for stage in ("schedule", "launch", "process")})
+            factor = fitted.get("overlap_forward_factor", {}) if overlap else {}
+            self.extend_factor = float(factor.get("extend", 1.0))
+            self.decode_factor = float(factor.get("decode", 1.0))
         except (KeyError, TypeError) as e:
             raise ProfileError(f"{path or 'profile'}: missing or malformed fit ({e})") from None
         self.profile = profile
         self.model = profile.get("model")
         self.name = f"profile:{Path(path).name if path else profile.get('name', 'inline')}"
-        self._d_fixed, self._d_req, self._d_kv, self._d_pad = self.decode.coef
+        self._d_fixed, self._d_req, self._d_kv, self._d_pad = (c * self.decode_factor for c in self.decode.coef)
 
     @classmethod
-    def load(cls, path: str | Path) -> "ProfileCostModel":
+    def load(cls, path: str | Path, overlap: bool = False) -> "ProfileCostModel":
         path = Path(path)
         try:
             profile = json.loads(path.read_text())
@@ -48,17 +58,17 @@ class ProfileCostModel:
             raise ProfileError(f"{path}: no such profile") from None
         except json.JSONDecodeError as e:
             raise ProfileError(f"{path}:{e.lineno}: bad JSON: {e.msg}") from None
-        return cls(profile, str(path))
+        return cls(profile, str(path), overlap)
 
     def forward_time(self, plan: ForwardPlan) -> float:
         bs = len(plan.req_pool_indices)
         if bs == 0:
             return 0.0
         if plan.mode is ForwardMode.DECODE:
-            padded = self._d_pad * bs * max(plan.seq_lens) if self._d_pad else 0.0
+            padded = self._d_pad * bs * plan.max_seq_len
             return self._d_fixed + self._d_req * bs + self._d_kv * plan.sum_seq_len + padded
         # Extend batches are few and small: the per-request features are worth a loop.
-        return self.extend.predict(extend_features(plan.prefix_lens, plan.extend_lens, self.knee))
+        return self.extend_factor * self.extend.predict(extend_features(plan.prefix_lens, plan.extend_lens, self.knee))
 
     def cpu_time(self, stage: str, num_reqs: int, num_tokens: int) -> float:
         return self.cpu.time(stage, num_reqs, num_tokens)

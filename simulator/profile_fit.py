@@ -3,41 +3,50 @@
 Forward time of an extend batch is modelled as
     t = fixed + per_token * new tokens + per_pair * causal attention pairs
         + per_req * requests + per_kv * prefix tokens read
-        + per_rect * sum(new * (prefix + new)) + per_rect_knee * sum(max(0, new * (prefix + new) - knee))
-(the rectangle terms are attention that materializes every query-key score, as
-the torch backend does; past a knee, chosen by the fit, those scores spill out of
-the CPU caches and cost more each) and of a decode batch as
+        + per_pair_knee * sum over requests of max(0, pairs - knee)
+(past a knee, chosen by the fit, an attention that materializes every
+query-key score, as the torch backend does per request, spills out of the CPU
+caches and costs more per pair) and of a decode batch as
     t = fixed + per_req * requests + per_kv * tokens attended + per_padded_kv * requests * longest,
 the terms of a roofline (fixed launch cost, compute in tokens and attention
 work, memory in KV bytes), with coefficients >= 0 so that the fit extrapolates
-sanely past the measured grid. Forward fits minimize relative error (each row
-weighted by 1/t), as the simulator's error is judged relatively. CPU stages are
-base + per request + per token, fitted on absolute error (their mean is what adds
-up over a run).
+sanely past the measured grid. Every feature can be computed from a step of a
+run (steps.parquet) as well as from a plan, so the fit takes forwards timed in
+a real replay beside the synthetic grid (for a step of several extend requests
+the knee term assumes its pairs were spread evenly over them). Forward fits
+minimize relative error (each row weighted by 1/t), as the simulator's error is
+judged relatively. CPU stages are base + per request + per token, fitted on
+absolute error (their mean is what adds up over a run).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
-EXTEND_FEATURES = ("fixed", "per_token", "per_pair", "per_req", "per_kv", "per_rect", "per_rect_knee")
-KNEE_CANDIDATES = (0.0, 1e5, 2.5e5, 5e5, 1e6, 2e6, 4e6)
+EXTEND_FEATURES = ("fixed", "per_token", "per_pair", "per_req", "per_kv", "per_pair_knee")
+KNEE_CANDIDATES = (0.0, 5e4, 1.25e5, 2.5e5, 5e5, 1e6, 2e6)
 DECODE_FEATURES = ("fixed", "per_req", "per_kv", "per_padded_kv")
 CPU_FEATURES = ("base_s", "per_req_s", "per_token_s")
 
 
 def extend_features(prefix_lens: list[int], extend_lens: list[int], knee: float) -> list[float]:
-    tokens = pairs = rect = over = 0.0
+    tokens = pairs = over = 0.0
     for p, e in zip(prefix_lens, extend_lens):
         tokens += e
-        pairs += e * (p + (e + 1) / 2)
-        r = e * (p + e)
-        rect += r
-        if r > knee:
-            over += r - knee
-    return [1.0, tokens, pairs, float(len(extend_lens)), float(sum(prefix_lens)), rect, over if knee > 0 else 0.0]
+        a = e * (p + (e + 1) / 2)
+        pairs += a
+        if a > knee:
+            over += a - knee
+    return [1.0, tokens, pairs, float(len(extend_lens)), float(sum(prefix_lens)), over if knee > 0 else 0.0]
+
+
+def extend_step_features(batch_size: int, num_tokens: int, prefix_tokens: int, attention_pairs: float, knee: float) -> list[float]:
+    """extend_features from a step's totals (steps.parquet), its pairs taken as evenly spread."""
+    over = batch_size * max(0.0, attention_pairs / batch_size - knee) if knee > 0 else 0.0
+    return [1.0, float(num_tokens), float(attention_pairs), float(batch_size), float(prefix_tokens), over]
 
 
 def decode_features(batch_size: float, sum_seq_len: float, max_seq_len: float) -> list[float]:
@@ -112,11 +121,14 @@ def holdout_error(names: tuple[str, ...], x: list[list[float]], t: list[float], 
     return {"points": len(held), "median_rel_err": float(np.median(errs)), "max_rel_err": float(np.max(errs))}
 
 
-def fit_extend(batches: list[tuple[list[int], list[int]]], t: list[float]) -> tuple[LinearFit, float]:
-    """The extend fit and its knee: the candidate with the smallest median relative error."""
+def fit_extend(batches: list[Callable[[float], list[float]]], t: list[float]) -> tuple[LinearFit, float]:
+    """The extend fit and its knee: the candidate with the smallest median relative error.
+
+    Each batch is a function from a knee to its feature row (extend_features or
+    extend_step_features with the rest bound)."""
     best = None
     for knee in KNEE_CANDIDATES:
-        x = [extend_features(p, e, knee) for p, e in batches]
+        x = [features(knee) for features in batches]
         f = fit(EXTEND_FEATURES, x, t, relative=True)
         err = float(np.median(relative_errors(f, x, t)))
         if best is None or err < best[0]:

@@ -36,7 +36,7 @@ def build_sim(opts, model: ModelConfig, make_config: Callable[[int], SchedulerCo
         from simulator.profile_cost import ProfileCostModel, ProfileError
 
         try:
-            profile = ProfileCostModel.load(opts.profile)
+            profile = ProfileCostModel.load(opts.profile, overlap=bool(opts.overlap))
         except ProfileError as e:
             raise ConfigError(str(e)) from None
         if profile.model != model.name:

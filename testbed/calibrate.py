@@ -4,8 +4,13 @@ Three sweeps on the engine of this device (CUDA if present, else the CPU):
 - extend forwards over a grid of new tokens x cached prefix length (batches of 1
   and several requests), timed as the real driver times a forward;
 - decode forwards over a grid of batch size x context length;
-- the CPU cost of each loop stage (schedule, launch, process) against batch size
-  and tokens, from the steps of a real replay of a generated trace.
+- a real replay of a generated trace without overlap: the CPU cost of each loop
+  stage (schedule, launch, process) against batch size and tokens, and every
+  forward it ran, timed in place (ragged batches, a KV pool in real use) beside
+  the grid's;
+- the same replay with overlap: how much slower a forward and the CPU stages are
+  when they run at the same time (on a CPU they compete for the cores; on a GPU
+  they should not).
 The profile keeps the raw measurements, the fitted models, and the fits' errors
 on held-out measurements.
 """
@@ -59,7 +64,7 @@ def synthetic_plan(mode: ForwardMode, prefix_lens: list[int], extend_lens: list[
         row_writes.append((i, 0, ids(range(off, off + s))))
         out_cache_loc.extend(range(off + p, off + s))
         off += s
-    n, sum_seq, sum_prefix, pairs = ForwardPlan.summarize(prefix_lens, extend_lens)
+    n, sum_seq, sum_prefix, pairs, longest = ForwardPlan.summarize(prefix_lens, extend_lens)
     return ForwardPlan(
         mode=mode,
         req_pool_indices=list(range(len(seq_lens))),
@@ -75,6 +80,7 @@ def synthetic_plan(mode: ForwardMode, prefix_lens: list[int], extend_lens: list[
         sum_seq_len=sum_seq,
         sum_prefix_len=sum_prefix,
         attention_pairs=pairs,
+        max_seq_len=longest,
     )
 
 
@@ -145,8 +151,19 @@ def measure_forwards(runner, cfg: CalibrationConfig, context: int, progress: Pro
     return extend, decode
 
 
-def measure_cpu_stages(cfg: CalibrationConfig, model_name: str, progress: Progress | None) -> list[dict]:
-    """CPU stage times from the steps of a real replay (default overlap) of a generated trace."""
+def insitu_forwards(steps) -> list[dict]:
+    """The forwards of a run without overlap (steps.parquet), with the features their cost depends on."""
+    cols = ("mode", "batch_size", "num_tokens", "prefix_tokens", "attention_pairs", "max_seq_len")
+    rows = []
+    for r in steps[list(cols) + ["device_start", "device_end"]].itertuples(index=False):
+        row = {c: (getattr(r, c) if c == "mode" else int(getattr(r, c)) if c != "attention_pairs" else float(r.attention_pairs)) for c in cols}
+        row["seconds"] = float(r.device_end - r.device_start)
+        rows.append(row)
+    return rows
+
+
+def measure_replay(cfg: CalibrationConfig, model_name: str, overlap: bool, progress: Progress | None) -> tuple[list[dict], list[dict]]:
+    """CPU stage times and in-place forward times from a real replay of a generated trace."""
     from testbed.replay import ReplayOptions, replay
     from testbed.trace_gen import GenConfig, generate_trace
 
@@ -158,11 +175,12 @@ def measure_cpu_stages(cfg: CalibrationConfig, model_name: str, progress: Progre
         path = Path(d) / "calibration.jsonl"
         trace.write(path)
         opts = ReplayOptions(mode="real", model=model_name, load_format=cfg.load_format, device=cfg.device, dtype=cfg.dtype,
-                             attention_backend=cfg.attention_backend, seed=cfg.seed)
-        report = (lambda done, total: progress("cpu", done, total)) if progress else None
+                             attention_backend=cfg.attention_backend, seed=cfg.seed, overlap=overlap)
+        phase = "replay overlap" if overlap else "replay"
+        report = (lambda done, total: progress(phase, done, total)) if progress else None
         replay(str(path), opts, out=Path(d) / "run", progress=report)
         steps = load_run(Path(d) / "run").steps
-    rows = []
+    cpu = []
     for stage in ("schedule", "launch", "process"):
         dur = (steps[f"{stage}_end"] - steps[f"{stage}_start"]).to_numpy().copy()
         if stage == "launch":
@@ -176,34 +194,79 @@ def measure_cpu_stages(cfg: CalibrationConfig, model_name: str, progress: Progre
             gap = steps["schedule_start"].to_numpy()[1:] - steps["process_end"].to_numpy()[:-1]
             dur[:-1] += np.where((gap >= 0) & (gap < 0.002), gap, 0.0)
         for b, n, t in zip(steps["batch_size"], steps["num_tokens"], dur):
-            rows.append({"stage": stage, "num_reqs": int(b), "num_tokens": int(n), "seconds": float(t)})
-    return rows
+            cpu.append({"stage": stage, "num_reqs": int(b), "num_tokens": int(n), "seconds": float(t)})
+    return cpu, insitu_forwards(steps)
 
 
-def fit_profile(extend: list[dict], decode: list[dict], cpu: list[dict]) -> tuple[dict, dict]:
-    batches = [([m["prefix_len"]] * m["batch_size"], [m["num_tokens"] // m["batch_size"]] * m["batch_size"]) for m in extend]
-    et = [m["median_s"] for m in extend]
-    extend_fit, knee = pf.fit_extend(batches, et)
-    ex = [pf.extend_features(p, e, knee) for p, e in batches]
-    dx = [pf.decode_features(m["batch_size"], m["sum_seq_len"], m["max_seq_len"]) for m in decode]
-    dt = [m["median_s"] for m in decode]
-    fitted = {
-        "extend": extend_fit.to_dict() | {"knee": knee},
-        "decode": pf.fit(pf.DECODE_FEATURES, dx, dt, relative=True).to_dict(),
-        "cpu": {},
-    }
-    errors = {
-        "extend": pf.holdout_error(pf.EXTEND_FEATURES, ex, et, relative=True),
-        "decode": pf.holdout_error(pf.DECODE_FEATURES, dx, dt, relative=True),
-    }
+def _holdout(names: tuple[str, ...], x: list[list[float]], t: list[float]) -> dict:
+    return pf.holdout_error(names, x, t, relative=True)
+
+
+def fit_cpu_stages(cpu: list[dict]) -> tuple[dict, dict]:
+    """base + per request + per token for each stage, and the error of each stage's total."""
+    fitted, errors = {}, {}
     for stage in ("schedule", "launch", "process"):
         rows = [m for m in cpu if m["stage"] == stage]
         x = [[1.0, m["num_reqs"], m["num_tokens"]] for m in rows]
         t = [m["seconds"] for m in rows]
-        fitted["cpu"][stage] = pf.fit(pf.CPU_FEATURES, x, t, relative=False).to_dict()
-        f = pf.LinearFit.from_dict(pf.CPU_FEATURES, fitted["cpu"][stage])
+        fitted[stage] = pf.fit(pf.CPU_FEATURES, x, t, relative=False).to_dict()
+        f = pf.LinearFit.from_dict(pf.CPU_FEATURES, fitted[stage])
         # A stage's total over a run is what the simulator must get right.
-        errors[f"cpu_{stage}_total_rel_err"] = abs(sum(f.predict(xi) for xi in x) - sum(t)) / sum(t) if t else None
+        errors[stage] = abs(sum(f.predict(xi) for xi in x) - sum(t)) / sum(t) if t else None
+    return fitted, errors
+
+
+def overlap_factors(fitted: dict, forwards: list[dict]) -> dict[str, float]:
+    """Median of (time measured with overlap) / (time the no-overlap fit predicts), per forward mode.
+
+    On a CPU the forward's thread competes with the loop's for the cores and the
+    GIL, and every forward is slower; on a GPU the factor should be about 1."""
+    ext = pf.LinearFit.from_dict(pf.EXTEND_FEATURES, fitted["extend"])
+    dec = pf.LinearFit.from_dict(pf.DECODE_FEATURES, fitted["decode"])
+    knee = fitted["extend"]["knee"]
+    ratios: dict[str, list[float]] = {"extend": [], "decode": []}
+    for m in forwards:
+        if m["mode"] == "decode":
+            pred = dec.predict(pf.decode_features(m["batch_size"], m["prefix_tokens"] + m["num_tokens"], m["max_seq_len"]))
+        else:
+            pred = ext.predict(pf.extend_step_features(m["batch_size"], m["num_tokens"], m["prefix_tokens"], m["attention_pairs"], knee))
+        if pred > 0:
+            ratios["decode" if m["mode"] == "decode" else "extend"].append(m["seconds"] / pred)
+    return {k: float(np.median(v)) if v else 1.0 for k, v in ratios.items()}
+
+
+def fit_profile(extend: list[dict], decode: list[dict], cpu: list[dict], insitu: list[dict] | None = None,
+                overlap_cpu: list[dict] | None = None, overlap_forwards: list[dict] | None = None) -> tuple[dict, dict]:
+    """Fit the forward models on the grid and the in-place forwards together, the CPU stages on the replay;
+    with a replay under overlap, how much slower forwards and CPU stages are there."""
+    insitu = insitu or []
+    in_ext = [m for m in insitu if m["mode"] != "decode"]
+    in_dec = [m for m in insitu if m["mode"] == "decode"]
+    grid_batches = [([m["prefix_len"]] * m["batch_size"], [m["num_tokens"] // m["batch_size"]] * m["batch_size"]) for m in extend]
+    ext_rows = [lambda knee, p=p, e=e: pf.extend_features(p, e, knee) for p, e in grid_batches]
+    ext_rows += [lambda knee, m=m: pf.extend_step_features(m["batch_size"], m["num_tokens"], m["prefix_tokens"], m["attention_pairs"], knee)
+                 for m in in_ext]
+    et = [m["median_s"] for m in extend] + [m["seconds"] for m in in_ext]
+    extend_fit, knee = pf.fit_extend(ext_rows, et)
+    ex = [row(knee) for row in ext_rows]
+    dx = [pf.decode_features(m["batch_size"], m["sum_seq_len"], m["max_seq_len"]) for m in decode]
+    dx += [pf.decode_features(m["batch_size"], m["prefix_tokens"] + m["num_tokens"], m["max_seq_len"]) for m in in_dec]
+    dt = [m["median_s"] for m in decode] + [m["seconds"] for m in in_dec]
+    decode_fit = pf.fit(pf.DECODE_FEATURES, dx, dt, relative=True)
+    fitted = {"extend": extend_fit.to_dict() | {"knee": knee}, "decode": decode_fit.to_dict(), "cpu": {}}
+    errors = {"extend": _holdout(pf.EXTEND_FEATURES, ex, et), "decode": _holdout(pf.DECODE_FEATURES, dx, dt)}
+    # How well the final fits price the replay's own forwards (what a simulated run adds up).
+    for kind, f, x, t, n in (("extend", extend_fit, ex, et, len(in_ext)), ("decode", decode_fit, dx, dt, len(in_dec))):
+        if n:
+            errs = pf.relative_errors(f, x[-n:], t[-n:])
+            errors[f"replay_{kind}"] = {"points": n, "median_rel_err": float(np.median(errs)),
+                                        "total_rel_err": float(sum(f.predict(xi) for xi in x[-n:]) / sum(t[-n:]) - 1)}
+    fitted["cpu"], cpu_errors = fit_cpu_stages(cpu)
+    errors |= {f"cpu_{stage}_total_rel_err": e for stage, e in cpu_errors.items()}
+    if overlap_cpu:
+        fitted["cpu_overlap"], _ = fit_cpu_stages(overlap_cpu)
+    if overlap_forwards:
+        fitted["overlap_forward_factor"] = overlap_factors(fitted, overlap_forwards)
     return fitted, errors
 
 
@@ -225,8 +288,9 @@ def calibrate(cfg: CalibrationConfig, out: str | Path, progress: Progress | None
     runner.init_cache(max(largest_decode, largest_extend), max(max(cfg.decode_batches), max(cfg.extend_batches)) + 2)
     extend, decode = measure_forwards(runner, cfg, model.context_len, progress)
     del runner, backend
-    cpu = measure_cpu_stages(cfg, cfg.model, progress)
-    fitted, errors = fit_profile(extend, decode, cpu)
+    cpu, insitu = measure_replay(cfg, cfg.model, False, progress)
+    overlap_cpu, overlap_forwards = measure_replay(cfg, cfg.model, True, progress)
+    fitted, errors = fit_profile(extend, decode, cpu, insitu, overlap_cpu, overlap_forwards)
     profile = {
         "format": PROFILE_FORMAT,
         "version": PROFILE_VERSION,
@@ -239,7 +303,8 @@ def calibrate(cfg: CalibrationConfig, out: str | Path, progress: Progress | None
         "versions": versions(),
         "fit": fitted,
         "holdout": errors,
-        "measurements": {"extend": extend, "decode": decode, "cpu": cpu},
+        "measurements": {"extend": extend, "decode": decode, "cpu": cpu, "replay_forwards": insitu,
+                         "overlap_cpu": overlap_cpu, "overlap_replay_forwards": overlap_forwards},
     }
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -105,7 +105,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             return
         bar = bars.get(phase)
         if bar is None:
-            label = "forward sweep" if phase == "forward" else "CPU stages (real replay)"
+            label = "forward sweep" if phase == "forward" else "real replay (CPU stages, forwards in place)"
             bar = bars[phase] = tqdm(total=total, desc=label, dynamic_ncols=True)
         bar.total = total
         bar.update(done - bar.n)
@@ -123,13 +123,21 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         e = h[kind]
         if e.get("points"):
             print(f"  {kind} fit, held-out error: median {e['median_rel_err'] * 100:.1f}%, max {e['max_rel_err'] * 100:.1f}% ({e['points']} points)")
+        r = h.get(f"replay_{kind}")
+        if r:
+            print(f"    on the replay's {r['points']} {kind} forwards: median error {r['median_rel_err'] * 100:.1f}%, "
+                  f"total {r['total_rel_err'] * 100:+.1f}%")
     for stage in ("schedule", "launch", "process"):
         print(f"  CPU {stage}: {profile['fit']['cpu'][stage]}")
+    factor = profile["fit"].get("overlap_forward_factor")
+    if factor:
+        print(f"  with overlap, forwards take x{factor['extend']:.2f} (extend) and x{factor['decode']:.2f} (decode) "
+              "of their time without it")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from testbed import compare_cli, trace_cli
+    from testbed import compare_cli, dashboard_cli, sweep_cli, trace_cli
 
     parser = argparse.ArgumentParser(prog="testbed", description="LLM-serving scheduler testbed: replay traces in simulation or on a real engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -141,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_replay)
     trace_cli.register(sub)
     compare_cli.register(sub)
+    dashboard_cli.register(sub)
+    sweep_cli.register(sub)
     p = sub.add_parser("calibrate", help="measure the real engine here and fit a profile for the simulator")
     p.add_argument("--model", default="tiny-llama", help="bundled config or local HF folder (default %(default)s)")
     p.add_argument("--hardware", default=None, help="a name for this machine in the profile (default: cpu or the GPU's name)")

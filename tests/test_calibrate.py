@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.forward_plan import ForwardMode
-from simulator.profile_cost import ProfileCostModel
+from simulator.profile_cost import ProfileCostModel, ProfileError
 from testbed.calibrate import CalibrationConfig, calibrate, synthetic_plan
 from testbed.errors import ConfigError
 from testbed.replay import ReplayOptions, replay
@@ -27,7 +27,7 @@ def profile_path(tmp_path_factory) -> Path:
     )
     phases = []
     calibrate(cfg, out, progress=lambda phase, done, total: phases.append(phase))
-    assert {"forward", "cpu"} <= set(phases), "progress is reported for both sweeps"
+    assert {"forward", "replay", "replay overlap"} <= set(phases), "progress is reported for every sweep"
     return out
 
 
@@ -38,7 +38,13 @@ def test_profile_holds_measurements_fit_and_holdout_error(profile_path):
     assert len(m["extend"]) == 3 * 2 * 2 and all(x["median_s"] > 0 for x in m["extend"])
     assert any(x["ragged"] for x in m["decode"]) and all(x["median_s"] > 0 for x in m["decode"])
     assert {x["stage"] for x in m["cpu"]} == {"schedule", "launch", "process"}
-    assert set(p["fit"]) == {"extend", "decode", "cpu"}
+    # Every forward of the calibration replay, timed in place, with its cost features.
+    fw = m["replay_forwards"]
+    assert {x["mode"] for x in fw} == {"extend", "decode"} and all(x["seconds"] > 0 for x in fw)
+    assert len(fw) == len(m["cpu"]) // 3
+    assert all(x["max_seq_len"] * x["batch_size"] >= x["prefix_tokens"] + x["num_tokens"] for x in fw)
+    assert p["holdout"]["replay_decode"]["points"] == sum(x["mode"] == "decode" for x in fw)
+    assert set(p["fit"]) == {"extend", "decode", "cpu", "cpu_overlap", "overlap_forward_factor"}
     assert all(v >= 0 for k, v in p["fit"]["extend"].items())  # non-negative: extrapolates sanely
     assert p["holdout"]["extend"]["points"] > 0 and p["holdout"]["extend"]["median_rel_err"] >= 0
 
@@ -57,6 +63,19 @@ def test_profile_cost_model_prices_plans_like_the_measurements(profile_path):
     assert 0.5 < cost.forward_time(big) / meas["median_s"] < 2.0
 
 
+def test_with_overlap_the_profile_prices_forwards_and_cpu_as_the_overlapped_replay_measured(profile_path):
+    p = json.loads(profile_path.read_text())
+    factor = p["fit"]["overlap_forward_factor"]
+    assert set(factor) == {"extend", "decode"} and all(v > 0 for v in factor.values())
+    plain, overlapped = ProfileCostModel.load(profile_path), ProfileCostModel.load(profile_path, overlap=True)
+    ext = synthetic_plan(ForwardMode.EXTEND, [256], [512], with_rows=False)
+    dec = synthetic_plan(ForwardMode.DECODE, [256] * 4, [1] * 4, with_rows=False)
+    assert overlapped.forward_time(ext) == pytest.approx(factor["extend"] * plain.forward_time(ext))
+    assert overlapped.forward_time(dec) == pytest.approx(factor["decode"] * plain.forward_time(dec))
+    cpu = p["fit"]["cpu_overlap"]["schedule"]
+    assert overlapped.cpu_time("schedule", 4, 4) == pytest.approx(cpu["base_s"] + 4 * cpu["per_req_s"] + 4 * cpu["per_token_s"])
+
+
 def test_sim_with_a_profile_runs_and_records_it(profile_path, tmp_path):
     out = tmp_path / "run"
     result = replay(str(REPO / "traces" / "a.json"), ReplayOptions(model="tiny-llama", profile=str(profile_path), max_requests=40), out=out)
@@ -68,6 +87,13 @@ def test_sim_with_a_profile_runs_and_records_it(profile_path, tmp_path):
 def test_a_profile_of_another_model_is_refused(profile_path, tmp_path):
     with pytest.raises(ConfigError, match="calibrated for tiny-llama"):
         replay(str(REPO / "traces" / "a.json"), ReplayOptions(model="llama-3.1-8b", profile=str(profile_path)), out=tmp_path / "r")
+
+
+def test_a_profile_of_an_older_version_is_refused(profile_path, tmp_path):
+    old = json.loads(profile_path.read_text()) | {"version": 1}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    with pytest.raises(ProfileError, match="version 1.*testbed calibrate"):
+        ProfileCostModel.load(tmp_path / "old.json")
 
 
 def test_cli_bad_profile_exits_2(tmp_path):

@@ -25,7 +25,7 @@ def make_plan(prefix_lens: list[int], extend_lens: list[int], mode: ForwardMode 
     b = len(prefix_lens)
     if mode is None:
         mode = ForwardMode.DECODE if all(e == 1 for e in extend_lens) else ForwardMode.EXTEND
-    n, s, p, a = ForwardPlan.summarize(prefix_lens, extend_lens)
+    n, s, p, a, longest = ForwardPlan.summarize(prefix_lens, extend_lens)
     return ForwardPlan(
         mode=mode,
         req_pool_indices=list(range(b)),
@@ -39,6 +39,7 @@ def make_plan(prefix_lens: list[int], extend_lens: list[int], mode: ForwardMode 
         sum_seq_len=s,
         sum_prefix_len=p,
         attention_pairs=a,
+        max_seq_len=longest,
     )
 
 

@@ -168,6 +168,15 @@ def test_steps_table_intervals_and_kv(run):
     assert (st["batch_size"] > 0).all() and (st["num_tokens"] >= st["batch_size"]).all()
     decode = st[st["mode"] == "decode"]
     assert (decode["num_tokens"] == decode["batch_size"]).all()
+    # Cost features: a decode attends to every cached token plus its own; the longest
+    # sequence is at least the mean one and at most all of them.
+    assert (decode["attention_pairs"] == decode["prefix_tokens"] + decode["num_tokens"]).all()
+    seq = st["prefix_tokens"] + st["num_tokens"]
+    assert (st["max_seq_len"] * st["batch_size"] >= seq).all() and (st["max_seq_len"] <= seq).all()
+    # Causal attention of an extend: at least the new tokens' triangle, at most new x (prefix + new).
+    ext = st[st["mode"] != "decode"]
+    assert (ext["attention_pairs"] >= ext["num_tokens"]).all()
+    assert (ext["attention_pairs"] <= ext["num_tokens"] * (ext["prefix_tokens"] + ext["num_tokens"])).all()
     assert st["process_end"].max() == pytest.approx(r.summary["simulated_s"])
 
 
