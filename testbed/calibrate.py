@@ -198,6 +198,9 @@ def measure_replay(cfg: CalibrationConfig, model_name: str, overlap: bool, progr
     return cpu, insitu_forwards(steps)
 
 
+OUTLIER_RATIO = 3.0
+
+
 def _holdout(names: tuple[str, ...], x: list[list[float]], t: list[float]) -> dict:
     return pf.holdout_error(names, x, t, relative=True)
 
@@ -243,24 +246,37 @@ def fit_profile(extend: list[dict], decode: list[dict], cpu: list[dict], insitu:
     in_ext = [m for m in insitu if m["mode"] != "decode"]
     in_dec = [m for m in insitu if m["mode"] == "decode"]
     grid_batches = [([m["prefix_len"]] * m["batch_size"], [m["num_tokens"] // m["batch_size"]] * m["batch_size"]) for m in extend]
-    ext_rows = [lambda knee, p=p, e=e: pf.extend_features(p, e, knee) for p, e in grid_batches]
-    ext_rows += [lambda knee, m=m: pf.extend_step_features(m["batch_size"], m["num_tokens"], m["prefix_tokens"], m["attention_pairs"], knee)
-                 for m in in_ext]
-    et = [m["median_s"] for m in extend] + [m["seconds"] for m in in_ext]
-    extend_fit, knee = pf.fit_extend(ext_rows, et)
-    ex = [row(knee) for row in ext_rows]
-    dx = [pf.decode_features(m["batch_size"], m["sum_seq_len"], m["max_seq_len"]) for m in decode]
-    dx += [pf.decode_features(m["batch_size"], m["prefix_tokens"] + m["num_tokens"], m["max_seq_len"]) for m in in_dec]
-    dt = [m["median_s"] for m in decode] + [m["seconds"] for m in in_dec]
-    decode_fit = pf.fit(pf.DECODE_FEATURES, dx, dt, relative=True)
+    grid_ext = [lambda knee, p=p, e=e: pf.extend_features(p, e, knee) for p, e in grid_batches]
+    step_ext = [lambda knee, m=m: pf.extend_step_features(m["batch_size"], m["num_tokens"], m["prefix_tokens"], m["attention_pairs"], knee)
+                for m in in_ext]
+    grid_dec = [pf.decode_features(m["batch_size"], m["sum_seq_len"], m["max_seq_len"]) for m in decode]
+    step_dec = [pf.decode_features(m["batch_size"], m["prefix_tokens"] + m["num_tokens"], m["max_seq_len"]) for m in in_dec]
+    grid_et, step_et = [m["median_s"] for m in extend], [m["seconds"] for m in in_ext]
+    grid_dt, step_dt = [m["median_s"] for m in decode], [m["seconds"] for m in in_dec]
+
+    def fit_both(step_keep_ext: list[int], step_keep_dec: list[int]):
+        rows = grid_ext + [step_ext[i] for i in step_keep_ext]
+        et = grid_et + [step_et[i] for i in step_keep_ext]
+        extend_fit, knee = pf.fit_extend(rows, et)
+        dx = grid_dec + [step_dec[i] for i in step_keep_dec]
+        dt = grid_dt + [step_dt[i] for i in step_keep_dec]
+        return extend_fit, knee, [row(knee) for row in rows], et, pf.fit(pf.DECODE_FEATURES, dx, dt, relative=True), dx, dt
+
+    extend_fit, knee, ex, et, decode_fit, dx, dt = fit_both(list(range(len(in_ext))), list(range(len(in_dec))))
+    # A replayed forward far slower than the first fit says (x OUTLIER_RATIO) was starved of the
+    # cores by another process, not slowed by its shape: fit again without those.
+    keep_ext = [i for i, row in enumerate(step_ext) if step_et[i] <= OUTLIER_RATIO * extend_fit.predict(row(knee))]
+    keep_dec = [i for i, x in enumerate(step_dec) if step_dt[i] <= OUTLIER_RATIO * decode_fit.predict(x)]
+    extend_fit, knee, ex, et, decode_fit, dx, dt = fit_both(keep_ext, keep_dec)
     fitted = {"extend": extend_fit.to_dict() | {"knee": knee}, "decode": decode_fit.to_dict(), "cpu": {}}
     errors = {"extend": _holdout(pf.EXTEND_FEATURES, ex, et), "decode": _holdout(pf.DECODE_FEATURES, dx, dt)}
-    # How well the final fits price the replay's own forwards (what a simulated run adds up).
-    for kind, f, x, t, n in (("extend", extend_fit, ex, et, len(in_ext)), ("decode", decode_fit, dx, dt, len(in_dec))):
-        if n:
-            errs = pf.relative_errors(f, x[-n:], t[-n:])
-            errors[f"replay_{kind}"] = {"points": n, "median_rel_err": float(np.median(errs)),
-                                        "total_rel_err": float(sum(f.predict(xi) for xi in x[-n:]) / sum(t[-n:]) - 1)}
+    # How well the final fits price all of the replay's own forwards (what a simulated run adds up).
+    for kind, f, x, t, kept in (("extend", extend_fit, [row(knee) for row in step_ext], step_et, keep_ext),
+                                ("decode", decode_fit, step_dec, step_dt, keep_dec)):
+        if t:
+            errs = pf.relative_errors(f, x, t)
+            errors[f"replay_{kind}"] = {"points": len(t), "outliers": len(t) - len(kept), "median_rel_err": float(np.median(errs)),
+                                        "total_rel_err": float(sum(f.predict(xi) for xi in x) / sum(t) - 1)}
     fitted["cpu"], cpu_errors = fit_cpu_stages(cpu)
     errors |= {f"cpu_{stage}_total_rel_err": e for stage, e in cpu_errors.items()}
     if overlap_cpu:

@@ -126,7 +126,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         r = h.get(f"replay_{kind}")
         if r:
             print(f"    on the replay's {r['points']} {kind} forwards: median error {r['median_rel_err'] * 100:.1f}%, "
-                  f"total {r['total_rel_err'] * 100:+.1f}%")
+                  f"total {r['total_rel_err'] * 100:+.1f}% ({r['outliers']} starved outliers left out of the fit)")
     for stage in ("schedule", "launch", "process"):
         print(f"  CPU {stage}: {profile['fit']['cpu'][stage]}")
     factor = profile["fit"].get("overlap_forward_factor")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.forward_plan import ForwardMode
+from simulator import profile_fit as pf
 from simulator.profile_cost import ProfileCostModel, ProfileError
 from testbed.calibrate import CalibrationConfig, calibrate, synthetic_plan
 from testbed.errors import ConfigError
@@ -104,3 +105,31 @@ def test_cli_bad_profile_exits_2(tmp_path):
         capture_output=True, text=True, cwd=REPO,
     )
     assert proc.returncode == 2 and "bad JSON" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_fit_recovers_a_known_cost_and_leaves_out_starved_replay_forwards():
+    """Forwards priced by a known roofline-shaped law, grid and replay, plus three replay
+    forwards starved 10x by another process: the fit prices the law, not the starvation."""
+    from testbed.calibrate import fit_profile
+
+    def dec_t(bs, kv):
+        return 1e-3 + 2e-5 * bs + 1e-7 * kv
+
+    def ext_t(tokens):
+        return 5e-4 + 1e-5 * tokens
+
+    grid_ext = [{"batch_size": 1, "num_tokens": n, "prefix_len": 0, "median_s": ext_t(n)} for n in (16, 64, 256, 1024)]
+    grid_dec = [{"batch_size": b, "sum_seq_len": b * s, "max_seq_len": s, "median_s": dec_t(b, b * s)}
+                for b in (1, 4, 16, 64) for s in (64, 512)]
+    replay_fw = [{"mode": "decode", "batch_size": b, "num_tokens": b, "prefix_tokens": b * 200, "attention_pairs": b * 201.0,
+                  "max_seq_len": 201, "seconds": dec_t(b, b * 201) * (10 if b in (5, 9, 13) else 1)} for b in range(1, 40)]
+    replay_fw += [{"mode": "extend", "batch_size": 1, "num_tokens": n, "prefix_tokens": 0, "attention_pairs": n * (n + 1) / 2,
+                   "max_seq_len": n, "seconds": ext_t(n)} for n in (100, 300, 700)]
+    cpu = [{"stage": st, "num_reqs": b, "num_tokens": b, "seconds": 1e-5 * b} for st in ("schedule", "launch", "process") for b in (1, 2, 4)]
+    fitted, errors = fit_profile(grid_ext, grid_dec, cpu, replay_fw)
+    assert errors["replay_decode"]["outliers"] == 3 and errors["replay_extend"]["outliers"] == 0
+    d = pf.LinearFit.from_dict(pf.DECODE_FEATURES, fitted["decode"])
+    for b, s in ((2, 100), (32, 800), (128, 1500)):  # the last is past the measured batches
+        assert d.predict(pf.decode_features(b, b * s, s)) == pytest.approx(dec_t(b, b * s), rel=0.02)
+    e = pf.LinearFit.from_dict(pf.EXTEND_FEATURES, fitted["extend"])
+    assert e.predict(pf.extend_features([0], [2048], fitted["extend"]["knee"])) == pytest.approx(ext_t(2048), rel=0.05)
