@@ -1,0 +1,31 @@
+"""The relative-error table of `testbed compare`, for a reference run and one or more others."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from dashboard.latency import LABELS
+from testbed.compare import METRIC_KEYS, STATS, compare_runs
+from testbed.compare_cli import OTHER_LABELS, fmt_rel_err
+from testbed.metrics import LATENCIES
+from testbed.run_folder import Run
+
+METRIC_LABELS = {f"{s}_{m}_ms": f"{LABELS[m]} {s} (ms)" for m in LATENCIES for s in STATS} | OTHER_LABELS
+
+
+def rel_err_column(label: str) -> str:
+    return f"rel. err {label}"
+
+
+def compare_frame(reference: Run, others: list[Run], labels: list[str]) -> pd.DataFrame:
+    """One row per metric of testbed.compare.METRIC_KEYS: the reference's value, then each other
+    run's value and its relative error (B - A) / A as `testbed compare` prints it ("+3.2%").
+    labels: the reference's, then the others'."""
+    out = pd.DataFrame({"metric": [METRIC_LABELS[k] for k in METRIC_KEYS]}, index=list(METRIC_KEYS))
+    for i, (run, label) in enumerate(zip(others, labels[1:])):
+        rows = compare_runs(reference, run)
+        if i == 0:
+            out[labels[0]] = [r.a for r in rows]
+        out[label] = [r.b for r in rows]
+        out[rel_err_column(label)] = [fmt_rel_err(r.rel_err) for r in rows]
+    return out

@@ -1,0 +1,230 @@
+"""The Runs table: every run folder under a directory, one row each, broken ones included.
+
+Only run.json and wall.json are read (plus the parquet footers, to catch a
+truncated table), so listing a directory of large runs stays fast; the tables
+themselves are loaded by the Run page.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+from testbed.run_folder import REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE, RunLoadError
+
+# Summary keys shown as headline numbers, in this order.
+HEADLINE_KEYS = (
+    "completed",
+    "mean_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "p99_tpot_ms",
+    "request_throughput",
+    "output_throughput",
+    "cache_hit_rate",
+)
+COLUMNS = (
+    "name",
+    "status",
+    "trace",
+    "mode",
+    "model",
+    "hardware",
+    "policy",
+    "overlap",
+    "chunked_prefill_size",
+    "page_size",
+    "kv_tokens",
+    "time_scale",
+    "max_requests",
+    "profile",
+    "date",
+    *HEADLINE_KEYS,
+    "error",
+    "path",
+    "trace_sha256",
+)
+INT_COLUMNS = ("chunked_prefill_size", "page_size", "kv_tokens", "max_requests", "completed")
+ERROR_STATUS = "error"  # the status of a folder that does not load
+
+
+def find_run_folders(runs_dir: Path) -> list[Path]:
+    """Folders holding a run.json, at any depth (a sweep may nest its runs), plus
+    every top-level folder that holds none: those are listed as errors, so a
+    folder that lost its run.json does not silently vanish from the table."""
+    found: list[Path] = []
+    if not runs_dir.is_dir():
+        return found
+    for top in sorted(p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        inside = []
+        for root, dirs, files in os.walk(top):
+            if RUN_FILE in files:
+                inside.append(Path(root))
+                dirs.clear()  # a run folder's subfolders are not runs
+            else:
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found += inside or [top]
+    return found
+
+
+def read_meta(path: Path) -> dict:
+    """run.json of a run folder; RunLoadError saying why it cannot be used."""
+    run_file = path / RUN_FILE
+    if not run_file.is_file():
+        raise RunLoadError(f"{path}: not a run folder (no {RUN_FILE})")
+    try:
+        meta = json.loads(run_file.read_text())
+    except json.JSONDecodeError as e:
+        raise RunLoadError(f"{run_file}: bad JSON at line {e.lineno}: {e.msg}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise RunLoadError(f"{run_file}: {e}") from None
+    if not isinstance(meta, dict):
+        raise RunLoadError(f"{run_file}: not a JSON object")
+    summary = meta.get("summary")
+    if summary is not None and not isinstance(summary, dict):
+        raise RunLoadError(f"{run_file}: summary is not a JSON object")
+    return meta
+
+
+def _check_tables(path: Path, status: str) -> None:
+    """A complete run has both tables, and their footers read (a truncated file's does not)."""
+    for name in (REQUESTS_FILE, STEPS_FILE):
+        f = path / name
+        if not f.is_file():
+            if status == "complete":
+                raise RunLoadError(f"{f}: missing")
+            continue
+        try:
+            pq.read_metadata(f)
+        except Exception as e:  # pyarrow raises ArrowInvalid, OSError, ...
+            raise RunLoadError(f"{f}: unreadable parquet ({e})") from None
+
+
+def _date(path: Path) -> pd.Timestamp:
+    """When the run was made: wall.json's created_at, else run.json's mtime (a run still going)."""
+    try:
+        created = json.loads((path / WALL_FILE).read_text()).get("created_at")
+        if created:
+            return pd.Timestamp(created).tz_convert("UTC").tz_localize(None)
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        return pd.Timestamp((path / RUN_FILE).stat().st_mtime, unit="s")
+    except OSError:
+        return pd.NaT
+
+
+def index_row(path: Path, runs_dir: Path) -> dict:
+    """One row of the table; a folder that does not load gets status "error" and its message."""
+    row: dict = {c: None for c in COLUMNS}
+    row["name"] = path.relative_to(runs_dir).as_posix() if path.is_relative_to(runs_dir) else str(path)
+    row["path"] = str(path)
+    try:
+        meta = read_meta(path)
+        status = str(meta.get("status", "unknown"))
+        _check_tables(path, status)
+    except RunLoadError as e:
+        row["status"], row["error"] = ERROR_STATUS, str(e)
+        return row
+    opts = meta.get("options") or {}
+    trace = meta.get("trace") or {}
+    summary = meta.get("summary") or {}
+    scheduler = meta.get("scheduler") or {}
+    profile = opts.get("profile")
+    row.update(
+        status=status,
+        error=meta.get("error"),  # a failed run says why
+        trace=trace.get("path"),
+        trace_sha256=trace.get("sha256"),
+        mode=meta.get("mode"),
+        model=meta.get("model", opts.get("model")),
+        hardware=meta.get("hardware", opts.get("hardware")),
+        policy=opts.get("policy"),
+        overlap=opts.get("overlap"),
+        chunked_prefill_size=opts.get("chunked_prefill_size"),
+        page_size=opts.get("page_size"),
+        # The pool the scheduler got, however it was sized.
+        kv_tokens=summary.get("kv_tokens", scheduler.get("kv_tokens", opts.get("kv_tokens"))),
+        time_scale=opts.get("time_scale"),
+        max_requests=opts.get("max_requests"),
+        profile=Path(profile).name if profile else None,
+        date=_date(path),
+    )
+    for key in HEADLINE_KEYS:
+        v = summary.get(key)
+        row[key] = v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    return row
+
+
+def scan_runs(runs_dir: str | os.PathLike) -> pd.DataFrame:
+    """Every run under runs_dir, newest first; columns COLUMNS."""
+    runs_dir = Path(runs_dir)
+    rows = [index_row(p, runs_dir) for p in find_run_folders(runs_dir)]
+    df = pd.DataFrame(rows, columns=list(COLUMNS))
+    for key in HEADLINE_KEYS:
+        df[key] = pd.to_numeric(df[key])
+    # Nullable dtypes: a broken folder's empty cells must not turn 8192 into 8192.0.
+    for key in INT_COLUMNS:
+        df[key] = pd.to_numeric(df[key]).astype("Int64")
+    df["overlap"] = df["overlap"].astype("boolean")
+    df["date"] = pd.to_datetime(df["date"])
+    return df.sort_values(["date", "name"], ascending=[False, True], na_position="last", ignore_index=True)
+
+
+def loadable(index: pd.DataFrame) -> pd.DataFrame:
+    """The rows a Run or Compare page can open."""
+    return index[index["status"] != ERROR_STATUS]
+
+
+# The Runs table as a person reads it: column -> header.
+DISPLAY_COLUMNS = {
+    "name": "run",
+    "status": "status",
+    "trace": "trace",
+    "mode": "mode",
+    "model": "model",
+    "hardware": "hardware",
+    "policy": "policy",
+    "overlap": "overlap",
+    "chunked_prefill_size": "chunk",
+    "page_size": "page",
+    "kv_tokens": "KV tokens",
+    "time_scale": "time scale",
+    "max_requests": "max requests",
+    "profile": "profile",
+    "date": "date (UTC)",
+    "completed": "completed",
+    "mean_ttft_ms": "TTFT mean (ms)",
+    "p99_ttft_ms": "TTFT p99 (ms)",
+    "mean_tpot_ms": "TPOT mean (ms)",
+    "p99_tpot_ms": "TPOT p99 (ms)",
+    "request_throughput": "req/s",
+    "output_throughput": "output tok/s",
+    "cache_hit_rate": "cache hit rate",
+    "error": "error",
+}
+
+
+def display_frame(index: pd.DataFrame) -> pd.DataFrame:
+    """The index with readable headers, without the columns only the app uses (path, trace hash)."""
+    return index[list(DISPLAY_COLUMNS)].rename(columns=DISPLAY_COLUMNS)
+
+
+def filter_runs(index: pd.DataFrame, text: str = "", **equal: list) -> pd.DataFrame:
+    """Rows whose name, trace, model, hardware, policy or error contain text (case-insensitive),
+    and whose column c is one of equal[c] for every non-empty equal[c] (e.g. mode=["sim"])."""
+    keep = pd.Series(True, index=index.index)
+    if text.strip():
+        needle = text.strip().lower()
+        hay = pd.Series("", index=index.index)
+        for column in ("name", "trace", "model", "hardware", "policy", "error"):
+            hay = hay + " " + index[column].astype(object).fillna("").astype(str).str.lower()
+        keep &= hay.str.contains(needle, regex=False)
+    for column, values in equal.items():
+        if values:
+            keep &= index[column].isin(values)
+    return index[keep]
