@@ -1,0 +1,77 @@
+"""Compare: two or more runs overlaid, with the relative errors `testbed compare` prints.
+
+The first run is the reference A; every other run B gets (B - A) / A. The case
+this page is for: a real run as A and the simulation of the same trace as B.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import cache, charts, ui
+from dashboard.compare_table import compare_frame, rel_err_column
+from dashboard.runs_index import loadable
+from testbed.compare import compare_runs, differences
+from testbed.compare_cli import format_compare
+from testbed.run_folder import RunLoadError
+
+
+def default_selection(runs: pd.DataFrame) -> list[str]:
+    """The newest real run and the newest sim run of the same trace, else the two newest runs."""
+    for _, real in runs[runs["mode"] == "real"].iterrows():
+        sims = runs[(runs["mode"] == "sim") & (runs["trace_sha256"] == real["trace_sha256"])]
+        if len(sims):
+            return [real["name"], sims["name"].iloc[0]]
+    return list(runs["name"].iloc[:2])
+
+
+st.title("Compare")
+runs = loadable(ui.index())
+if len(runs) < 2:
+    st.info("Compare needs at least two runs.")
+    if runs.empty:
+        ui.no_runs_message()
+    st.stop()
+names = list(runs["name"])
+# ?runs=A,B,... opens those runs (a link to a comparison); else default_selection.
+linked = [n for n in st.query_params.get("runs", "").split(",") if n in names]
+ui.keep_valid(ui.COMPARE_KEY, names, linked if len(linked) >= 2 else default_selection(runs))
+chosen = st.multiselect("Runs (the first is the reference A)", names, key=ui.COMPARE_KEY)
+if len(chosen) < 2:
+    st.info("Pick two or more runs.")
+    st.stop()
+
+loaded = {}
+for name in chosen:
+    try:
+        loaded[name] = cache.load(runs.loc[runs["name"] == name, "path"].iloc[0])
+    except (RunLoadError, OSError, ValueError) as e:
+        st.error(f"{name} does not load: {e}")
+if len(loaded) < 2:
+    st.stop()
+labels = list(loaded)
+reference, others = loaded[labels[0]], [loaded[n] for n in labels[1:]]
+
+for label, run in zip(labels[1:], others):
+    diffs = differences(reference, run)
+    if diffs:
+        st.warning(f"**{label}** is not the same workload as **{labels[0]}**:\n" + "\n".join(f"- {d}" for d in diffs))
+
+st.header("Relative error against A")
+st.caption(f"A = **{labels[0]}**; rel. err = (B - A) / A, as `testbed compare A B` prints it.")
+table = compare_frame(reference, others, labels)
+st.dataframe(
+    table,
+    hide_index=True,
+    column_config={label: st.column_config.NumberColumn(format="%.2f") for label in labels}
+    | {rel_err_column(label): st.column_config.TextColumn() for label in labels[1:]},
+)
+with st.expander("As `testbed compare` prints it"):
+    for run in others:
+        st.code(format_compare(reference, run, compare_runs(reference, run), differences(reference, run)), language=None)
+
+st.header("Latency")
+paths = dict(zip(runs["name"], runs["path"]))
+st.plotly_chart(charts.latency_cdf_figure({label: cache.cdfs(paths[label]) for label in labels}))
+st.plotly_chart(charts.percentile_bars_figure({label: loaded[label].summary for label in labels}))
