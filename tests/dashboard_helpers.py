@@ -1,0 +1,66 @@
+"""Run folders for the dashboard tests: sim replays of a small generated trace, made by the test session."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from testbed.replay import ReplayOptions, replay
+from testbed.trace_gen import GenConfig, generate_trace
+
+# Shared system prompts (a cache hit rate above 0), enough load to batch.
+TRACE = GenConfig(num_requests=50, rate=8.0, input_len="uniform:50,400", output_len="uniform:10,80", system_prompts=2, shared_fraction=0.8, seed=3)
+# Everything at once, long outputs, a KV pool just above the largest request: decode must retract.
+BURST = GenConfig(num_requests=30, rate=1000.0, input_len="uniform:10,60", output_len="uniform:100,450", seed=0)
+RUNS = {  # name -> options, replays of TRACE
+    "sim-fcfs": ReplayOptions(),
+    "sim-lpm": ReplayOptions(policy="lpm"),
+    "sim-no-overlap": ReplayOptions(overlap=False),
+}
+RETRACT = "sim-retract"  # a replay of BURST
+INCOMPLETE = "sim-incomplete"
+BROKEN = "broken"  # a copy of a run whose run.json is not JSON
+NOT_A_RUN = "not-a-run"  # a folder without run.json
+
+
+def make_trace(path: Path) -> Path:
+    generate_trace(TRACE).write(path)
+    return path
+
+
+def make_runs(runs_dir: Path, trace: Path) -> dict[str, Path]:
+    """Every run of RUNS, one that retracts, an interrupted one, a broken one and a stray folder, under runs_dir."""
+    out = {}
+    for name, opts in RUNS.items():
+        out[name] = replay(str(trace), opts, out=runs_dir / name).run_dir
+    burst = generate_trace(BURST)
+    burst_path = trace.with_name("burst.json")
+    burst.write(burst_path)
+    kv = max(r.input_len + r.output_len for r in burst.requests) + 32
+    out[RETRACT] = replay(str(burst_path), ReplayOptions(kv_tokens=kv), out=runs_dir / RETRACT).run_dir
+
+    def interrupt(done: int, total: int) -> None:
+        if done >= 10:
+            raise KeyboardInterrupt  # what Ctrl-C does to a replay
+
+    try:
+        replay(str(trace), ReplayOptions(), out=runs_dir / INCOMPLETE, progress=interrupt)
+    except KeyboardInterrupt:
+        pass
+    out[INCOMPLETE] = runs_dir / INCOMPLETE
+    shutil.copytree(out["sim-fcfs"], runs_dir / BROKEN)
+    (runs_dir / BROKEN / "run.json").write_text('{"status": "complete", "summary": ')
+    out[BROKEN] = runs_dir / BROKEN
+    (runs_dir / NOT_A_RUN).mkdir()
+    (runs_dir / NOT_A_RUN / "notes.txt").write_text("not a run\n")
+    out[NOT_A_RUN] = runs_dir / NOT_A_RUN
+    return out
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run.json").read_text())["summary"]
+
+
+def status(run_dir: Path) -> str:
+    return json.loads((run_dir / "run.json").read_text())["status"]
