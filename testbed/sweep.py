@@ -1,0 +1,422 @@
+"""Sweeps: the cross product of replay options, one run folder per point, and sweep.parquet.
+
+    DIR/points/<name>/   one run folder per point: exactly what `testbed replay TRACE
+                         <options> --out DIR/points/<name>` writes. The name is the
+                         point's axis values (policy=lpm,overlap=off,...), so a
+                         re-run recognizes finished points (--resume).
+    DIR/sweep.parquet    one row per point: point, status, error, every replay option
+                         (the axes first), every summary metric, wall_s, run_dir. The
+                         schema metadata under "testbed.sweep" names the axes, the
+                         option columns and the metric columns (see load_sweep).
+
+Points run on local processes (LocalRunner) or on a Ray cluster (testbed.ray_runner);
+both call run_point, so both give the same run folders and the same table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import itertools
+import json
+import os
+import re
+import time
+import typing
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from testbed.errors import ConfigError
+from testbed.replay import ReplayOptions, check_options, default_model, default_overlap, replay
+from testbed.run_folder import REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE
+from testbed.trace_formats import load_trace
+
+SWEEP_FILE = "sweep.parquet"
+POINTS_DIR = "points"
+META_KEY = b"testbed.sweep"  # parquet schema metadata: what the columns are
+TABLE_VERSION = 1
+
+OPTION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ReplayOptions))
+_OPTION_TYPES = typing.get_type_hints(ReplayOptions)
+_TRUE = ("on", "true", "yes", "1")
+_FALSE = ("off", "false", "no", "0")
+
+
+# --- grid ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GridAxis:
+    name: str  # the ReplayOptions field (the --flag with underscores)
+    values: tuple[Any, ...]  # parsed, in the order given
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    """The replay options' parser, raising instead of exiting: it checks one grid value."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise ValueError(message)
+
+
+@functools.cache
+def _value_parser() -> _RaisingParser:
+    from testbed.cli import add_replay_options  # testbed.cli imports this module's CLI lazily
+
+    p = _RaisingParser(add_help=False)
+    add_replay_options(p)
+    return p
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def parse_option_value(name: str, text: str) -> Any:
+    """`text` as replay option `name` takes it: on/off/true/false for a switch, none for an
+    option that can be unset, anything else as its --flag parses it (type and choices).
+    Raises ValueError with the reason."""
+    hint = _OPTION_TYPES[name]
+    kinds = typing.get_args(hint) or (hint,)
+    low = text.strip().lower()
+    if type(None) in kinds and low == "none":
+        return None
+    if bool in kinds:
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise ValueError(f"expected on/off/true/false{' or none' if type(None) in kinds else ''}")
+    # The = form, so that a negative number is a value and not a flag.
+    ns = _value_parser().parse_args([f"{flag(name)}={text}"])
+    return getattr(ns, name)
+
+
+def parse_grid(specs: Sequence[str], forbidden: Mapping[str, str] | None = None) -> list[GridAxis]:
+    """--grid AXIS=V1,V2,... specs -> axes. AXIS is a replay option, spelled as its flag
+    (chunked-prefill-size) or its field (chunked_prefill_size); `forbidden` maps the options
+    that cannot be axes to why. ConfigError names the bad one."""
+    axes: list[GridAxis] = []
+    for spec in specs:
+        axis_text, sep, values_text = spec.partition("=")
+        axis_text = axis_text.strip().removeprefix("--")
+        if not sep or not axis_text:
+            raise ConfigError(f"--grid {spec}: expected AXIS=V1,V2,... (e.g. policy=fcfs,lpm)")
+        name = axis_text.replace("-", "_")
+        if name not in OPTION_FIELDS:
+            raise ConfigError(
+                f"--grid {spec}: unknown axis {axis_text!r}; an axis is a replay option: {', '.join(OPTION_FIELDS)}"
+            )
+        if forbidden and name in forbidden:
+            raise ConfigError(f"--grid {spec}: {axis_text} cannot be an axis: {forbidden[name]}")
+        if any(a.name == name for a in axes):
+            raise ConfigError(f"--grid {spec}: axis {axis_text!r} is given twice")
+        values = []
+        for text in values_text.split(","):
+            if not text.strip():
+                raise ConfigError(f"--grid {spec}: empty value for {axis_text}")
+            try:
+                value = parse_option_value(name, text.strip())
+            except ValueError as e:
+                raise ConfigError(f"--grid {axis_text}={text.strip()}: {e}") from None
+            if value in values:
+                raise ConfigError(f"--grid {spec}: value {text.strip()!r} of {axis_text} is listed twice")
+            values.append(value)
+        axes.append(GridAxis(name, tuple(values)))
+    return axes
+
+
+def format_value(value: Any) -> str:
+    """A value as it appears in a point's name: on/off, none, 0.5, lpm."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None:
+        return "none"
+    if isinstance(value, float):
+        text = repr(value)
+        return text[:-2] if text.endswith(".0") else text
+    return str(value)
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._=,+-]")
+
+
+def point_name(axes: Sequence[tuple[str, Any]]) -> str:
+    """The folder name of a point: its axis values, e.g. policy=lpm,overlap=off ("base" if none).
+    A value that is not safe in a file name (a model path) is replaced, with a hash to stay unique."""
+    if not axes:
+        return "base"
+    name = ",".join(f"{k}={format_value(v)}" for k, v in axes)
+    safe = _UNSAFE.sub("_", name)
+    if safe != name or len(safe) > 150:
+        digest = hashlib.sha1(repr(tuple(axes)).encode()).hexdigest()[:8]
+        safe = f"{safe[:140]}-{digest}"
+    return safe
+
+
+# --- points ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    name: str  # folder under DIR/points, and the "point" column of sweep.parquet
+    axes: tuple[tuple[str, Any], ...]  # (option, value) in grid order
+    options: ReplayOptions  # the base options with the axis values
+    run_dir: Path
+
+
+@dataclass
+class PointResult:
+    name: str
+    status: str  # complete | failed | incomplete (replay's run statuses), or pending (never ran)
+    summary: dict | None = None
+    error: str | None = None
+    wall_s: float | None = None
+    resumed: bool = False  # found finished in the out folder, not run again
+
+
+def expand(base: ReplayOptions, axes: Sequence[GridAxis], out_dir: Path) -> list[SweepPoint]:
+    """The cross product of the axes over the base options, in grid order (last axis fastest)."""
+    points = []
+    for combo in itertools.product(*(a.values for a in axes)):
+        values = tuple(zip((a.name for a in axes), combo))
+        opts = replace(base, **dict(values))
+        check_options(opts)  # every point can start, before any of them does
+        name = point_name(values)
+        points.append(SweepPoint(name, values, opts, Path(out_dir) / POINTS_DIR / name))
+    return points
+
+
+def resolved_options(opts: ReplayOptions) -> dict:
+    """The options as replay() records them in run.json (defaults resolved)."""
+    return asdict(replace(opts, model=opts.model or default_model(opts.mode), overlap=default_overlap(opts)))
+
+
+def run_point(trace_path: str, point: SweepPoint) -> PointResult:
+    """One point: exactly `testbed replay TRACE <options> --out <run_dir>`. A failure is a
+    result, not an exception, so that the other points go on."""
+    start = time.perf_counter()
+    try:
+        r = replay(trace_path, point.options, out=point.run_dir)
+    except Exception as e:  # noqa: BLE001 - any error of one point is that point's result
+        return PointResult(point.name, "failed", None, f"{type(e).__name__}: {e}", round(time.perf_counter() - start, 3))
+    return PointResult(point.name, r.status, r.summary, None, round(r.wall_s, 3))
+
+
+def finished_result(point: SweepPoint, trace_sha256: str) -> PointResult | None:
+    """The result of a point whose folder already holds a complete run of the same trace
+    and options (what --resume skips), else None."""
+    try:
+        meta = json.loads((point.run_dir / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("status") != "complete":
+        return None
+    if (meta.get("trace") or {}).get("sha256") != trace_sha256 or meta.get("options") != resolved_options(point.options):
+        return None
+    if not all((point.run_dir / f).is_file() for f in (REQUESTS_FILE, STEPS_FILE)):
+        return None
+    try:
+        wall_s = json.loads((point.run_dir / WALL_FILE).read_text()).get("wall_s")
+    except (OSError, ValueError, AttributeError):
+        wall_s = None
+    return PointResult(point.name, "complete", meta.get("summary"), None, wall_s, resumed=True)
+
+
+# --- runners --------------------------------------------------------------------------------
+
+OnResult = Callable[[SweepPoint, PointResult], None]
+
+
+class Runner(Protocol):
+    """Runs points somewhere and reports each result as it arrives."""
+
+    description: str
+
+    def run(self, trace_path: str, points: Sequence[SweepPoint], on_result: OnResult) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class LocalRunner:
+    """Points on a pool of local processes (each loads the trace itself: cheap next to a replay).
+    The pool is kept between calls (a capacity search runs many rounds)."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self.description = f"{workers} local process{'es' if workers != 1 else ''}"
+        self._pool: ProcessPoolExecutor | None = None
+
+    def run(self, trace_path: str, points: Sequence[SweepPoint], on_result: OnResult) -> None:
+        if not points:
+            return
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self.workers)
+        futures = {self._pool.submit(run_point, trace_path, p): p for p in points}
+        broken = False
+        for future in as_completed(futures):
+            point = futures[future]
+            try:
+                result = future.result()
+            except Exception as e:  # noqa: BLE001 - BrokenProcessPool: a worker died (killed, out of memory)
+                broken = True
+                result = PointResult(point.name, "failed", None, f"{type(e).__name__}: {e}")
+            on_result(point, result)
+        if broken:  # a broken pool takes no more work
+            self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> LocalRunner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def make_runner(workers: int | None, ray_address: str | None) -> Runner:
+    if ray_address is not None:
+        from testbed.ray_runner import RayRunner
+
+        return RayRunner(ray_address)
+    return LocalRunner(workers or os.cpu_count() or 1)
+
+
+# --- a sweep --------------------------------------------------------------------------------
+
+
+@dataclass
+class Sweep:
+    trace: str  # as given; recorded in every point's run.json
+    trace_sha256: str
+    trace_requests: int  # after --max-requests
+    trace_rate: float  # its arrival rate, req/s: (requests - 1) / (last arrival - first)
+    axes: list[GridAxis]
+    points: list[SweepPoint]
+    out_dir: Path
+
+
+def plan_sweep(trace_path: str, base: ReplayOptions, axes: Sequence[GridAxis], out_dir: str | Path) -> Sweep:
+    """The points of a sweep, checked: every option combination can start, and the trace loads
+    (a bad trace is one error, not one failed point per point)."""
+    out_dir = Path(out_dir).absolute()
+    points = expand(base, axes, out_dir)
+    first = points[0].options
+    trace = load_trace(trace_path, first.format, rate=first.rate, seed=first.seed)
+    requests = trace.requests[: first.max_requests] if first.max_requests is not None else trace.requests
+    span = requests[-1].arrival_s - requests[0].arrival_s
+    rate = (len(requests) - 1) / span if span > 0 else float("inf")
+    return Sweep(str(trace_path), trace.sha256(), len(requests), rate, list(axes), points, out_dir)
+
+
+def check_out_dir(out_dir: Path, resume: bool) -> None:
+    """Refuse to run over an earlier sweep unless --resume says to keep its finished points."""
+    points_dir = out_dir / POINTS_DIR
+    if not resume and points_dir.is_dir() and any(points_dir.iterdir()):
+        raise ConfigError(f"{out_dir} already holds a sweep: --resume to skip its finished points, or another --out")
+
+
+def run_points(sweep: Sweep, points: Sequence[SweepPoint], runner: Runner, resume: bool, on_result: OnResult) -> None:
+    """Run the points not finished already (with resume); on_result sees every result, the
+    resumed ones first."""
+    todo = []
+    for p in points:
+        done = finished_result(p, sweep.trace_sha256) if resume else None
+        if done is not None:
+            on_result(p, done)
+        else:
+            todo.append(p)
+    runner.run(sweep.trace, todo, on_result)
+
+
+def run_sweep(
+    sweep: Sweep,
+    runner: Runner,
+    resume: bool = False,
+    on_result: OnResult | None = None,
+) -> list[PointResult]:
+    """Run every point (skipping finished ones with resume) and write sweep.parquet, also when
+    interrupted (points not run are rows with status "pending")."""
+    check_out_dir(sweep.out_dir, resume)
+    results: dict[str, PointResult] = {}
+
+    def record(point: SweepPoint, result: PointResult) -> None:
+        results[point.name] = result
+        if on_result is not None:
+            on_result(point, result)
+
+    try:
+        run_points(sweep, sweep.points, runner, resume, record)
+    finally:
+        ordered = [results.get(p.name) or PointResult(p.name, "pending") for p in sweep.points]
+        write_sweep_table(sweep.out_dir / SWEEP_FILE, sweep, sweep.points, ordered)
+    return ordered
+
+
+# --- sweep.parquet --------------------------------------------------------------------------
+
+
+def metric_column(key: str) -> str:
+    """The column of a summary key; `summary_` prefixed where it would clash with an option
+    (kv_tokens: the option may be none, the summary holds the pool size used)."""
+    return f"summary_{key}" if key in OPTION_FIELDS else key
+
+
+def sweep_rows(sweep: Sweep, points: Sequence[SweepPoint], results: Sequence[PointResult]) -> tuple[list[dict], dict]:
+    """Rows of sweep.parquet and its metadata (what each column is)."""
+    axis_names = [a.name for a in sweep.axes]
+    extra_axes = [k for p in points for k, _ in p.axes if k not in axis_names]  # capacity's time_scale
+    axis_names += list(dict.fromkeys(extra_axes))
+    option_columns = axis_names + [f for f in OPTION_FIELDS if f not in axis_names]
+    metric_keys: dict[str, None] = {}
+    for r in results:
+        metric_keys.update(dict.fromkeys(r.summary or {}))
+    rows = []
+    for p, r in zip(points, results):
+        opts = resolved_options(p.options)
+        row: dict[str, Any] = {"point": p.name, "status": r.status, "error": r.error}
+        row.update({f: opts[f] for f in option_columns})
+        summary = r.summary or {}
+        row.update({metric_column(k): summary.get(k) for k in metric_keys})
+        row["wall_s"] = r.wall_s
+        row["run_dir"] = str(p.run_dir.relative_to(sweep.out_dir)) if p.run_dir.is_relative_to(sweep.out_dir) else str(p.run_dir)
+        rows.append(row)
+    meta = {
+        "version": TABLE_VERSION,
+        "trace": {"path": sweep.trace, "sha256": sweep.trace_sha256},
+        "axes": [{"name": a.name, "values": list(a.values)} for a in sweep.axes],
+        "axis_columns": axis_names,  # the options that vary across points
+        "option_columns": option_columns,  # every replay option, resolved as in run.json
+        "metric_columns": {metric_column(k): k for k in metric_keys},  # column -> run.json summary key
+        "point_columns": ["point", "status", "error", "wall_s", "run_dir"],
+    }
+    return rows, meta
+
+
+def write_sweep_table(path: Path, sweep: Sweep, points: Sequence[SweepPoint], results: Sequence[PointResult]) -> None:
+    rows, meta = sweep_rows(sweep, points, results)
+    table = pa.Table.from_pylist(rows)  # keeps ints with nones as ints (pandas would make floats)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), META_KEY: json.dumps(meta).encode()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def load_sweep(path: str | os.PathLike) -> tuple[pd.DataFrame, dict]:
+    """sweep.parquet (or the folder holding it) -> (one row per point, what the columns are)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / SWEEP_FILE
+    table = pq.read_table(path)
+    meta = json.loads((table.schema.metadata or {}).get(META_KEY, b"{}"))
+    return table.to_pandas(), meta
