@@ -31,6 +31,7 @@ from testbed.sweep import (
     SweepPoint,
     check_out_dir,
     plan_sweep,
+    trace_info,
     run_points,
     write_sweep_table,
 )
@@ -219,7 +220,7 @@ class CapacitySearch:
 @dataclass
 class CapacityReport:
     trace: str
-    trace_requests: int
+    trace_requests: int  # with the first config's options (each result has its own trace_rate)
     trace_rate: float  # req/s at x1
     slos: list[Slo]
     resolution: float  # asked for
@@ -256,9 +257,24 @@ def plan_capacity(
     if any(a.name == "time_scale" for a in axes):
         raise ConfigError(f"--grid time_scale: {SCALES_ITSELF}")
     sweep = plan_sweep(trace_path, base, axes, out_dir)
-    if not math.isfinite(sweep.trace_rate):
+    if not math.isfinite(sweep.trace_info.rate):
         raise ConfigError(f"{trace_path}: all requests arrive at once, so scaling the arrivals changes nothing")
     return sweep
+
+
+def _arrival_rates(sweep: Sweep) -> list[float]:
+    """Each config's x1 rate: axes such as max_requests or seed (generated arrivals) change it."""
+    by_view: dict[tuple, float] = {}
+    rates = []
+    for c in sweep.points:
+        o = c.options
+        view = (o.format, o.rate, o.seed, o.max_requests)
+        if view not in by_view:
+            by_view[view] = trace_info(sweep.trace, o).rate if by_view else sweep.trace_info.rate
+            if not math.isfinite(by_view[view]):
+                raise ConfigError(f"{c.name}: all requests arrive at once, so scaling the arrivals changes nothing")
+        rates.append(by_view[view])
+    return rates
 
 
 def run_capacity(
@@ -272,7 +288,7 @@ def run_capacity(
     """Search the capacity of every config of plan_capacity; writes the tested runs,
     sweep.parquet and capacity.json."""
     check_out_dir(sweep.out_dir, resume)
-    searches = [CapacitySearch(c, slos, resolution, sweep.trace_rate, sweep.out_dir) for c in sweep.points]
+    searches = [CapacitySearch(c, slos, resolution, rate, sweep.out_dir) for c, rate in zip(sweep.points, _arrival_rates(sweep))]
     tested: list[tuple[SweepPoint, PointResult]] = []
     try:
         while True:
@@ -293,7 +309,7 @@ def run_capacity(
         if tested:
             write_sweep_table(sweep.out_dir / SWEEP_FILE, sweep, [p for p, _ in tested], [r for _, r in tested])
     report = CapacityReport(
-        sweep.trace, sweep.trace_requests, sweep.trace_rate, list(slos), resolution,
+        sweep.trace, sweep.trace_info.requests, sweep.trace_info.rate, list(slos), resolution,
         rank([s.result() for s in searches]), sweep.out_dir,
     )
     sweep.out_dir.mkdir(parents=True, exist_ok=True)

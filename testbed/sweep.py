@@ -294,12 +294,25 @@ def make_runner(workers: int | None, ray_address: str | None) -> Runner:
 # --- a sweep --------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class TraceInfo:
+    sha256: str  # of the file, as run.json records it
+    requests: int  # after --max-requests
+    rate: float  # arrival rate, req/s: (requests - 1) / (last arrival - first arrival); inf if all at once
+
+
+def trace_info(trace_path: str, opts: ReplayOptions) -> TraceInfo:
+    """The trace as a replay with these options sees it (format, generated arrivals, --max-requests)."""
+    trace = load_trace(trace_path, opts.format, rate=opts.rate, seed=opts.seed)
+    requests = trace.requests[: opts.max_requests] if opts.max_requests is not None else trace.requests
+    span = requests[-1].arrival_s - requests[0].arrival_s
+    return TraceInfo(trace.sha256(), len(requests), (len(requests) - 1) / span if span > 0 else float("inf"))
+
+
 @dataclass
 class Sweep:
     trace: str  # as given; recorded in every point's run.json
-    trace_sha256: str
-    trace_requests: int  # after --max-requests
-    trace_rate: float  # its arrival rate, req/s: (requests - 1) / (last arrival - first)
+    trace_info: TraceInfo  # with the first point's options
     axes: list[GridAxis]
     points: list[SweepPoint]
     out_dir: Path
@@ -310,12 +323,7 @@ def plan_sweep(trace_path: str, base: ReplayOptions, axes: Sequence[GridAxis], o
     (a bad trace is one error, not one failed point per point)."""
     out_dir = Path(out_dir).absolute()
     points = expand(base, axes, out_dir)
-    first = points[0].options
-    trace = load_trace(trace_path, first.format, rate=first.rate, seed=first.seed)
-    requests = trace.requests[: first.max_requests] if first.max_requests is not None else trace.requests
-    span = requests[-1].arrival_s - requests[0].arrival_s
-    rate = (len(requests) - 1) / span if span > 0 else float("inf")
-    return Sweep(str(trace_path), trace.sha256(), len(requests), rate, list(axes), points, out_dir)
+    return Sweep(str(trace_path), trace_info(trace_path, points[0].options), list(axes), points, out_dir)
 
 
 def check_out_dir(out_dir: Path, resume: bool) -> None:
@@ -330,7 +338,7 @@ def run_points(sweep: Sweep, points: Sequence[SweepPoint], runner: Runner, resum
     resumed ones first."""
     todo = []
     for p in points:
-        done = finished_result(p, sweep.trace_sha256) if resume else None
+        done = finished_result(p, sweep.trace_info.sha256) if resume else None
         if done is not None:
             on_result(p, done)
         else:
@@ -392,7 +400,7 @@ def sweep_rows(sweep: Sweep, points: Sequence[SweepPoint], results: Sequence[Poi
         rows.append(row)
     meta = {
         "version": TABLE_VERSION,
-        "trace": {"path": sweep.trace, "sha256": sweep.trace_sha256},
+        "trace": {"path": sweep.trace, "sha256": sweep.trace_info.sha256},
         "axes": [{"name": a.name, "values": list(a.values)} for a in sweep.axes],
         "axis_columns": axis_names,  # the options that vary across points
         "option_columns": option_columns,  # every replay option, resolved as in run.json

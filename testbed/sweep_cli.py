@@ -81,7 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the rate grows): from x1 the search doubles or halves the rate until one passes and the next fails "
         "(x1/64 to x64), then bisects to --resolution. Every tested rate is printed and kept as a run folder "
         "(DIR/points) and a row of DIR/sweep.parquet; the result is also in DIR/capacity.json. With --grid, "
-        "each config is searched and the configs are ranked by capacity.",
+        "the configs are searched in parallel (one rate per config at a time) and ranked by capacity.",
     )
     _add_common(p, "DIR/capacity.json, DIR/sweep.parquet and DIR/points/ (default runs/capacity-<trace>-<time>)")
     p.add_argument("--slo", action="append", required=True, metavar="KEY=MS",
@@ -99,7 +99,7 @@ def _add_common(p: argparse.ArgumentParser, out_help: str) -> None:
     p.add_argument("--grid", action="append", default=[], metavar="AXIS=V1,V2,...", help=GRID_HELP)
     p.add_argument("--out", default=None, metavar="DIR", help=out_help)
     p.add_argument("--workers", type=_positive_int, default=None,
-                   help=f"local processes running points at once (default: the CPU count, {os.cpu_count()} here)")
+                   help=f"local processes running points at once (default: the CPU count, {os.cpu_count()} here; not used with --ray)")
     p.add_argument("--ray", default=None, metavar="ADDRESS", help=RAY_HELP)
     p.add_argument("--resume", action="store_true",
                    help="keep the points of DIR already complete with the same trace and options, run the others")
@@ -179,7 +179,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     check_out_dir(sweep.out_dir, args.resume)  # before starting processes or Ray
     runner = _runner(args, len(sweep.points))
     if not args.json:
-        print(f"sweep of {args.trace} ({sweep.trace_requests} requests): {len(sweep.points)} points ({_axes_text(sweep)}) "
+        print(f"sweep of {args.trace} ({sweep.trace_info.requests} requests): {len(sweep.points)} points ({_axes_text(sweep)}) "
               f"on {runner.description} -> {sweep.out_dir}", flush=True)
     bar = tqdm(total=len(sweep.points), unit="point", desc="sweep", disable=args.quiet, dynamic_ncols=True)
     counts = {"failed": 0, "resumed": 0}
@@ -273,7 +273,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     runner = _runner(args, configs)
     if not args.json:
         slo_text = ", ".join(f"{s.key} <= {s.limit:g}" for s in slos)
-        print(f"capacity of {args.trace} ({sweep.trace_requests} requests at {sweep.trace_rate:.4g} req/s) under {slo_text}: "
+        print(f"capacity of {args.trace} ({sweep.trace_info.requests} requests at {sweep.trace_info.rate:.4g} req/s) under {slo_text}: "
               f"{configs} config{'s' if configs > 1 else ''} on {runner.description} -> {sweep.out_dir}", flush=True)
     bar = tqdm(total=None, unit="sim", desc="capacity", disable=args.quiet, dynamic_ncols=True)
 

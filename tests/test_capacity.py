@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.capacity import MIN_MULTIPLIER, SLO_KEYS
+from testbed.capacity import MAX_MULTIPLIER, MIN_MULTIPLIER, SLO_KEYS
 from testbed.cli import main
 from testbed.replay import ReplayOptions, replay
 from testbed.sweep import load_sweep
@@ -114,6 +114,21 @@ def test_grid_ranks_the_configs_by_capacity(trace, limit, tmp_path):
     lines = proc.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("rank "))
     assert lines[header + 2].split()[:2] == ["1", "none"] and lines[header + 3].split()[1] == "1"
+
+
+def test_each_config_scales_its_own_arrivals_and_a_rate_above_the_range_says_so(trace, tmp_path):
+    # --max-requests changes the trace a config sees, and so its x1 rate.
+    proc = _capacity(trace, "--slo", "p99_e2e_ms=1e9", "--grid", "max-requests=10,40", "--out", tmp_path / "cap", "-q")
+    configs = json.loads((tmp_path / "cap" / "capacity.json").read_text())["configs"]
+    arrivals = [r["arrival"] for r in json.loads(trace.read_text())["requests"]]
+    for c in configs:
+        n = c["axes"]["max_requests"]
+        assert c["trace_rate"] == pytest.approx((n - 1) / (arrivals[n - 1] - arrivals[0]))
+        # Every rate passes: doubled up to the highest multiplier, and said to be a lower bound.
+        assert c["status"] == "above_range" and c["multiplier"] == MAX_MULTIPLIER and c["fail_multiplier"] is None
+        assert [p["multiplier"] for p in c["probes"]] == [2.0**k for k in range(7)]
+        assert c["rate"] == pytest.approx(MAX_MULTIPLIER * c["trace_rate"])
+    assert proc.stdout.count("meets the SLOs even at") == 2 and "(or more)" in proc.stdout
 
 
 def _error_line(argv: list[str], capsys) -> str:
