@@ -22,7 +22,8 @@ from testbed.compare import STATS
 from testbed.metrics import LATENCIES
 
 PALETTE = qualitative.Plotly
-RATE_BINS = 200  # throughput is a rate over bins: fewer, wider bins than the step series
+MAX_RATE_BINS = 200  # throughput is a rate over bins: fewer, wider bins than the step series
+MIN_RATE_BIN_S = 1.0  # narrower, a rate of requests is mostly 0 or 1 per bin
 _GRID = ((1, 1), (1, 2), (2, 1), (2, 2))  # the four latencies on a 2x2 grid
 _LAYOUT = dict(margin=dict(l=60, r=20, t=60, b=40), legend=dict(orientation="h", y=-0.12))
 
@@ -77,9 +78,11 @@ def throughput_queue_figure(requests: pd.DataFrame, steps: pd.DataFrame) -> go.F
     )
     if not requests.empty:
         token_times = [t for t in requests["token_times"] if len(t)]
-        tokens = rate_series(np.concatenate(token_times) if token_times else np.empty(0), RATE_BINS)
-        done = requests.loc[requests["status"] == "finished", "finish"].to_numpy()
-        finished = rate_series(done, RATE_BINS)
+        all_tokens = np.concatenate(token_times) if token_times else np.empty(0)
+        span = float(all_tokens.max() - all_tokens.min()) if len(all_tokens) else 0.0
+        bins = int(min(MAX_RATE_BINS, max(1, span // MIN_RATE_BIN_S)))
+        tokens = rate_series(all_tokens, bins)
+        finished = rate_series(requests.loc[requests["status"] == "finished", "finish"].to_numpy(), bins)
         fig.add_trace(go.Scatter(x=tokens["time"], y=tokens["rate"], name="output tok/s", line=dict(color=_color(0), shape="hv")), row=1, col=1)
         fig.add_trace(
             go.Scatter(x=finished["time"], y=finished["rate"], name="finished req/s", line=dict(color=_color(1), shape="hv")),
@@ -89,6 +92,7 @@ def throughput_queue_figure(requests: pd.DataFrame, steps: pd.DataFrame) -> go.F
         q = _time_step_series(steps, {"num_running": "max", "num_waiting": "max"})
         fig.add_trace(go.Scatter(x=q["time"], y=q["num_running"], name="running", line=dict(color=_color(2), shape="hv")), row=2, col=1)
         fig.add_trace(go.Scatter(x=q["time"], y=q["num_waiting"], name="waiting", line=dict(color=_color(3), shape="hv")), row=2, col=1)
+    fig.update_yaxes(rangemode="tozero")
     fig.update_yaxes(title_text="tok/s", row=1, col=1, secondary_y=False)
     fig.update_yaxes(title_text="req/s", row=1, col=1, secondary_y=True)
     fig.update_yaxes(title_text="requests", row=2, col=1)
@@ -167,10 +171,12 @@ def retraction_figure(steps: pd.DataFrame) -> go.Figure:
         r = _time_step_series(steps, {"num_retracted": "sum"})
         fig.add_trace(go.Bar(x=r["time"], y=r["num_retracted"], name="retracted", marker_color=_color(4)))
         fig.add_trace(go.Scatter(x=r["time"], y=np.cumsum(r["num_retracted"]), name="total", line=dict(color=_color(5), shape="hv")), secondary_y=True)
+    fig.update_yaxes(rangemode="tozero")
     fig.update_yaxes(title_text="retracted", secondary_y=False)
     fig.update_yaxes(title_text="total", secondary_y=True)
     fig.update_xaxes(title_text="time (s)")
-    fig.update_layout(title="Retractions", height=320, **_LAYOUT)
+    fig.update_layout(title="Retractions", height=340, **_LAYOUT)
+    fig.update_layout(legend_y=-0.4)  # below the axis title of this short figure
     return fig
 
 
@@ -178,21 +184,27 @@ def timeline_figure(intervals: pd.DataFrame) -> go.Figure:
     """CPU and device intervals of some steps as bars on two lanes (timeline.intervals of a window of steps).
     Overlap shows as the device lane busy while the CPU lane schedules the next step."""
     fig = go.Figure()
-    for i, (name, lane) in enumerate(INTERVALS):
-        part = intervals[intervals["interval"] == name]
+    # CPU stages one colour each; forwards by mode, outlined so that back-to-back ones stay apart.
+    parts = [(name, intervals["interval"] == name, {}) for name, lane in INTERVALS if lane == "CPU"]
+    for mode in ("extend", "decode"):
+        rows = (intervals["interval"] == "device") & (intervals["mode"] == mode)
+        parts.append((f"forward ({mode})", rows, dict(marker_line_width=1, marker_line_color="white")))
+    for i, (label, rows, style) in enumerate(parts):
+        part = intervals[rows]
+        lane = "device" if label.startswith("forward") else "CPU"
         start_ms = part["start"].to_numpy() * 1000.0
         dur_ms = (part["end"].to_numpy() - part["start"].to_numpy()) * 1000.0
-        label = "forward" if name == "device" else name
         fig.add_trace(
             go.Bar(
-                base=start_ms, x=dur_ms, y=[lane] * len(part), orientation="h", name=label,
-                marker_color=_color(i), marker_line_width=0,
-                customdata=np.stack([part["step"], part["mode"], part["batch_size"], part["num_tokens"]], axis=-1) if len(part) else None,
-                hovertemplate=f"{label} step %{{customdata[0]}} (%{{customdata[1]}}, batch %{{customdata[2]}}, %{{customdata[3]}} tokens)"
+                base=start_ms, x=dur_ms, y=[lane] * len(part), orientation="h", name=label, marker_color=_color(i),
+                customdata=np.stack([part["step"], part["batch_size"], part["num_tokens"]], axis=-1) if len(part) else None,
+                hovertemplate=f"{label} step %{{customdata[0]}} (batch %{{customdata[1]}}, %{{customdata[2]}} tokens)"
                 "<br>%{base:.3f} ms + %{x:.3f} ms<extra></extra>",
+                **({"marker_line_width": 0} | style),
             )
         )
     fig.update_yaxes(categoryorder="array", categoryarray=["device", "CPU"])
     fig.update_xaxes(title_text="time (ms)")
-    fig.update_layout(title="Step timeline: CPU and device", barmode="overlay", bargap=0.35, height=300, **_LAYOUT)
+    fig.update_layout(title="Step timeline: CPU and device", barmode="overlay", bargap=0.35, height=320, **_LAYOUT)
+    fig.update_layout(legend_y=-0.45)  # below the axis title of this short figure
     return fig

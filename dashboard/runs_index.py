@@ -180,7 +180,8 @@ def loadable(index: pd.DataFrame) -> pd.DataFrame:
     return index[index["status"] != ERROR_STATUS]
 
 
-# The Runs table as a person reads it: column -> header.
+# The Runs table as a person reads it: column -> header. What ran, its headline
+# numbers, then the rest of its options (a wide table scrolls; these stay in view).
 DISPLAY_COLUMNS = {
     "name": "run",
     "status": "status",
@@ -190,13 +191,6 @@ DISPLAY_COLUMNS = {
     "hardware": "hardware",
     "policy": "policy",
     "overlap": "overlap",
-    "chunked_prefill_size": "chunk",
-    "page_size": "page",
-    "kv_tokens": "KV tokens",
-    "time_scale": "time scale",
-    "max_requests": "max requests",
-    "profile": "profile",
-    "date": "date (UTC)",
     "completed": "completed",
     "mean_ttft_ms": "TTFT mean (ms)",
     "p99_ttft_ms": "TTFT p99 (ms)",
@@ -205,13 +199,24 @@ DISPLAY_COLUMNS = {
     "request_throughput": "req/s",
     "output_throughput": "output tok/s",
     "cache_hit_rate": "cache hit rate",
+    "chunked_prefill_size": "chunk",
+    "page_size": "page",
+    "kv_tokens": "KV tokens",
+    "time_scale": "time scale",
+    "max_requests": "max requests",
+    "profile": "profile",
+    "date": "date (UTC)",
     "error": "error",
 }
 
 
-def display_frame(index: pd.DataFrame) -> pd.DataFrame:
-    """The index with readable headers, without the columns only the app uses (path, trace hash)."""
-    return index[list(DISPLAY_COLUMNS)].rename(columns=DISPLAY_COLUMNS)
+def display_frame(index: pd.DataFrame, drop_empty: bool = True) -> pd.DataFrame:
+    """The index with readable headers, without the columns only the app uses (path, trace hash)
+    and, with drop_empty, without the columns empty in every row (no profile, no error...)."""
+    shown = index[list(DISPLAY_COLUMNS)]
+    if drop_empty:
+        shown = shown.loc[:, [c for c in shown.columns if c in ("name", "status") or shown[c].notna().any()]]
+    return shown.rename(columns=DISPLAY_COLUMNS)
 
 
 def filter_runs(index: pd.DataFrame, text: str = "", **equal: list) -> pd.DataFrame:

@@ -62,7 +62,7 @@ def describe(row: pd.Series) -> str:
         parts.append(f"KV {int(row['kv_tokens']):,} tokens")
     if row["time_scale"] not in (None, 1.0) and pd.notna(row["time_scale"]):
         parts.append(f"time scale {row['time_scale']:g}")
-    if row["profile"]:
+    if pd.notna(row["profile"]) and row["profile"]:
         parts.append(f"profile {row['profile']}")
     return " · ".join(parts)
 

@@ -86,6 +86,23 @@ def test_runs_page_filters(monkeypatch, runs):
     assert list(at.dataframe[0].value["run"]) == [INCOMPLETE]
 
 
+def test_runs_page_opens_and_compares_the_selected_rows(monkeypatch, runs):
+    at = _app(monkeypatch, runs["sim-fcfs"].parent)
+    names = list(at.dataframe[0].value["run"])
+    pick = [names.index("sim-lpm"), names.index("sim-no-overlap")]
+    # What clicking the rows' checkboxes does (AppTest cannot click inside a data grid).
+    at.session_state["runs_table"] = {"selection": {"rows": pick, "columns": [], "cells": []}}
+    at.run()
+    _by_label(at.button, "Compare selected").click().run()
+    assert at.title[0].value == "Compare"
+    assert _by_label(at.multiselect, "Runs (the first is the reference A)").value == ["sim-lpm", "sim-no-overlap"]
+    at.switch_page("views/runs.py").run()
+    at.session_state["runs_table"] = {"selection": {"rows": [names.index(RETRACT)], "columns": [], "cells": []}}
+    at.run()
+    _by_label(at.button, "Open in Run").click().run()
+    assert at.title[0].value == "Run" and _by_label(at.selectbox, "Run").value == RETRACT
+
+
 def test_runs_page_on_an_empty_dir(monkeypatch, tmp_path):
     at = _app(monkeypatch, tmp_path)
     assert "No run folders" in at.info[0].value
@@ -127,6 +144,14 @@ def test_run_page_timeline_window_and_overlap(monkeypatch, runs):
     assert len(schedule["base"]) == 20
     assert schedule["base"][0] == pytest.approx(steps["schedule_start"].iloc[100] * 1000)
     assert any("Overlap on" in c.value for c in at.caption)
+
+
+def test_run_page_keeps_its_run_across_page_switches(monkeypatch, runs):
+    at = _app(monkeypatch, runs["sim-fcfs"].parent, "views/run.py")
+    _by_label(at.selectbox, "Run").set_value("sim-lpm").run()
+    at.switch_page("views/compare.py").run()
+    at.switch_page("views/run.py").run()
+    assert _by_label(at.selectbox, "Run").value == "sim-lpm"
 
 
 def test_run_page_marks_an_incomplete_run(monkeypatch, runs):

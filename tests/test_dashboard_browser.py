@@ -42,6 +42,7 @@ CHROMIUM_FLAGS = (
     "--remote-debugging-port=0",  # the port it picks is written to DevToolsActivePort
 )
 WIDTH, HEIGHT = 1400, 1000
+RUNS_WIDTH = 2000  # the Runs table is wide
 START_TIMEOUT_S = 60
 RENDER_TIMEOUT_S = 60
 CHART_JS = "document.querySelectorAll('.js-plotly-plot .main-svg').length"
@@ -74,18 +75,24 @@ def _http(url: str) -> str | None:
         return None
 
 
-def stop_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
-    """Signal the process group proc leads (started with start_new_session) and reap proc."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
+def _killpg(pgid: int, sig: int) -> None:
     try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """Stop the process group proc leads (started with start_new_session): SIGTERM, so that its
+    leader reaps its children, then SIGKILL to whatever is left; reap proc."""
+    if proc.poll() is None:
+        _killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+    _killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 class DevTools:
@@ -218,10 +225,12 @@ def _type_into(devtools: DevTools, label: str, text: str) -> None:
         devtools.send("Input.dispatchKeyEvent", type=kind, key="Enter", code="Enter", windowsVirtualKeyCode=13, text="\r")
 
 
-def _full_page(devtools: DevTools, max_height: int = 4000) -> bytes:
+def _full_page(devtools: DevTools, width: int = WIDTH, max_height: int = 4800) -> bytes:
     """Grow the viewport to the app's content (Streamlit scrolls an inner element), then capture."""
+    devtools.resize(width, HEIGHT)
+    time.sleep(1.0)
     height = devtools.eval("document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
-    devtools.resize(WIDTH, min(max(HEIGHT, int(height) + 40), max_height))
+    devtools.resize(width, min(max(HEIGHT, int(height) + 40), max_height))
     time.sleep(1.5)  # plotly redraws at the new size
     return devtools.screenshot()
 
@@ -234,7 +243,7 @@ def make_screenshots(runs_dir: Path, out: Path, run: str, compare: list[str], wh
         devtools.send("Page.navigate", url=f"{base}/")
         wait_until("the Runs table", lambda: devtools.eval("!!document.querySelector('[data-testid=\"stDataFrame\"]')"), RENDER_TIMEOUT_S)
         time.sleep(2)
-        (out / "dashboard-runs.png").write_bytes(_full_page(devtools, max_height=HEIGHT))
+        (out / "dashboard-runs.png").write_bytes(_full_page(devtools, width=RUNS_WIDTH, max_height=700))
         devtools.resize(WIDTH, HEIGHT)
         open_page(devtools, f"{base}/run?run={run}", charts=6)
         (out / "dashboard-run.png").write_bytes(_full_page(devtools))

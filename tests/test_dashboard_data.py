@@ -15,7 +15,7 @@ from dashboard.compare_table import compare_frame, rel_err_column
 from dashboard.downsample import cdf_points, step_series
 from dashboard.latency import latencies_ms, latency_cdfs
 from dashboard.runs_index import ERROR_STATUS, HEADLINE_KEYS, display_frame, filter_runs, scan_runs
-from dashboard.timeline import INTERVALS, overlap_stats, trace_events, trace_json
+from dashboard.timeline import INTERVALS, intervals, overlap_stats, trace_events, trace_json
 from dashboard.whatif import WhatIfGrid, parse_values, run_variants, variants
 from dashboard_helpers import BROKEN, INCOMPLETE, NOT_A_RUN, RETRACT, RUNS, make_runs, make_trace, status, summary
 from testbed.compare import METRIC_KEYS, STATS, compare_runs
@@ -95,6 +95,7 @@ def test_filter_and_display(index):
     assert set(filter_runs(index, "bad json")["name"]) == {BROKEN}
     shown = display_frame(index)
     assert "path" not in shown.columns and "TTFT mean (ms)" in shown.columns
+    assert "profile" not in shown.columns and "profile" in display_frame(index, drop_empty=False).columns  # no run has one
     pd.testing.assert_series_equal(shown["TTFT mean (ms)"], index["mean_ttft_ms"], check_names=False)
 
 
@@ -158,6 +159,13 @@ def test_figures_of_a_run(runs):
     # Step by step for a short run: the tokens drawn are the tokens computed.
     assert sum(batch.data[0].y) + sum(batch.data[1].y) == run.steps["num_tokens"].sum()
     assert {"KV used", "cumulative hit rate"} <= _names(charts.kv_figure(run.steps, run.summary["kv_tokens"]))
+    window = run.steps.iloc[:40]
+    tl = {t.name: t for t in charts.timeline_figure(intervals(window)).data}
+    assert {n: len(tl[n].base) for n in ("schedule", "launch", "process")} == {"schedule": 40, "launch": 40, "process": 40}
+    assert len(tl["forward (extend)"].base) == (window["mode"] == "extend").sum() > 0
+    assert len(tl["forward (decode)"].base) == (window["mode"] == "decode").sum() > 0
+    assert set(tl["forward (decode)"].y) == {"device"} and set(tl["schedule"].y) == {"CPU"}
+    np.testing.assert_allclose(np.asarray(tl["schedule"].base, dtype=float), window["schedule_start"] * 1000)
 
 
 def test_cumulative_cache_hit_rate_ends_at_run_json(runs):

@@ -64,6 +64,7 @@ table = compare_frame(reference, others, labels)
 st.dataframe(
     table,
     hide_index=True,
+    height="content",
     column_config={label: st.column_config.NumberColumn(format="%.2f") for label in labels}
     | {rel_err_column(label): st.column_config.TextColumn() for label in labels[1:]},
 )

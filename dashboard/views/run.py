@@ -77,7 +77,7 @@ def step_timeline() -> None:
         f"and {ov.cpu_hidden_fraction:.1%} of the CPU's scheduling and result processing ran while it was."
     )
     c_size, c_first = st.columns([1, 4])
-    size = c_size.selectbox("Steps shown", WINDOW_SIZES, index=1)
+    size = c_size.selectbox("Steps shown", WINDOW_SIZES, index=0)
     n = len(steps)
     first = c_first.slider("First step", 1, max(1, n - size + 1), 1) if n > size else 1
     window = steps.iloc[first - 1 : first - 1 + size]

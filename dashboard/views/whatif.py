@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import cache, charts, ui
-from dashboard.runs_index import ERROR_STATUS, display_frame, index_row
+from dashboard.runs_index import DISPLAY_COLUMNS, ERROR_STATUS, HEADLINE_KEYS, index_row
 from dashboard.settings import runs_dir
 from dashboard.whatif import MAX_VARIANTS, USER_ERRORS, WhatIfGrid, parse_values, run_variants, variants
 from scheduler.model_config import bundled_model_names
@@ -130,8 +130,8 @@ if results:
     if done:
         rows = pd.DataFrame([index_row(Path(r["path"]), runs_dir()) for r in done])
         rows.insert(0, "what-if", [r["label"] for r in done])
-        table = display_frame(rows)
-        table.insert(0, "what-if", rows["what-if"])
+        # What a what-if is for first: the numbers; the options are in the label.
+        table = rows[["what-if", "name", "status", *HEADLINE_KEYS]].rename(columns=DISPLAY_COLUMNS)
         st.dataframe(table, hide_index=True)
         ok = rows[rows["status"] != ERROR_STATUS]
         st.plotly_chart(charts.latency_cdf_figure({label: cache.cdfs(p) for label, p in zip(ok["what-if"], ok["path"])}))
