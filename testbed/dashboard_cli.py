@@ -14,9 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import dashboard
-
-APP = Path(dashboard.__file__).resolve().parent / "app.py"
 DEFAULT_PORT = 8501
 EXIT_USAGE = 2
 SHUTDOWN_TIMEOUT_S = 10
@@ -41,9 +38,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_dashboard)
 
 
+def app_path() -> Path:
+    """dashboard/app.py of the installed package (imported here, not at the top: other commands never need it)."""
+    import dashboard
+
+    return Path(dashboard.__file__).resolve().parent / "app.py"
+
+
 def streamlit_command(runs: Path, port: int) -> list[str]:
     return [
-        sys.executable, "-m", "streamlit", "run", str(APP),
+        sys.executable, "-m", "streamlit", "run", str(app_path()),
         "--server.headless", "true",
         "--server.port", str(port),
         "--server.address", "localhost",

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from testbed.dashboard_cli import APP, streamlit_command
+from testbed.dashboard_cli import app_path, streamlit_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,7 +23,7 @@ def test_dashboard_command_is_registered():
 
 def test_streamlit_gets_the_app_the_port_and_the_runs_dir(tmp_path):
     cmd = streamlit_command(tmp_path, 8123)
-    assert cmd[:5] == [sys.executable, "-m", "streamlit", "run", str(APP)] and APP.is_file()
+    assert cmd[:5] == [sys.executable, "-m", "streamlit", "run", str(app_path())] and app_path().is_file()
     assert cmd[cmd.index("--server.port") + 1] == "8123"
     assert cmd[cmd.index("--server.headless") + 1] == "true"
     assert cmd[cmd.index("--") :] == ["--", "--runs", str(tmp_path)]  # what dashboard/settings.py reads
