@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -66,8 +65,9 @@ def _num(text: str) -> float | None:
 
 def test_replay_example_trace_prints_summary_and_writes_folder(tmp_path):
     out = tmp_path / "run"
-    script = shutil.which("testbed")
-    cmd = [script] if script else CLI
+    # The console script of the environment running the tests (not whatever `testbed` is on PATH).
+    script = Path(sys.executable).with_name("testbed")
+    cmd = [str(script)] if script.is_file() else CLI
     proc = subprocess.run(
         [*cmd, "replay", "traces/a.json", "--mode", "sim", "--out", str(out), "-q"],
         cwd=REPO,
