@@ -1,9 +1,10 @@
 """End to end in a real browser: `testbed dashboard` on a free port, headless Chromium over the
-DevTools protocol, the plotly chart rendered, a screenshot; Ctrl-C stops the dashboard cleanly.
+DevTools protocol, the plotly charts rendered, a screenshot, the Perfetto download; Ctrl-C stops
+the dashboard cleanly.
 
-Also the script that makes the README's screenshots (docs/dashboard-*.png):
+Also the script that makes the README's screenshots (docs/dashboard-*.png), from runs of traces/a.json:
 
-    .venv/bin/python tests/test_dashboard_browser.py --runs RUNS_DIR --out docs
+    .venv/bin/python tests/test_dashboard_browser.py --runs runs --run a-sim-fcfs --compare a-real,a-sim-tiny-llama-cpu
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from typing import Iterator
 
 import pytest
 from websockets.sync.client import connect
+
+from dashboard_helpers import make_runs, make_trace, summary
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -188,8 +191,6 @@ def png_size(png: bytes) -> tuple[int, int]:
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (Debian package `chromium`; .ci/run installs it)")
 def test_dashboard_renders_charts_in_chromium(tmp_path):
-    from dashboard_helpers import make_runs, make_trace
-
     runs = make_runs(tmp_path / "runs", make_trace(tmp_path / "trace.json"))
     port = free_port()
     with dashboard(tmp_path / "runs", port) as proc, chromium() as devtools:
@@ -201,6 +202,15 @@ def test_dashboard_renders_charts_in_chromium(tmp_path):
         assert png_size(png) == (WIDTH, HEIGHT)
         assert len(png) > 30_000, "a blank page compresses to a few kB"
         (tmp_path / "run.png").write_bytes(png)
+        # The timeline's download is a Perfetto trace of every step (built by the server on click).
+        downloads = tmp_path / "downloads"
+        downloads.mkdir()
+        devtools.send("Browser.setDownloadBehavior", behavior="allow", downloadPath=str(downloads))
+        devtools.eval("[...document.querySelectorAll('button')].find(b => b.innerText.includes('Perfetto')).click()")
+        done = downloads / "sim-fcfs.trace.json"
+        wait_until("the Perfetto download", lambda: done.is_file() and not list(downloads.glob("*.crdownload")), RENDER_TIMEOUT_S)
+        events = [e for e in json.loads(done.read_text())["traceEvents"] if e["ph"] == "X"]
+        assert len(events) == 4 * summary(runs["sim-fcfs"])["num_steps"]
         # The Runs page shows the runs and the broken folder's error.
         devtools.send("Page.navigate", url=f"http://localhost:{port}/")
         text = wait_until("the Runs page", lambda: (t := devtools.eval("document.body ? document.body.innerText : ''")) and "does not load" in t and t, RENDER_TIMEOUT_S)
@@ -211,7 +221,6 @@ def test_dashboard_renders_charts_in_chromium(tmp_path):
         out = output(proc)
         assert f"dashboard: http://localhost:{port} (runs: {tmp_path / 'runs'})" in out
         assert "Traceback" not in out
-    assert len(runs) > 0
 
 
 # --- the README's screenshots ------------------------------------------------------------------
