@@ -15,6 +15,22 @@ WHATIF_KEY = "whatif_results"  # the What-if page's last batch
 PERSISTENT_KEYS = (RUN_KEY, COMPARE_KEY)
 
 
+def column_config() -> dict:
+    """How the Runs table's columns (runs_index.DISPLAY_COLUMNS headers) are formatted."""
+    number = st.column_config.NumberColumn
+    return {
+        "date (UTC)": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss"),
+        "KV tokens": number(format="localized"),
+        "TTFT mean (ms)": number(format="%.2f"),
+        "TTFT p99 (ms)": number(format="%.2f"),
+        "TPOT mean (ms)": number(format="%.2f"),
+        "TPOT p99 (ms)": number(format="%.2f"),
+        "req/s": number(format="%.2f"),
+        "output tok/s": number(format="%.0f"),
+        "cache hit rate": number(format="percent"),
+    }
+
+
 def index() -> pd.DataFrame:
     """The runs index, scanned on every rerun: it reads only run.json files, and a run that
     appears (a replay, a What-if) shows up at once."""

@@ -30,7 +30,6 @@ policies = c_policy.multiselect("Policy", sorted(idx["policy"].dropna().unique()
 statuses = c_status.multiselect("Status", sorted(idx["status"].dropna().unique()))
 shown = filter_runs(idx, text, mode=modes, policy=policies, status=statuses).reset_index(drop=True)
 
-N = st.column_config.NumberColumn
 event = st.dataframe(
     display_frame(shown),
     hide_index=True,
@@ -38,17 +37,7 @@ event = st.dataframe(
     on_select="rerun",
     selection_mode="multi-row",
     key="runs_table",
-    column_config={
-        "date (UTC)": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss"),
-        "KV tokens": N(format="localized"),
-        "TTFT mean (ms)": N(format="%.2f"),
-        "TTFT p99 (ms)": N(format="%.2f"),
-        "TPOT mean (ms)": N(format="%.2f"),
-        "TPOT p99 (ms)": N(format="%.2f"),
-        "req/s": N(format="%.2f"),
-        "output tok/s": N(format="%.0f"),
-        "cache hit rate": N(format="percent"),
-    },
+    column_config=ui.column_config(),
 )
 st.caption(f"{len(shown)} of {len(idx)} runs")
 

@@ -132,7 +132,7 @@ if results:
         rows.insert(0, "what-if", [r["label"] for r in done])
         # What a what-if is for first: the numbers; the options are in the label.
         table = rows[["what-if", "name", "status", *HEADLINE_KEYS]].rename(columns=DISPLAY_COLUMNS)
-        st.dataframe(table, hide_index=True)
+        st.dataframe(table, hide_index=True, column_config=ui.column_config())
         ok = rows[rows["status"] != ERROR_STATUS]
         st.plotly_chart(charts.latency_cdf_figure({label: cache.cdfs(p) for label, p in zip(ok["what-if"], ok["path"])}))
         st.plotly_chart(charts.percentile_bars_figure({label: cache.load(p).summary for label, p in zip(ok["what-if"], ok["path"])}))
