@@ -11,7 +11,8 @@
 3. For each trace, light and heavy load (--time-scale), overlap off and on: the real engine,
    then the simulator with the profile and the same options (same --kv-tokens, model, seed).
    With --repeats 2 the real run is made twice: the error between the two is the noise floor
-   the simulator cannot beat on this machine.
+   the simulator cannot beat on this machine. --reuse-real keeps real runs already in OUT
+   (same trace and options) and makes only the sims again: for a new profile or fit.
 4. Prints the relative error (sim - real) / real of TTFT and TPOT, p50 and p90, per run pair,
    and the median of each figure's absolute error, against the 3% target; writes
    OUT/fidelity.json. Every run folder stays under OUT/runs (`testbed compare` or the
@@ -33,7 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from testbed.compare import rel_err  # noqa: E402
 from testbed.replay import ReplayOptions, replay  # noqa: E402
-from testbed.trace import Trace  # noqa: E402
+from testbed.sweep import resolved_options  # noqa: E402
+from testbed.trace import Trace, file_sha256  # noqa: E402
 from testbed.trace_formats import load_trace  # noqa: E402
 from testbed.trace_gen import GenConfig, generate_trace  # noqa: E402
 
@@ -98,18 +100,28 @@ def load_profile(args) -> Path:
     return path
 
 
+def replay_or_reuse(trace: Path, opts: ReplayOptions, out: Path, reuse: bool) -> dict:
+    """The summary of replaying trace with opts into out; with reuse, of the complete run already there."""
+    if reuse and (out / "run.json").is_file():
+        meta = json.loads((out / "run.json").read_text())
+        same = meta.get("options") == resolved_options(opts) and meta.get("trace", {}).get("sha256") == file_sha256(trace)
+        if meta.get("status") == "complete" and same:
+            return meta["summary"]
+    return replay(str(trace), opts, out=out).summary
+
+
 def run_pair(trace: Path, name: str, load: str, scale: float, overlap: bool, profile: Path, kv_tokens: int, args) -> dict:
     common = dict(model=args.model, time_scale=scale, overlap=overlap, kv_tokens=kv_tokens, seed=0)
     tag = f"{name}-{load}-overlap-{'on' if overlap else 'off'}"
     runs = args.out / "runs"
     reals = []
     for k in range(args.repeats):
-        r = replay(str(trace), ReplayOptions(mode="real", device=args.device, **common), out=runs / f"{tag}-real{k + 1}")
-        reals.append(r.summary)
-    sim = replay(str(trace), ReplayOptions(mode="sim", hardware=args.hardware, profile=str(profile), **common), out=runs / f"{tag}-sim")
+        reals.append(replay_or_reuse(trace, ReplayOptions(mode="real", device=args.device, **common), runs / f"{tag}-real{k + 1}",
+                                     args.reuse_real))
+    sim = replay(str(trace), ReplayOptions(mode="sim", hardware=args.hardware, profile=str(profile), **common), out=runs / f"{tag}-sim").summary
     real = reals[0]
     row = {"trace": name, "load": load, "time_scale": scale, "overlap": overlap, "real": {f: real[f] for f in FIGURES},
-           "sim": {f: sim.summary[f] for f in FIGURES}, "err": {f: rel_err(real[f], sim.summary[f]) for f in FIGURES}}
+           "sim": {f: sim[f] for f in FIGURES}, "err": {f: rel_err(real[f], sim[f]) for f in FIGURES}}
     if len(reals) > 1:
         row["noise"] = {f: rel_err(real[f], reals[1][f]) for f in FIGURES}
     row["completed"] = real["completed"]
@@ -151,6 +163,7 @@ def main() -> int:
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("-n", "--requests", type=int, default=120, help="requests per trace")
     ap.add_argument("--repeats", type=int, default=2, help="real runs per point (2: also measure real-vs-real noise)")
+    ap.add_argument("--reuse-real", action="store_true", help="keep real runs already in OUT with the same trace and options")
     ap.add_argument("--traces", default=",".join(t.name for t in TRACES), help="comma-separated subset")
     ap.add_argument("--overlap", default="off,on", help="off, on or off,on")
     args = ap.parse_args()

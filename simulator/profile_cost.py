@@ -39,15 +39,18 @@ class ProfileCostModel:
             # With overlap the CPU stages run beside a forward: on a CPU they compete for the cores.
             cpu = fitted.get("cpu_overlap", fitted["cpu"]) if overlap else fitted["cpu"]
             self.cpu = CpuStageCosts(**{stage: StageCost(**cpu[stage]) for stage in ("schedule", "launch", "process")})
-            factor = fitted.get("overlap_forward_factor", {}) if overlap else {}
-            self.extend_factor = float(factor.get("extend", 1.0))
-            self.decode_factor = float(factor.get("decode", 1.0))
+            # With overlap a forward takes fixed_s + per_req_s x batch size longer (calibrate's overlapped replay).
+            ov = fitted.get("overlap_forward", {}) if overlap else {}
+            self.extend_fixed, self.extend_per_req = (float(ov.get("extend", {}).get(k, 0.0)) for k in ("fixed_s", "per_req_s"))
+            decode_fixed, decode_per_req = (float(ov.get("decode", {}).get(k, 0.0)) for k in ("fixed_s", "per_req_s"))
         except (KeyError, TypeError) as e:
             raise ProfileError(f"{path or 'profile'}: missing or malformed fit ({e})") from None
         self.profile = profile
         self.model = profile.get("model")
         self.name = f"profile:{Path(path).name if path else profile.get('name', 'inline')}"
-        self._d_fixed, self._d_req, self._d_kv, self._d_pad = (c * self.decode_factor for c in self.decode.coef)
+        self._d_fixed, self._d_req, self._d_kv, self._d_pad = self.decode.coef
+        self._d_fixed += decode_fixed
+        self._d_req += decode_per_req
 
     @classmethod
     def load(cls, path: str | Path, overlap: bool = False) -> "ProfileCostModel":
@@ -68,7 +71,8 @@ class ProfileCostModel:
             padded = self._d_pad * bs * plan.max_seq_len
             return self._d_fixed + self._d_req * bs + self._d_kv * plan.sum_seq_len + padded
         # Extend batches are few and small: the per-request features are worth a loop.
-        return self.extend_factor * self.extend.predict(extend_features(plan.prefix_lens, plan.extend_lens, self.knee))
+        t = self.extend.predict(extend_features(plan.prefix_lens, plan.extend_lens, self.knee))
+        return t + self.extend_fixed + self.extend_per_req * bs
 
     def cpu_time(self, stage: str, num_reqs: int, num_tokens: int) -> float:
         return self.cpu.time(stage, num_reqs, num_tokens)

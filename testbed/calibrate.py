@@ -17,6 +17,7 @@ on held-out measurements.
 
 from __future__ import annotations
 
+import json
 import statistics
 import tempfile
 import time
@@ -219,23 +220,55 @@ def fit_cpu_stages(cpu: list[dict]) -> tuple[dict, dict]:
     return fitted, errors
 
 
-def overlap_factors(fitted: dict, forwards: list[dict]) -> dict[str, float]:
-    """Median of (time measured with overlap) / (time the no-overlap fit predicts), per forward mode.
-
-    On a CPU the forward's thread competes with the loop's for the cores and the
-    GIL, and every forward is slower; on a GPU the factor should be about 1."""
+def step_prediction(fitted: dict, m: dict) -> float:
+    """What the fitted forward models say a replayed forward (a steps.parquet row) takes."""
+    if m["mode"] == "decode":
+        dec = pf.LinearFit.from_dict(pf.DECODE_FEATURES, fitted["decode"])
+        return dec.predict(pf.decode_features(m["batch_size"], m["prefix_tokens"] + m["num_tokens"], m["max_seq_len"]))
     ext = pf.LinearFit.from_dict(pf.EXTEND_FEATURES, fitted["extend"])
-    dec = pf.LinearFit.from_dict(pf.DECODE_FEATURES, fitted["decode"])
-    knee = fitted["extend"]["knee"]
-    ratios: dict[str, list[float]] = {"extend": [], "decode": []}
-    for m in forwards:
-        if m["mode"] == "decode":
-            pred = dec.predict(pf.decode_features(m["batch_size"], m["prefix_tokens"] + m["num_tokens"], m["max_seq_len"]))
-        else:
-            pred = ext.predict(pf.extend_step_features(m["batch_size"], m["num_tokens"], m["prefix_tokens"], m["attention_pairs"], knee))
-        if pred > 0:
-            ratios["decode" if m["mode"] == "decode" else "extend"].append(m["seconds"] / pred)
-    return {k: float(np.median(v)) if v else 1.0 for k, v in ratios.items()}
+    return ext.predict(pf.extend_step_features(m["batch_size"], m["num_tokens"], m["prefix_tokens"], m["attention_pairs"],
+                                               fitted["extend"]["knee"]))
+
+
+def total_ratios(fitted: dict, forwards: list[dict]) -> dict[str, float]:
+    """Per forward mode: measured total time / predicted total time of the replayed forwards,
+    starved outliers (OUTLIER_RATIO x the median ratio) left out."""
+    out = {}
+    for kind in ("extend", "decode"):
+        pairs = [(m["seconds"], step_prediction(fitted, m)) for m in forwards if (m["mode"] == "decode") == (kind == "decode")]
+        pairs = [(t, q) for t, q in pairs if q > 0]
+        if not pairs:
+            out[kind] = 1.0
+            continue
+        median = float(np.median([t / q for t, q in pairs]))
+        kept = [(t, q) for t, q in pairs if t / q <= OUTLIER_RATIO * median]
+        out[kind] = sum(t for t, _ in kept) / sum(q for _, q in kept)
+    return out
+
+
+def overlap_model(fitted: dict, forwards: list[dict]) -> dict[str, dict[str, float]]:
+    """Per forward mode, how much longer a forward of the overlapped replay took than the
+    no-overlap fit says: fixed_s + per_req_s x batch size (least squares, non-negative,
+    starved outliers left out).
+
+    On a CPU the forward's thread competes with the loop's for the cores and the GIL:
+    the loop's work for the other step (which grows with the batch) delays the forward
+    by about its own length, whatever the forward's size (a factor on the forward's time
+    fitted as well on the replay's small forwards, but priced 2,000-token prefills 40%
+    too high). On a GPU both should be about 0."""
+    out = {}
+    for kind in ("extend", "decode"):
+        rows = [(m["seconds"], step_prediction(fitted, m), m["batch_size"]) for m in forwards
+                if (m["mode"] == "decode") == (kind == "decode")]
+        rows = [(t, q, b) for t, q, b in rows if q > 0]
+        if len(rows) < 2:
+            out[kind] = {"fixed_s": 0.0, "per_req_s": 0.0}
+            continue
+        median = float(np.median([t / q for t, q, _ in rows]))
+        kept = [(t, q, b) for t, q, b in rows if t / q <= OUTLIER_RATIO * median]
+        fixed, per_req = pf.nnls(np.array([[1.0, b] for _, _, b in kept]), np.array([t - q for t, q, _ in kept]))
+        out[kind] = {"fixed_s": float(fixed), "per_req_s": float(per_req)}
+    return out
 
 
 def fit_profile(extend: list[dict], decode: list[dict], cpu: list[dict], insitu: list[dict] | None = None,
@@ -270,19 +303,28 @@ def fit_profile(extend: list[dict], decode: list[dict], cpu: list[dict], insitu:
     extend_fit, knee, ex, et, decode_fit, dx, dt = fit_both(keep_ext, keep_dec)
     fitted = {"extend": extend_fit.to_dict() | {"knee": knee}, "decode": decode_fit.to_dict(), "cpu": {}}
     errors = {"extend": _holdout(pf.EXTEND_FEATURES, ex, et), "decode": _holdout(pf.DECODE_FEATURES, dx, dt)}
-    # How well the final fits price all of the replay's own forwards (what a simulated run adds up).
-    for kind, f, x, t, kept in (("extend", extend_fit, [row(knee) for row in step_ext], step_et, keep_ext),
-                                ("decode", decode_fit, step_dec, step_dt, keep_dec)):
-        if t:
-            errs = pf.relative_errors(f, x, t)
+    # The relative-error fit gives the shape; a step's noise is skewed (a forward is sometimes much
+    # slower, never much faster), so it prices the typical forward, below the mean. A request's
+    # TPOT is a mean over its steps, and a run's clock their sum: match the replay's total time.
+    if insitu:
+        level = total_ratios(fitted, insitu)
+        for kind in ("extend", "decode"):
+            fitted[kind] = {k: (v * level[kind] if k != "knee" else v) for k, v in fitted[kind].items()}
+        errors["replay_level"] = level
+    # How well the final fits price each of the replay's own forwards.
+    for kind, rows, kept in (("extend", in_ext, keep_ext), ("decode", in_dec, keep_dec)):
+        if rows:
+            pred = [step_prediction(fitted, m) for m in rows]
+            t = [m["seconds"] for m in rows]
+            errs = [abs(q - ti) / ti for q, ti in zip(pred, t)]
             errors[f"replay_{kind}"] = {"points": len(t), "outliers": len(t) - len(kept), "median_rel_err": float(np.median(errs)),
-                                        "total_rel_err": float(sum(f.predict(xi) for xi in x) / sum(t) - 1)}
+                                        "total_rel_err": float(sum(pred) / sum(t) - 1)}
     fitted["cpu"], cpu_errors = fit_cpu_stages(cpu)
     errors |= {f"cpu_{stage}_total_rel_err": e for stage, e in cpu_errors.items()}
     if overlap_cpu:
         fitted["cpu_overlap"], _ = fit_cpu_stages(overlap_cpu)
     if overlap_forwards:
-        fitted["overlap_forward_factor"] = overlap_factors(fitted, overlap_forwards)
+        fitted["overlap_forward"] = overlap_model(fitted, overlap_forwards)
     return fitted, errors
 
 
@@ -325,5 +367,24 @@ def calibrate(cfg: CalibrationConfig, out: str | Path, progress: Progress | None
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out, profile)
+    return profile
+
+
+def refit(path: str | Path) -> dict:
+    """Fit a profile again from the measurements it holds (after a change to the fit), in place."""
+    from simulator.profile_cost import ProfileError
+
+    path = Path(path)
+    try:
+        profile = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"{path}:{e.lineno}: bad JSON: {e.msg}") from None
+    m = profile.get("measurements") or {}
+    if profile.get("format") != PROFILE_FORMAT or "replay_forwards" not in m:
+        raise ProfileError(f"{path}: no measurements of this testbed's calibrate to fit again")
+    fitted, errors = fit_profile(m["extend"], m["decode"], m["cpu"], m["replay_forwards"], m.get("overlap_cpu"),
+                                 m.get("overlap_replay_forwards"))
+    profile |= {"version": PROFILE_VERSION, "fit": fitted, "holdout": errors}
+    write_json(path, profile)
     return profile
 

@@ -111,11 +111,20 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         bar.update(done - bar.n)
 
     cfg = CalibrationConfig(model=args.model, hardware=args.hardware, load_format=args.load_format, device=args.device, reps=args.reps)
-    try:
-        profile = calibrate(cfg, args.out, progress)
-    finally:
-        for bar in bars.values():
-            bar.close()
+    if args.refit:
+        from simulator.profile_cost import ProfileError
+        from testbed.calibrate import refit
+
+        try:
+            profile = refit(args.out)
+        except ProfileError as e:
+            raise ConfigError(str(e)) from None
+    else:
+        try:
+            profile = calibrate(cfg, args.out, progress)
+        finally:
+            for bar in bars.values():
+                bar.close()
     h = profile["holdout"]
     print(f"profile {args.out}: {profile['model']} on {profile['hardware']}, {len(profile['measurements']['extend'])} extend "
           f"+ {len(profile['measurements']['decode'])} decode points, {profile['wall_s']} s")
@@ -129,10 +138,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                   f"total {r['total_rel_err'] * 100:+.1f}% ({r['outliers']} starved outliers left out of the fit)")
     for stage in ("schedule", "launch", "process"):
         print(f"  CPU {stage}: {profile['fit']['cpu'][stage]}")
-    factor = profile["fit"].get("overlap_forward_factor")
-    if factor:
-        print(f"  with overlap, forwards take x{factor['extend']:.2f} (extend) and x{factor['decode']:.2f} (decode) "
-              "of their time without it")
+    ov = profile["fit"].get("overlap_forward")
+    if ov:
+        print("  with overlap, a forward takes longer by " + " and ".join(
+            f"{ov[k]['fixed_s'] * 1e3:.2f} ms + {ov[k]['per_req_s'] * 1e6:.1f} us a request ({k})" for k in ("extend", "decode")))
     return 0
 
 
@@ -158,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load-format", choices=("auto", "dummy"), default=None)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--reps", type=_positive_int, default=5, help="timed repetitions per grid point (default %(default)s)")
+    p.add_argument("--refit", action="store_true", help="measure nothing: fit the profile in --out again from its measurements")
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(func=cmd_calibrate)
     return parser

@@ -45,7 +45,7 @@ def test_profile_holds_measurements_fit_and_holdout_error(profile_path):
     assert len(fw) == len(m["cpu"]) // 3
     assert all(x["max_seq_len"] * x["batch_size"] >= x["prefix_tokens"] + x["num_tokens"] for x in fw)
     assert p["holdout"]["replay_decode"]["points"] == sum(x["mode"] == "decode" for x in fw)
-    assert set(p["fit"]) == {"extend", "decode", "cpu", "cpu_overlap", "overlap_forward_factor"}
+    assert set(p["fit"]) == {"extend", "decode", "cpu", "cpu_overlap", "overlap_forward"}
     assert all(v >= 0 for k, v in p["fit"]["extend"].items())  # non-negative: extrapolates sanely
     assert p["holdout"]["extend"]["points"] > 0 and p["holdout"]["extend"]["median_rel_err"] >= 0
 
@@ -66,13 +66,13 @@ def test_profile_cost_model_prices_plans_like_the_measurements(profile_path):
 
 def test_with_overlap_the_profile_prices_forwards_and_cpu_as_the_overlapped_replay_measured(profile_path):
     p = json.loads(profile_path.read_text())
-    factor = p["fit"]["overlap_forward_factor"]
-    assert set(factor) == {"extend", "decode"} and all(v > 0 for v in factor.values())
+    ov = p["fit"]["overlap_forward"]
+    assert set(ov) == {"extend", "decode"} and all(m["fixed_s"] >= 0 and m["per_req_s"] >= 0 for m in ov.values())
     plain, overlapped = ProfileCostModel.load(profile_path), ProfileCostModel.load(profile_path, overlap=True)
     ext = synthetic_plan(ForwardMode.EXTEND, [256], [512], with_rows=False)
     dec = synthetic_plan(ForwardMode.DECODE, [256] * 4, [1] * 4, with_rows=False)
-    assert overlapped.forward_time(ext) == pytest.approx(factor["extend"] * plain.forward_time(ext))
-    assert overlapped.forward_time(dec) == pytest.approx(factor["decode"] * plain.forward_time(dec))
+    for plan, m in ((ext, ov["extend"]), (dec, ov["decode"])):
+        assert overlapped.forward_time(plan) == pytest.approx(plain.forward_time(plan) + m["fixed_s"] + m["per_req_s"] * plan.batch_size)
     cpu = p["fit"]["cpu_overlap"]["schedule"]
     assert overlapped.cpu_time("schedule", 4, 4) == pytest.approx(cpu["base_s"] + 4 * cpu["per_req_s"] + 4 * cpu["per_token_s"])
 
