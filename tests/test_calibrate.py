@@ -133,3 +133,19 @@ def test_fit_recovers_a_known_cost_and_leaves_out_starved_replay_forwards():
         assert d.predict(pf.decode_features(b, b * s, s)) == pytest.approx(dec_t(b, b * s), rel=0.02)
     e = pf.LinearFit.from_dict(pf.EXTEND_FEATURES, fitted["extend"])
     assert e.predict(pf.extend_features([0], [2048], fitted["extend"]["knee"])) == pytest.approx(ext_t(2048), rel=0.05)
+
+
+def test_refit_fits_again_from_the_measurements_alone(profile_path, tmp_path):
+    original = json.loads(profile_path.read_text())
+    broken = original | {"fit": {}, "holdout": {}}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(broken))
+    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "calibrate", "--refit", "--out", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    again = json.loads(path.read_text())
+    assert again["fit"] == original["fit"] and again["measurements"] == original["measurements"]
+    (tmp_path / "none.json").write_text(json.dumps({"format": "testbed-profile"}))
+    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "calibrate", "--refit", "--out", str(tmp_path / "none.json")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "no measurements" in proc.stderr and "Traceback" not in proc.stderr
