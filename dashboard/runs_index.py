@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Sequence
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -160,10 +161,14 @@ def index_row(path: Path, runs_dir: Path) -> dict:
     return row
 
 
-def scan_runs(runs_dir: str | os.PathLike) -> pd.DataFrame:
-    """Every run under runs_dir, newest first; columns COLUMNS."""
+def scan_runs(runs_dir: str | os.PathLike, extra: Sequence[Path] = ()) -> pd.DataFrame:
+    """Every run under runs_dir, and the run folders `extra` (a link to a run kept elsewhere,
+    named by its path), newest first; columns COLUMNS."""
     runs_dir = Path(runs_dir)
-    rows = [index_row(p, runs_dir) for p in find_run_folders(runs_dir)]
+    folders = find_run_folders(runs_dir)
+    seen = {p.absolute() for p in folders}
+    folders += [p for p in map(Path, extra) if p.absolute() not in seen]
+    rows = [index_row(p, runs_dir) for p in folders]
     df = pd.DataFrame(rows, columns=list(COLUMNS))
     for key in HEADLINE_KEYS:
         df[key] = pd.to_numeric(df[key])

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Sequence
+
 import pandas as pd
 import streamlit as st
 
 from dashboard.runs_index import scan_runs
 from dashboard.settings import runs_dir
+from testbed.run_folder import RUN_FILE
 
 # Selections that outlive a page switch (see app.py).
 RUN_KEY = "run"  # the Run page's run
@@ -31,10 +35,18 @@ def column_config() -> dict:
     }
 
 
-def index() -> pd.DataFrame:
+def index(extra: Sequence[Path] = ()) -> pd.DataFrame:
     """The runs index, scanned on every rerun: it reads only run.json files, and a run that
-    appears (a replay, a What-if) shows up at once."""
-    return scan_runs(runs_dir())
+    appears (a replay, a What-if) shows up at once. `extra`: run folders outside the runs dir."""
+    return scan_runs(runs_dir(), extra)
+
+
+def linked_outside_run(linked: str | None) -> list[Path]:
+    """The run folder a ?run= link names by its absolute path (a point of a sweep kept outside
+    the runs dir, see sweep_view.run_name), if it is one; else nothing."""
+    if not linked or not Path(linked).is_absolute() or not (Path(linked) / RUN_FILE).is_file():
+        return []
+    return [Path(linked)]
 
 
 def no_runs_message() -> None:

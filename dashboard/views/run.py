@@ -15,13 +15,14 @@ from testbed.run_folder import RunLoadError
 WINDOW_SIZES = (20, 50, 100, 200, 500)  # steps on the timeline; bars, so a few hundred at most
 
 st.title("Run")
-runs = loadable(ui.index())
+# ?run=NAME opens that run (a link to it); else the newest. NAME is its name in the runs
+# index, or the absolute path of a run folder elsewhere (a sweep's point, linked from What-if).
+linked = st.query_params.get("run")
+runs = loadable(ui.index(ui.linked_outside_run(linked)))
 if runs.empty:
     ui.no_runs_message()
     st.stop()
 names = list(runs["name"])
-# ?run=NAME opens that run (a link to it); else the newest.
-linked = st.query_params.get("run")
 ui.keep_valid(ui.RUN_KEY, names, linked if linked in names else names[0])
 status_of = dict(zip(runs["name"], runs["status"]))
 name = st.selectbox(
