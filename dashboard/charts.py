@@ -1,4 +1,4 @@
-"""Plotly figures of runs, pure functions of DataFrames and arrays (no Streamlit).
+"""Plotly figures of runs and sweeps, pure functions of DataFrames and arrays (no Streamlit).
 
 Every time series goes through downsample, so a whole Mooncake run (~143k
 steps, millions of tokens) draws as a few thousand points. Times are seconds
@@ -207,4 +207,70 @@ def timeline_figure(intervals: pd.DataFrame) -> go.Figure:
     fig.update_xaxes(title_text="time (ms)")
     fig.update_layout(title="Step timeline: CPU and device", barmode="overlay", bargap=0.35, height=320, **_LAYOUT)
     fig.update_layout(legend_y=-0.45)  # below the axis title of this short figure
+    return fig
+
+
+# --- sweeps (sweep_view) --------------------------------------------------------------------
+
+
+def _cell_text(v: float) -> str:
+    return "" if pd.isna(v) else f"{v:.4g}"
+
+
+def sweep_metric_figure(grid: pd.DataFrame, metric: str, x: str, y: str | None, kind: str = "heatmap") -> go.Figure:
+    """A metric over one or two sweep axes (sweep_view.metric_grid): a heat map of y against x with
+    the value in each cell, or (kind "lines", or no y) one line per value of y. The axes are
+    categories in grid order: 0.5, 1, 2 evenly spaced, as a grid is."""
+    fig = go.Figure()
+    xs = [str(c) for c in grid.columns]
+    if y is not None and kind == "heatmap":
+        z = grid.to_numpy(dtype=float)
+        fig.add_trace(
+            go.Heatmap(
+                z=z, x=xs, y=[str(i) for i in grid.index], colorscale="Viridis", colorbar=dict(title=dict(text=metric)),
+                text=[[_cell_text(v) for v in row] for row in z], texttemplate="%{text}",
+                hovertemplate=f"{x}=%{{x}}<br>{y}=%{{y}}<br>{metric} %{{z:.4g}}<extra></extra>",
+            )
+        )
+        fig.update_yaxes(type="category", title_text=y)
+        title = f"{metric} by {x} and {y}"
+    else:
+        for i, (label, row) in enumerate(grid.iterrows()):
+            name = f"{y}={label}" if y is not None else metric
+            fig.add_trace(
+                go.Scatter(
+                    x=xs, y=row.to_numpy(dtype=float), mode="lines+markers", name=name, line=dict(color=_color(i)),
+                    hovertemplate=f"{name}<br>{x}=%{{x}}<br>{metric} %{{y:.4g}}<extra></extra>",
+                )
+            )
+        fig.update_yaxes(title_text=metric)
+        title = f"{metric} by {x}" + (f", one line per {y}" if y is not None else "")
+    fig.update_xaxes(type="category", title_text=x)
+    fig.update_layout(title=title, height=480, **_LAYOUT)
+    return fig
+
+
+def pareto_figure(points: pd.DataFrame, front: pd.DataFrame, throughput: str, latency: str) -> go.Figure:
+    """Every point (sweep_view's complete points) at (latency, throughput), the Pareto front
+    (sweep_view.pareto_front) highlighted and joined in order; hovering shows a point's name."""
+    fig = go.Figure()
+
+    def hover(name: str) -> str:
+        return f"%{{text}}<br>{latency} %{{x:.4g}}<br>{throughput} %{{y:.4g}}<extra>{name}</extra>"
+
+    fig.add_trace(
+        go.Scatter(
+            x=points[latency], y=points[throughput], text=points["point"], mode="markers", name="points",
+            marker=dict(color="lightgray", size=9, line=dict(width=1, color="gray")), hovertemplate=hover("point"),
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=front[latency], y=front[throughput], text=front["point"], mode="lines+markers", name="Pareto front",
+            marker=dict(color=_color(1), size=11), line=dict(color=_color(1), shape="hv"), hovertemplate=hover("front"),
+        )
+    )
+    fig.update_xaxes(title_text=f"{latency} (lower is better)")
+    fig.update_yaxes(title_text=f"{throughput} (higher is better)")
+    fig.update_layout(title=f"Pareto front: {throughput} against {latency}", height=480, **_LAYOUT)
     return fig

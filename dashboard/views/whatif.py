@@ -1,4 +1,7 @@
-"""What-if: one trace, several scheduler options; the simulations run here and land as run folders."""
+"""What-if: one trace, several scheduler options; the simulations run here and land as run folders.
+
+Below them a sweep opens (sweep_section): its points, a metric over its axes, the Pareto front.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from dashboard import cache, charts, ui
+from dashboard import cache, charts, sweep_section, ui
 from dashboard.runs_index import DISPLAY_COLUMNS, ERROR_STATUS, HEADLINE_KEYS, index_row
 from dashboard.settings import runs_dir
 from dashboard.whatif import MAX_VARIANTS, USER_ERRORS, WhatIfGrid, parse_values, run_variants, variants
@@ -139,3 +142,6 @@ if results:
         if len(ok) >= 2 and st.button("Open these in Compare"):
             st.session_state[ui.COMPARE_KEY] = list(ok["name"])
             st.switch_page("views/compare.py")
+
+st.divider()
+sweep_section.show(runs_dir())
