@@ -129,8 +129,8 @@ def _pareto(sweep: Sweep, runs_dir: Path) -> None:
     front = pareto_front(sweep, throughput, latency)
     st.plotly_chart(charts.pareto_figure(sweep.complete(), front, throughput, latency))
     st.caption(
-        f"{len(front)} of {len(sweep.complete())} complete points are on the front: "
-        f"no other point has at least their {throughput} at no more {latency}, better in one."
+        f"{len(front)} of {len(sweep.complete())} complete points are on the front: no other point is "
+        f"at least as good on both {throughput} and {latency} and better on one."
     )
     table = points_table(sweep, runs_dir, rows=front, metrics=[throughput, latency]).drop(columns=["status", "error"])
     st.dataframe(table, hide_index=True, column_config=_column_config(table))
