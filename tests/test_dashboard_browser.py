@@ -5,6 +5,8 @@ the dashboard cleanly.
 Also the script that makes the README's screenshots (docs/dashboard-*.png), from runs of traces/a.json:
 
     .venv/bin/python tests/test_dashboard_browser.py --runs runs --run a-sim-fcfs --compare a-real,a-sim-tiny-llama-cpu
+
+`--pages whatif` makes only that one (the What-if page opens the newest sweep in --runs).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import time
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import pytest
 from websockets.sync.client import connect
@@ -244,41 +246,59 @@ def _full_page(devtools: DevTools, width: int = WIDTH, max_height: int = 4800) -
     return devtools.screenshot()
 
 
-def make_screenshots(runs_dir: Path, out: Path, run: str, compare: list[str], whatif_loads: str) -> None:
+PAGES = ("runs", "run", "compare", "whatif")
+
+
+def make_screenshots(runs_dir: Path, out: Path, run: str | None, compare: list[str], whatif_loads: str, pages: Sequence[str] = PAGES) -> None:
     port = free_port()
     out.mkdir(parents=True, exist_ok=True)
     with dashboard(runs_dir, port), chromium() as devtools:
         base = f"http://localhost:{port}"
-        devtools.send("Page.navigate", url=f"{base}/")
-        wait_until("the Runs table", lambda: devtools.eval("!!document.querySelector('[data-testid=\"stDataFrame\"]')"), RENDER_TIMEOUT_S)
-        time.sleep(2)
-        (out / "dashboard-runs.png").write_bytes(_full_page(devtools, width=RUNS_WIDTH, max_height=700))
-        devtools.resize(WIDTH, HEIGHT)
-        open_page(devtools, f"{base}/run?run={run}", charts=6)
-        (out / "dashboard-run.png").write_bytes(_full_page(devtools))
-        devtools.resize(WIDTH, HEIGHT)
-        open_page(devtools, f"{base}/compare?runs={','.join(compare)}", charts=2)
-        (out / "dashboard-compare.png").write_bytes(_full_page(devtools))
-        devtools.resize(WIDTH, HEIGHT)
-        devtools.send("Page.navigate", url=f"{base}/whatif")
-        wait_until("the What-if form", lambda: devtools.eval("!!document.querySelector('input[aria-label=\"Load scale\"]')"), RENDER_TIMEOUT_S)
-        time.sleep(1)
-        _type_into(devtools, "Load scale", whatif_loads)
-        n = len(whatif_loads.split(","))
-        label = f"Run {n} simulations"
-        wait_until(label, lambda: devtools.eval(f"[...document.querySelectorAll('button')].some(b => b.innerText.trim() === '{label}')"), RENDER_TIMEOUT_S)
-        devtools.eval(f"[...document.querySelectorAll('button')].find(b => b.innerText.trim() === '{label}').click()")
-        wait_until("the What-if results", lambda: devtools.eval(CHART_JS) >= 2 and devtools.eval(TRACES_JS) > 0, 300)
-        time.sleep(2)
-        (out / "dashboard-whatif.png").write_bytes(_full_page(devtools))
+        if "runs" in pages:
+            devtools.send("Page.navigate", url=f"{base}/")
+            wait_until("the Runs table", lambda: devtools.eval("!!document.querySelector('[data-testid=\"stDataFrame\"]')"), RENDER_TIMEOUT_S)
+            time.sleep(2)
+            (out / "dashboard-runs.png").write_bytes(_full_page(devtools, width=RUNS_WIDTH, max_height=700))
+            devtools.resize(WIDTH, HEIGHT)
+        if "run" in pages:
+            open_page(devtools, f"{base}/run?run={run}", charts=6)
+            (out / "dashboard-run.png").write_bytes(_full_page(devtools))
+            devtools.resize(WIDTH, HEIGHT)
+        if "compare" in pages:
+            open_page(devtools, f"{base}/compare?runs={','.join(compare)}", charts=2)
+            (out / "dashboard-compare.png").write_bytes(_full_page(devtools))
+            devtools.resize(WIDTH, HEIGHT)
+        if "whatif" in pages:
+            _whatif_screenshot(devtools, base, out, whatif_loads)
+
+
+def _whatif_screenshot(devtools: DevTools, base: str, out: Path, whatif_loads: str) -> None:
+    """The What-if page after running the load scales, with the newest sweep of the runs dir (if any) opened below."""
+    devtools.send("Page.navigate", url=f"{base}/whatif")
+    wait_until("the What-if form", lambda: devtools.eval("!!document.querySelector('input[aria-label=\"Load scale\"]')"), RENDER_TIMEOUT_S)
+    time.sleep(1)
+    _type_into(devtools, "Load scale", whatif_loads)
+    n = len(whatif_loads.split(","))
+    label = f"Run {n} simulations"
+    wait_until(label, lambda: devtools.eval(f"[...document.querySelectorAll('button')].some(b => b.innerText.trim() === '{label}')"), RENDER_TIMEOUT_S)
+    devtools.eval(f"[...document.querySelectorAll('button')].find(b => b.innerText.trim() === '{label}').click()")
+    # The results' charts by title: a sweep's charts below may be drawn already.
+    titles = "[...document.querySelectorAll('.js-plotly-plot .gtitle')].map(t => t.textContent)"
+    wait_until("the What-if results", lambda: "Latency percentiles" in devtools.eval(titles) and devtools.eval(TRACES_JS) > 0, 300)
+    time.sleep(2)
+    (out / "dashboard-whatif.png").write_bytes(_full_page(devtools, max_height=6400))
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description="Screenshots of each dashboard page for the README")
     p.add_argument("--runs", type=Path, required=True)
     p.add_argument("--out", type=Path, default=REPO / "docs")
-    p.add_argument("--run", required=True, help="run shown on the Run page")
-    p.add_argument("--compare", required=True, help="comma-separated runs for the Compare page (the first is A)")
+    p.add_argument("--run", help="run shown on the Run page")
+    p.add_argument("--compare", default="", help="comma-separated runs for the Compare page (the first is A)")
     p.add_argument("--whatif-loads", default="1, 1.5, 2", help="load scales tried on the What-if page")
+    p.add_argument("--pages", default=",".join(PAGES), help="comma-separated pages to shoot (default: all)")
     a = p.parse_args()
-    make_screenshots(a.runs.resolve(), a.out, a.run, a.compare.split(","), a.whatif_loads)
+    pages = a.pages.split(",")
+    if "run" in pages and not a.run or "compare" in pages and not a.compare:
+        p.error("--run and --compare are needed for the run and compare pages")
+    make_screenshots(a.runs.resolve(), a.out, a.run, a.compare.split(","), a.whatif_loads, pages)
