@@ -99,7 +99,8 @@ def _metric_chart(sweep: Sweep) -> None:
     x0, y0 = default_axes(sweep)
     x = c_x.selectbox("X axis", axes, index=axes.index(x0))
     y_options = [NO_AXIS, *(a for a in axes if a != x)]
-    y_choice = c_y.selectbox("Y axis", y_options, index=_index(y_options, y0 or NO_AXIS, 1 if len(y_options) > 1 else 0), help="none: a line of the metric against X")
+    y_index = _index(y_options, y0 or NO_AXIS, 1 if len(y_options) > 1 else 0)  # X changed: y0 may be X now
+    y_choice = c_y.selectbox("Y axis", y_options, index=y_index, help="none: a line of the metric against X")
     y = None if y_choice == NO_AXIS else y_choice
     kind = c_kind.radio("Chart", CHART_KINDS, horizontal=True, disabled=y is None, help="lines: one line per value of Y")
     others = [a for a in axes if a not in (x, y)]

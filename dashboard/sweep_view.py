@@ -181,7 +181,9 @@ def point_links(sweep: Sweep, rows: pd.DataFrame, runs_dir: Path) -> list[str | 
     ]
 
 
-def points_table(sweep: Sweep, runs_dir: Path | None = None, rows: pd.DataFrame | None = None, metrics: Sequence[str] = HEADLINE_METRICS) -> pd.DataFrame:
+def points_table(
+    sweep: Sweep, runs_dir: Path | None = None, rows: pd.DataFrame | None = None, metrics: Sequence[str] = HEADLINE_METRICS
+) -> pd.DataFrame:
     """One row per point (of `rows`, default all) as a person reads it: the axes, status, error,
     the metrics (those the sweep has), then the point's name and (with runs_dir) a link to its run
     on the Run page."""
