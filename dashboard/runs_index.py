@@ -15,7 +15,7 @@ from typing import Sequence
 import pandas as pd
 import pyarrow.parquet as pq
 
-from testbed.run_folder import REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE, RunLoadError
+from testbed.run_folder import REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE, RunLoadError, read_run_meta
 
 # Summary keys shown as headline numbers, in this order.
 HEADLINE_KEYS = (
@@ -72,25 +72,6 @@ def find_run_folders(runs_dir: Path) -> list[Path]:
     return found
 
 
-def read_meta(path: Path) -> dict:
-    """run.json of a run folder; RunLoadError saying why it cannot be used."""
-    run_file = path / RUN_FILE
-    if not run_file.is_file():
-        raise RunLoadError(f"{path}: not a run folder (no {RUN_FILE})")
-    try:
-        meta = json.loads(run_file.read_text())
-    except json.JSONDecodeError as e:
-        raise RunLoadError(f"{run_file}: bad JSON at line {e.lineno}: {e.msg}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise RunLoadError(f"{run_file}: {e}") from None
-    if not isinstance(meta, dict):
-        raise RunLoadError(f"{run_file}: not a JSON object")
-    summary = meta.get("summary")
-    if summary is not None and not isinstance(summary, dict):
-        raise RunLoadError(f"{run_file}: summary is not a JSON object")
-    return meta
-
-
 def _check_tables(path: Path, status: str) -> None:
     """A complete run has both tables, and their footers read (a truncated file's does not)."""
     for name in (REQUESTS_FILE, STEPS_FILE):
@@ -125,7 +106,7 @@ def index_row(path: Path, runs_dir: Path) -> dict:
     row["name"] = path.relative_to(runs_dir).as_posix() if path.is_relative_to(runs_dir) else str(path)
     row["path"] = str(path)
     try:
-        meta = read_meta(path)
+        meta = read_run_meta(path)
         status = str(meta.get("status", "unknown"))
         _check_tables(path, status)
     except RunLoadError as e:

@@ -83,9 +83,8 @@ class RunLoadError(Exception):
     pass
 
 
-def load_run(path: str | os.PathLike) -> Run:
-    """Load a run folder; an incomplete run loads with whatever tables it has."""
-    path = Path(path)
+def read_run_meta(path: Path) -> dict:
+    """run.json of a run folder; RunLoadError saying why it cannot be used."""
     run_file = path / RUN_FILE
     if not run_file.is_file():
         raise RunLoadError(f"{path}: not a run folder (no {RUN_FILE})")
@@ -93,6 +92,20 @@ def load_run(path: str | os.PathLike) -> Run:
         meta = json.loads(run_file.read_text())
     except json.JSONDecodeError as e:
         raise RunLoadError(f"{run_file}: bad JSON at line {e.lineno}: {e.msg}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise RunLoadError(f"{run_file}: {e}") from None
+    if not isinstance(meta, dict):
+        raise RunLoadError(f"{run_file}: not a JSON object")
+    summary = meta.get("summary")
+    if summary is not None and not isinstance(summary, dict):
+        raise RunLoadError(f"{run_file}: summary is not a JSON object")
+    return meta
+
+
+def load_run(path: str | os.PathLike) -> Run:
+    """Load a run folder; an incomplete run loads with whatever tables it has."""
+    path = Path(path)
+    meta = read_run_meta(path)
     tables = {}
     for name in (REQUESTS_FILE, STEPS_FILE):
         f = path / name
