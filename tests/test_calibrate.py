@@ -24,7 +24,7 @@ def profile_path(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("profile") / "cpu-tiny.json"
     cfg = CalibrationConfig(
         model="tiny-llama", reps=1, extend_tokens=[16, 128, 512], extend_prefixes=[0, 256], extend_batches=[1, 2],
-        decode_batches=[1, 4, 16], decode_lens=[32, 256], cpu_trace_requests=30,
+        decode_batches=[1, 4, 16], decode_lens=[32, 256], cpu_trace_requests=30, replay_time_scales=[1.0, 3.0],
     )
     phases = []
     calibrate(cfg, out, progress=lambda phase, done, total: phases.append(phase))
@@ -43,6 +43,8 @@ def test_profile_holds_measurements_fit_and_holdout_error(profile_path):
     fw = m["replay_forwards"]
     assert {x["mode"] for x in fw} == {"extend", "decode"} and all(x["seconds"] > 0 for x in fw)
     assert len(fw) == len(m["cpu"]) // 3
+    # Two replays (a burst and a load a third as heavy): each prefilled all 30 requests.
+    assert sum(x["batch_size"] for x in fw if x["mode"] != "decode") >= 2 * 30
     assert all(x["max_seq_len"] * x["batch_size"] >= x["prefix_tokens"] + x["num_tokens"] for x in fw)
     assert p["holdout"]["replay_decode"]["points"] == sum(x["mode"] == "decode" for x in fw)
     assert set(p["fit"]) == {"extend", "decode", "cpu", "cpu_overlap", "overlap_forward"}
