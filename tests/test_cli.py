@@ -20,6 +20,7 @@ import pytest
 
 from scheduler.model_config import bundled_model_names
 from testbed.run_folder import load_run
+from cli_helpers import assert_clean_error
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "traces"
@@ -44,16 +45,6 @@ def _head(src: Path, dst: Path, lines: int) -> Path:
     with open(src, "rb") as f:
         dst.write_bytes(b"".join(islice(f, lines)))
     return dst
-
-
-def _assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
-    assert proc.returncode == 2, f"exit {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
-    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, f"expected one line on stderr, got:\n{proc.stderr}"
-    for needle in needles:
-        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
-    return lines[0]
 
 
 def _num(text: str) -> float | None:
@@ -124,13 +115,13 @@ def test_malformed_trace_exits_2_with_one_line_naming_file_line_and_field(tmp_pa
     path.write_text("\n".join(lines) + "\n")
     proc = _testbed("replay", path, "--mode", "sim", "--out", tmp_path / "run", "-q")
     needles = [f"{path}:{lineno}"] + ([field] if field else [])
-    _assert_clean_error(proc, *needles)
+    assert_clean_error(proc, *needles)
 
 
 def test_sharegpt_without_rate_exits_2_and_asks_for_it(tmp_path):
     path = _head(_need(SHAREGPT), tmp_path / "sg.csv", 21)
     proc = _testbed("replay", path, "--out", tmp_path / "run", "-q")
-    _assert_clean_error(proc, str(path), "--rate")
+    assert_clean_error(proc, str(path), "--rate")
 
 
 # --- models ----------------------------------------------------------------------------------
@@ -138,7 +129,7 @@ def test_sharegpt_without_rate_exits_2_and_asks_for_it(tmp_path):
 
 def test_unknown_model_exits_2_listing_bundled_models(tmp_path):
     proc = _testbed("replay", "traces/a.json", "--model", "no-such-model-7b", "--out", tmp_path / "run", "-q")
-    line = _assert_clean_error(proc, "no-such-model-7b")
+    line = assert_clean_error(proc, "no-such-model-7b")
     for name in bundled_model_names():
         assert name in line, f"bundled model {name} is not listed: {line}"
 
@@ -148,7 +139,7 @@ def test_model_folder_without_config_json_exits_2(tmp_path):
     folder.mkdir()
     (folder / "README.md").write_text("weights elsewhere\n")
     proc = _testbed("replay", "traces/a.json", "--model", folder, "--out", tmp_path / "run", "-q")
-    _assert_clean_error(proc, "config.json")
+    assert_clean_error(proc, "config.json")
 
 
 # --- trace gen, then replay ----------------------------------------------------------------------

@@ -20,6 +20,7 @@ from engine_helpers import save_hf_model
 
 from testbed.run_folder import REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE, load_run
 from testbed.trace import Trace, TraceRequest
+from cli_helpers import assert_clean_error
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "testbed.cli"]
@@ -34,16 +35,6 @@ def _testbed(*args, timeout: float = 120) -> subprocess.CompletedProcess:
 def _assert_ok(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
     assert "Traceback" not in proc.stderr
-
-
-def _assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
-    assert proc.returncode == 2, f"exit {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
-    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, f"expected one line on stderr, got:\n{proc.stderr}"
-    for needle in needles:
-        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
-    return lines[0]
 
 
 def _trace() -> Trace:
@@ -167,7 +158,7 @@ def test_model_folder_without_config_json_exits_2(setup, tmp_path):
     folder.mkdir()
     (folder / "model.safetensors").write_bytes(b"")
     proc = _testbed("replay", trace, "--mode", "real", "--model", folder, "--out", tmp_path / "run", "-q")
-    _assert_clean_error(proc, "config.json")
+    assert_clean_error(proc, "config.json")
 
 
 def test_unsupported_architecture_exits_2_naming_it(setup, tmp_path):
@@ -180,7 +171,7 @@ def test_unsupported_architecture_exits_2_naming_it(setup, tmp_path):
     GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=512, n_positions=256)).save_pretrained(folder)
     assert json.loads((folder / "config.json").read_text())["architectures"] == ["GPT2LMHeadModel"]
     proc = _testbed("replay", trace, "--mode", "real", "--model", folder, "--out", tmp_path / "run", "-q")
-    _assert_clean_error(proc, "GPT2LMHeadModel", "unsupported architecture")
+    assert_clean_error(proc, "GPT2LMHeadModel", "unsupported architecture")
 
 
 def test_unsupported_rope_type_exits_2(setup, tmp_path):
@@ -193,7 +184,7 @@ def test_unsupported_rope_type_exits_2(setup, tmp_path):
     (folder / "config.json").write_text(json.dumps(cfg))
     (folder / "model.safetensors").symlink_to(model / "model.safetensors")
     proc = _testbed("replay", trace, "--mode", "real", "--model", folder, "--kv-tokens", KV_TOKENS, "--out", tmp_path / "run", "-q")
-    _assert_clean_error(proc, "yarn")
+    assert_clean_error(proc, "yarn")
 
 
 def test_model_folder_without_weights_exits_2(setup, tmp_path):
@@ -202,7 +193,7 @@ def test_model_folder_without_weights_exits_2(setup, tmp_path):
     folder.mkdir()
     (folder / "config.json").write_text((model / "config.json").read_text())
     proc = _testbed("replay", trace, "--mode", "real", "--model", folder, "--kv-tokens", KV_TOKENS, "--out", tmp_path / "run", "-q")
-    _assert_clean_error(proc, "safetensors", "--load-format dummy")
+    assert_clean_error(proc, "safetensors", "--load-format dummy")
 
 
 def test_load_format_auto_with_a_bundled_config_exits_2(setup, tmp_path):
@@ -211,4 +202,4 @@ def test_load_format_auto_with_a_bundled_config_exits_2(setup, tmp_path):
         "replay", trace, "--mode", "real", "--model", "tiny-llama", "--load-format", "auto",
         "--kv-tokens", KV_TOKENS, "--out", tmp_path / "run", "-q",
     )  # fmt: skip
-    _assert_clean_error(proc, "--load-format", "tiny-llama")
+    assert_clean_error(proc, "--load-format", "tiny-llama")

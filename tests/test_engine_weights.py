@@ -11,15 +11,8 @@ from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from engine.weights import WeightLoadError, init_dummy_weights, load_weights
+from engine_helpers import TINY
 
-TINY = dict(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=128,
-    vocab_size=512,
-)
 
 
 def tiny_llama(seed: int, tied: bool = False) -> LlamaForCausalLM:
