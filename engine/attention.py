@@ -49,7 +49,7 @@ class TorchAttention:
         device = table.device
         if plan.mode is ForwardMode.DECODE:
             # Pad every request's slots to the longest; padding reads the scratch slot and is masked.
-            max_len = max(plan.seq_lens)
+            max_len = plan.max_seq_len
             cols = torch.arange(max_len, device=device)
             rows = table[batch.req_pool_indices, :max_len]
             valid = cols[None, :] < batch.seq_lens[:, None]

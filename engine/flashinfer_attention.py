@@ -50,7 +50,7 @@ class FlashInferAttention:
         kv_indptr = torch.zeros(plan.batch_size + 1, dtype=torch.int32, device=device)
         kv_indptr[1:] = torch.cumsum(seq_lens, 0)
         # Slots of every request, concatenated: row r's first seq_len entries of the table.
-        max_len = max(plan.seq_lens)
+        max_len = plan.max_seq_len
         rows = self.cache.req_to_token[batch.req_pool_indices, :max_len]
         valid = torch.arange(max_len, device=device)[None, :] < seq_lens[:, None]
         kv_indices = rows[valid].to(torch.int32)
