@@ -219,10 +219,6 @@ def measure_replay(cfg: CalibrationConfig, model_name: str, overlap: bool, progr
 OUTLIER_RATIO = 3.0
 
 
-def _holdout(names: tuple[str, ...], x: list[list[float]], t: list[float]) -> dict:
-    return pf.holdout_error(names, x, t, relative=True)
-
-
 def fit_cpu_stages(cpu: list[dict]) -> tuple[dict, dict]:
     """base + per request + per token for each stage, and the error of each stage's total."""
     fitted, errors = {}, {}
@@ -237,36 +233,44 @@ def fit_cpu_stages(cpu: list[dict]) -> tuple[dict, dict]:
     return fitted, errors
 
 
-def step_prediction(fitted: dict, m: dict) -> float:
+def step_pricer(fitted: dict) -> Callable[[dict], float]:
     """What the fitted forward models say a replayed forward (a steps.parquet row) takes."""
-    if m["mode"] == "decode":
-        dec = pf.LinearFit.from_dict(pf.DECODE_FEATURES, fitted["decode"])
-        return dec.predict(pf.decode_features(m["batch_size"], m["prefix_tokens"] + m["num_tokens"], m["max_seq_len"]))
     ext = pf.LinearFit.from_dict(pf.EXTEND_FEATURES, fitted["extend"])
-    return ext.predict(pf.extend_step_features(m["batch_size"], m["num_tokens"], m["prefix_tokens"], m["attention_pairs"],
-                                               fitted["extend"]["knee"]))
+    dec = pf.LinearFit.from_dict(pf.DECODE_FEATURES, fitted["decode"])
+    knee = fitted["extend"]["knee"]
+
+    def price(m: dict) -> float:
+        if m["mode"] == "decode":
+            return dec.predict(pf.decode_features(m["batch_size"], m["prefix_tokens"] + m["num_tokens"], m["max_seq_len"]))
+        return ext.predict(pf.extend_step_features(m["batch_size"], m["num_tokens"], m["prefix_tokens"], m["attention_pairs"], knee))
+
+    return price
+
+
+def priced_forwards(fitted: dict, forwards: list[dict], kind: str) -> list[tuple[float, float, dict]]:
+    """(measured, predicted, row) of the replayed forwards of one mode, starved outliers
+    (OUTLIER_RATIO x the median measured/predicted ratio) left out."""
+    price = step_pricer(fitted)
+    rows = [(m["seconds"], price(m), m) for m in forwards if (m["mode"] == "decode") == (kind == "decode")]
+    rows = [(t, q, m) for t, q, m in rows if q > 0]
+    if not rows:
+        return []
+    median = float(np.median([t / q for t, q, _ in rows]))
+    return [(t, q, m) for t, q, m in rows if t / q <= OUTLIER_RATIO * median]
 
 
 def total_ratios(fitted: dict, forwards: list[dict]) -> dict[str, float]:
-    """Per forward mode: measured total time / predicted total time of the replayed forwards,
-    starved outliers (OUTLIER_RATIO x the median ratio) left out."""
+    """Per forward mode: measured total time / predicted total time of the replayed forwards."""
     out = {}
     for kind in ("extend", "decode"):
-        pairs = [(m["seconds"], step_prediction(fitted, m)) for m in forwards if (m["mode"] == "decode") == (kind == "decode")]
-        pairs = [(t, q) for t, q in pairs if q > 0]
-        if not pairs:
-            out[kind] = 1.0
-            continue
-        median = float(np.median([t / q for t, q in pairs]))
-        kept = [(t, q) for t, q in pairs if t / q <= OUTLIER_RATIO * median]
-        out[kind] = sum(t for t, _ in kept) / sum(q for _, q in kept)
+        kept = priced_forwards(fitted, forwards, kind)
+        out[kind] = sum(t for t, _, _ in kept) / sum(q for _, q, _ in kept) if kept else 1.0
     return out
 
 
 def overlap_model(fitted: dict, forwards: list[dict]) -> dict[str, dict[str, float]]:
     """Per forward mode, how much longer a forward of the overlapped replay took than the
-    no-overlap fit says: fixed_s + per_req_s x batch size (least squares, non-negative,
-    starved outliers left out).
+    no-overlap fit says: fixed_s + per_req_s x batch size (least squares, non-negative).
 
     On a CPU the forward's thread competes with the loop's for the cores and the GIL:
     the loop's work for the other step (which grows with the batch) delays the forward
@@ -275,15 +279,11 @@ def overlap_model(fitted: dict, forwards: list[dict]) -> dict[str, dict[str, flo
     too high). On a GPU both should be about 0."""
     out = {}
     for kind in ("extend", "decode"):
-        rows = [(m["seconds"], step_prediction(fitted, m), m["batch_size"]) for m in forwards
-                if (m["mode"] == "decode") == (kind == "decode")]
-        rows = [(t, q, b) for t, q, b in rows if q > 0]
-        if len(rows) < 2:
+        kept = priced_forwards(fitted, forwards, kind)
+        if len(kept) < 2:
             out[kind] = {"fixed_s": 0.0, "per_req_s": 0.0}
             continue
-        median = float(np.median([t / q for t, q, _ in rows]))
-        kept = [(t, q, b) for t, q, b in rows if t / q <= OUTLIER_RATIO * median]
-        fixed, per_req = pf.nnls(np.array([[1.0, b] for _, _, b in kept]), np.array([t - q for t, q, _ in kept]))
+        fixed, per_req = pf.nnls(np.array([[1.0, m["batch_size"]] for _, _, m in kept]), np.array([t - q for t, q, _ in kept]))
         out[kind] = {"fixed_s": float(fixed), "per_req_s": float(per_req)}
     return out
 
@@ -319,7 +319,7 @@ def fit_profile(extend: list[dict], decode: list[dict], cpu: list[dict], insitu:
     keep_dec = [i for i, x in enumerate(step_dec) if step_dt[i] <= OUTLIER_RATIO * decode_fit.predict(x)]
     extend_fit, knee, ex, et, decode_fit, dx, dt = fit_both(keep_ext, keep_dec)
     fitted = {"extend": extend_fit.to_dict() | {"knee": knee}, "decode": decode_fit.to_dict(), "cpu": {}}
-    errors = {"extend": _holdout(pf.EXTEND_FEATURES, ex, et), "decode": _holdout(pf.DECODE_FEATURES, dx, dt)}
+    errors = {"extend": pf.holdout_error(pf.EXTEND_FEATURES, ex, et, relative=True), "decode": pf.holdout_error(pf.DECODE_FEATURES, dx, dt, relative=True)}
     # The relative-error fit gives the shape; a step's noise is skewed (a forward is sometimes much
     # slower, never much faster), so it prices the typical forward, below the mean. A request's
     # TPOT is a mean over its steps, and a run's clock their sum: match the replay's total time.
@@ -331,7 +331,8 @@ def fit_profile(extend: list[dict], decode: list[dict], cpu: list[dict], insitu:
     # How well the final fits price each of the replay's own forwards.
     for kind, rows, kept in (("extend", in_ext, keep_ext), ("decode", in_dec, keep_dec)):
         if rows:
-            pred = [step_prediction(fitted, m) for m in rows]
+            price = step_pricer(fitted)
+            pred = [price(m) for m in rows]
             t = [m["seconds"] for m in rows]
             errs = [abs(q - ti) / ti for q, ti in zip(pred, t)]
             errors[f"replay_{kind}"] = {"points": len(t), "outliers": len(t) - len(kept), "median_rel_err": float(np.median(errs)),
