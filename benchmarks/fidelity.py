@@ -33,8 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from testbed.compare import rel_err  # noqa: E402
-from testbed.replay import ReplayOptions, replay  # noqa: E402
-from testbed.sweep import resolved_options  # noqa: E402
+from testbed.replay import ReplayOptions, finished_run_meta, replay  # noqa: E402
 from testbed.trace import Trace, file_sha256  # noqa: E402
 from testbed.trace_formats import load_trace  # noqa: E402
 from testbed.trace_gen import GenConfig, generate_trace  # noqa: E402
@@ -102,12 +101,8 @@ def load_profile(args) -> Path:
 
 def replay_or_reuse(trace: Path, opts: ReplayOptions, out: Path, reuse: bool) -> dict:
     """The summary of replaying trace with opts into out; with reuse, of the complete run already there."""
-    if reuse and (out / "run.json").is_file():
-        meta = json.loads((out / "run.json").read_text())
-        same = meta.get("options") == resolved_options(opts) and meta.get("trace", {}).get("sha256") == file_sha256(trace)
-        if meta.get("status") == "complete" and same:
-            return meta["summary"]
-    return replay(str(trace), opts, out=out).summary
+    meta = finished_run_meta(out, file_sha256(trace), opts) if reuse else None
+    return meta["summary"] if meta is not None else replay(str(trace), opts, out=out).summary
 
 
 def run_pair(trace: Path, name: str, load: str, scale: float, overlap: bool, profile: Path, kv_tokens: int, args) -> dict:

@@ -21,6 +21,8 @@ from testbed.run_folder import (
     RUN_FILE,
     STEPS_FILE,
     WALL_FILE,
+    RunLoadError,
+    read_run_meta,
     steps_frame,
     versions,
     write_json,
@@ -92,6 +94,23 @@ class ReplayResult:
     wall_s: float
 
 
+def resolved_options(opts: ReplayOptions) -> ReplayOptions:
+    """The options with their defaults resolved: what ran, as run.json records it."""
+    return replace(opts, model=opts.model or default_model(opts.mode), overlap=default_overlap(opts))
+
+
+def finished_run_meta(run_dir: Path, trace_sha256: str, opts: ReplayOptions) -> dict | None:
+    """run.json of a complete run in run_dir of this trace with these options, with both
+    tables; None otherwise (then replaying is the way to have it)."""
+    try:
+        meta = read_run_meta(Path(run_dir))
+    except RunLoadError:
+        return None
+    same = (meta.get("trace") or {}).get("sha256") == trace_sha256 and meta.get("options") == asdict(resolved_options(opts))
+    tables = all((Path(run_dir) / f).is_file() for f in (REQUESTS_FILE, STEPS_FILE))
+    return meta if meta.get("status") == "complete" and same and tables else None
+
+
 def check_options(opts: ReplayOptions) -> None:
     """Reject what cannot run, before any work starts."""
     if opts.mode not in MODES:
@@ -155,8 +174,7 @@ def replay(
     from testbed.backends import build_real, build_sim
 
     wall_start = time.perf_counter()
-    # run.json records what ran: defaults resolved.
-    opts = replace(opts, model=opts.model or default_model(opts.mode), overlap=default_overlap(opts))
+    opts = resolved_options(opts)  # run.json records what ran
     model = load_model_config(opts.model)
     trace = load_trace(trace_path, opts.format, rate=opts.rate, seed=opts.seed)
     if opts.max_requests is not None:

@@ -34,8 +34,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from testbed.errors import ConfigError
-from testbed.replay import ReplayOptions, check_options, default_model, default_overlap, replay
-from testbed.run_folder import REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE
+from testbed.replay import ReplayOptions, check_options, finished_run_meta, replay, resolved_options
+from testbed.run_folder import WALL_FILE
 from testbed.trace_formats import load_trace
 
 SWEEP_FILE = "sweep.parquet"
@@ -193,11 +193,6 @@ def expand(base: ReplayOptions, axes: Sequence[GridAxis], out_dir: Path) -> list
     return points
 
 
-def resolved_options(opts: ReplayOptions) -> dict:
-    """The options as replay() records them in run.json (defaults resolved)."""
-    return asdict(replace(opts, model=opts.model or default_model(opts.mode), overlap=default_overlap(opts)))
-
-
 def run_point(trace_path: str, point: SweepPoint) -> PointResult:
     """One point: exactly `testbed replay TRACE <options> --out <run_dir>`. A failure is a
     result, not an exception, so that the other points go on."""
@@ -212,15 +207,8 @@ def run_point(trace_path: str, point: SweepPoint) -> PointResult:
 def finished_result(point: SweepPoint, trace_sha256: str) -> PointResult | None:
     """The result of a point whose folder already holds a complete run of the same trace
     and options (what --resume skips), else None."""
-    try:
-        meta = json.loads((point.run_dir / RUN_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(meta, dict) or meta.get("status") != "complete":
-        return None
-    if (meta.get("trace") or {}).get("sha256") != trace_sha256 or meta.get("options") != resolved_options(point.options):
-        return None
-    if not all((point.run_dir / f).is_file() for f in (REQUESTS_FILE, STEPS_FILE)):
+    meta = finished_run_meta(point.run_dir, trace_sha256, point.options)
+    if meta is None:
         return None
     try:
         wall_s = json.loads((point.run_dir / WALL_FILE).read_text()).get("wall_s")
@@ -390,7 +378,7 @@ def sweep_rows(sweep: Sweep, points: Sequence[SweepPoint], results: Sequence[Poi
         metric_keys.update(dict.fromkeys(r.summary or {}))
     rows = []
     for p, r in zip(points, results):
-        opts = resolved_options(p.options)
+        opts = asdict(resolved_options(p.options))
         row: dict[str, Any] = {"point": p.name, "status": r.status, "error": r.error}
         row.update({f: opts[f] for f in option_columns})
         summary = r.summary or {}

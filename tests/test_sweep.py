@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,8 @@ import pytest
 from testbed.cli import main
 from testbed.errors import ConfigError
 from testbed.replay import ReplayOptions
-from testbed.sweep import GridAxis, load_sweep, parse_grid, point_name, resolved_options
+from testbed.replay import resolved_options
+from testbed.sweep import GridAxis, load_sweep, parse_grid, point_name
 from testbed.trace_gen import GenConfig, generate_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,8 +76,8 @@ def test_points_are_the_cross_product_with_their_options(sweep):
     assert [a["name"] for a in meta["axes"]] == list(axes) and [a["values"] for a in meta["axes"]] == list(axes.values())
     for row in df.to_dict("records"):
         # Every option of the row is the base options (--max-requests, --seed) with the row's axis values.
-        expected = resolved_options(ReplayOptions(max_requests=N, seed=3, policy=row["policy"],
-                                                  chunked_prefill_size=row["chunked_prefill_size"], overlap=row["overlap"]))
+        expected = asdict(resolved_options(ReplayOptions(max_requests=N, seed=3, policy=row["policy"],
+                                                         chunked_prefill_size=row["chunked_prefill_size"], overlap=row["overlap"])))
         assert {k: _none(row[k]) for k in meta["option_columns"]} == expected
         # The metrics are the point's run.json summary.
         run = json.loads((out / row["run_dir"] / "run.json").read_text())
