@@ -274,9 +274,10 @@ def overlap_model(fitted: dict, forwards: list[dict]) -> dict[str, dict[str, flo
 
     On a CPU the forward's thread competes with the loop's for the cores and the GIL:
     the loop's work for the other step (which grows with the batch) delays the forward
-    by about its own length, whatever the forward's size (a factor on the forward's time
-    fitted as well on the replay's small forwards, but priced 2,000-token prefills 40%
-    too high). On a GPU both should be about 0."""
+    by about its own length, whatever the forward's size. (A factor on the forward's time
+    fitted the replay's small forwards as well, 1.42 for extends, but would add 42% to a
+    2,000-token prefill, where the real Azure code runs took about 17% longer with overlap.)
+    On a GPU both should be about 0."""
     out = {}
     for kind in ("extend", "decode"):
         kept = priced_forwards(fitted, forwards, kind)
