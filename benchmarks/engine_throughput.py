@@ -23,9 +23,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from testbed.replay import ReplayOptions, replay  # noqa: E402
-from testbed.run_folder import load_run  # noqa: E402
-from testbed.trace import Trace, TraceRequest  # noqa: E402
+from testbed.options import ReplayOptions  # noqa: E402
+from testbed.replay import replay  # noqa: E402
+from testbed.runs.folder import load_run  # noqa: E402
+from testbed.traces.schema import Trace, TraceRequest  # noqa: E402
 
 
 def workload(n: int, lo: int, hi: int, seed: int) -> Trace:

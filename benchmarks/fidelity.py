@@ -32,11 +32,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from testbed.compare import rel_err  # noqa: E402
-from testbed.replay import ReplayOptions, finished_run_meta, replay  # noqa: E402
-from testbed.trace import Trace, file_sha256  # noqa: E402
-from testbed.trace_formats import load_trace  # noqa: E402
-from testbed.trace_gen import GenConfig, generate_trace  # noqa: E402
+from testbed.options import ReplayOptions  # noqa: E402
+from testbed.replay import finished_run_meta, replay  # noqa: E402
+from testbed.runs.compare import rel_err  # noqa: E402
+from testbed.traces.formats import load_trace  # noqa: E402
+from testbed.traces.gen import GenConfig, generate_trace  # noqa: E402
+from testbed.traces.schema import Trace, file_sha256  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "traces"
 FIGURES = ("p50_ttft_ms", "p90_ttft_ms", "p50_tpot_ms", "p90_tpot_ms")

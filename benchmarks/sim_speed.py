@@ -26,7 +26,8 @@ from scheduler.config import SchedulerConfig  # noqa: E402
 from scheduler.req import Req  # noqa: E402
 from scheduler.sampling import SamplingParams  # noqa: E402
 from scheduler.scheduler import Scheduler  # noqa: E402
-from testbed.replay import ReplayOptions, replay  # noqa: E402
+from testbed.options import ReplayOptions  # noqa: E402
+from testbed.replay import replay  # noqa: E402
 
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
 

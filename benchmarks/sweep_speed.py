@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from testbed.sweep import load_sweep  # noqa: E402
+from testbed.studies.sweep import load_sweep  # noqa: E402
 
 AZURE = REPO.parent / "shared" / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_code.csv"
 GRID = ["policy=fcfs,lpm", "chunked_prefill_size=2048,8192", "overlap=on,off", "time_scale=0.5,1,2"]

@@ -21,7 +21,7 @@ import streamlit as st
 
 from dashboard import charts
 from dashboard.latency import latency_cdfs
-from testbed.run_folder import RUN_FILE, Run, load_run
+from testbed.runs.folder import RUN_FILE, Run, load_run
 
 MAX_RUNS = 8  # a whole Mooncake run is a few hundred MB in memory
 Cdfs = dict[str, tuple[np.ndarray, np.ndarray]]

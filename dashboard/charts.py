@@ -18,8 +18,8 @@ from plotly.subplots import make_subplots
 from dashboard.downsample import MAX_POINTS, rate_series, step_series
 from dashboard.latency import LABELS
 from dashboard.timeline import INTERVALS
-from testbed.compare import STATS
-from testbed.metrics import LATENCIES
+from testbed.runs.compare import STATS
+from testbed.runs.metrics import LATENCIES
 
 PALETTE = qualitative.Plotly
 MAX_RATE_BINS = 200  # throughput is a rate over bins: fewer, wider bins than the step series

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pandas as pd
 
 from dashboard.latency import LABELS
-from testbed.compare import METRIC_KEYS, STATS, compare_runs
-from testbed.compare_cli import OTHER_LABELS, fmt_rel_err
-from testbed.metrics import LATENCIES
-from testbed.run_folder import Run
+from testbed.runs.cli import OTHER_LABELS, fmt_rel_err
+from testbed.runs.compare import METRIC_KEYS, STATS, compare_runs
+from testbed.runs.folder import Run
+from testbed.runs.metrics import LATENCIES
 
 METRIC_LABELS = {f"{s}_{m}_ms": f"{LABELS[m]} {s} (ms)" for m in LATENCIES for s in STATS} | OTHER_LABELS
 
@@ -18,7 +18,7 @@ def rel_err_column(label: str) -> str:
 
 
 def compare_frame(reference: Run, others: list[Run], labels: list[str]) -> pd.DataFrame:
-    """One row per metric of testbed.compare.METRIC_KEYS: the reference's value, then each other
+    """One row per metric of testbed.runs.compare.METRIC_KEYS: the reference's value, then each other
     run's value and its relative error (B - A) / A as `testbed compare` prints it ("+3.2%").
     labels: the reference's, then the others'."""
     out = pd.DataFrame({"metric": [METRIC_LABELS[k] for k in METRIC_KEYS]}, index=list(METRIC_KEYS))

@@ -1,4 +1,4 @@
-"""Per-request latency samples, by the definitions of testbed.metrics.summarize.
+"""Per-request latency samples, by the definitions of testbed.runs.metrics.summarize.
 
 The summary in run.json keeps only mean and percentiles; the CDFs need every
 sample. Same definitions, so the percentiles of these arrays are run.json's
@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from dashboard.downsample import cdf_points
-from testbed.metrics import LATENCIES
+from testbed.runs.metrics import LATENCIES
 
 LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E"}
 

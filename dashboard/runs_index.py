@@ -15,7 +15,7 @@ from typing import Sequence
 import pandas as pd
 import pyarrow.parquet as pq
 
-from testbed.run_folder import REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE, RunLoadError, read_run_meta
+from testbed.runs.folder import REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE, RunLoadError, read_run_meta
 
 # Summary keys shown as headline numbers, in this order.
 HEADLINE_KEYS = (

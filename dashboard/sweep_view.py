@@ -3,7 +3,7 @@ and the Pareto front of throughput against latency.
 
 Pure of Streamlit. It reads what `testbed sweep` and `testbed capacity` write:
 DIR/sweep.parquet, whose schema metadata names the axes and the metric columns
-(testbed.sweep.load_sweep), and DIR/points/<name>/, one run folder per point.
+(testbed.studies.sweep.load_sweep), and DIR/points/<name>/, one run folder per point.
 Only complete points have numbers to draw; failed, pending and incomplete ones
 stay in the table with their error.
 """
@@ -20,8 +20,8 @@ from urllib.parse import quote
 import numpy as np
 import pandas as pd
 
-from testbed.run_folder import RUN_FILE
-from testbed.sweep import POINTS_DIR, SWEEP_FILE, format_value, load_sweep
+from testbed.runs.folder import RUN_FILE
+from testbed.studies.sweep import POINTS_DIR, SWEEP_FILE, format_value, load_sweep
 
 MAX_DEPTH = 3  # runs/<sweep>, runs/<group>/<sweep>, ...: deep enough for people's layouts, cheap to walk
 COMPLETE = "complete"

@@ -10,7 +10,7 @@ import streamlit as st
 
 from dashboard.runs_index import scan_runs
 from dashboard.settings import runs_dir
-from testbed.run_folder import RUN_FILE
+from testbed.runs.folder import RUN_FILE
 
 # Selections that outlive a page switch (see app.py).
 RUN_KEY = "run"  # the Run page's run

@@ -14,14 +14,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Sequence
 
-from scheduler.model_config import ModelConfigError
-from simulator.hardware import HardwareConfigError
-from testbed.errors import ConfigError, TraceError
-from testbed.replay import ReplayOptions, replay
+from testbed.errors import USER_ERRORS, ConfigError
+from testbed.options import ReplayOptions
+from testbed.replay import replay
 
 MAX_VARIANTS = 24  # each is a whole replay; more is a sweep (`testbed sweep`), not a page
-# What a bad choice raises before any work starts; the page shows it and runs the rest.
-USER_ERRORS = (ConfigError, TraceError, ModelConfigError, HardwareConfigError, FileNotFoundError, IsADirectoryError)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from scheduler.model_config import load_model_config
 from scheduler.sampling import SamplingParams
 from simulator import profile_fit as pf
 from simulator.profile_cost import PROFILE_FORMAT, PROFILE_VERSION
-from testbed.run_folder import load_run, versions, write_json
+from testbed.runs.folder import load_run, versions, write_json
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
@@ -190,8 +190,9 @@ def stage_rows(steps) -> list[dict]:
 def measure_replay(cfg: CalibrationConfig, model_name: str, overlap: bool, progress: Progress | None) -> tuple[list[dict], list[dict]]:
     """CPU stage times and in-place forward times from real replays of a generated trace, at
     each of cfg.replay_time_scales (a burst at 1; a lighter load, with smaller batches, at more)."""
-    from testbed.replay import ReplayOptions, replay
-    from testbed.trace_gen import GenConfig, generate_trace
+    from testbed.options import ReplayOptions
+    from testbed.replay import replay
+    from testbed.traces.gen import GenConfig, generate_trace
 
     trace = generate_trace(GenConfig(
         num_requests=cfg.cpu_trace_requests, rate=50.0, input_len="uniform:32,512", output_len="uniform:16,128",
@@ -349,7 +350,8 @@ def fit_profile(extend: list[dict], decode: list[dict], cpu: list[dict], insitu:
 
 def calibrate(cfg: CalibrationConfig, out: str | Path, progress: Progress | None = None) -> dict:
     from testbed.backends import build_real
-    from testbed.replay import ReplayOptions, scheduler_config
+    from testbed.options import ReplayOptions
+    from testbed.replay import scheduler_config
 
     model = load_model_config(cfg.model)
     opts = ReplayOptions(mode="real", model=cfg.model, load_format=cfg.load_format, device=cfg.device, dtype=cfg.dtype,

@@ -4,65 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import fields
 
-from scheduler.model_config import ModelConfigError, bundled_model_names
-from scheduler.policy import POLICIES
-from simulator.hardware import HardwareConfigError
-from testbed.errors import ConfigError, TraceError
-from testbed.replay import ReplayOptions, check_options, replay
-from testbed.summary_table import format_summary
-
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
-def add_replay_options(p: argparse.ArgumentParser) -> None:
-    """The options every replay takes (also the axes of a sweep)."""
-    d = ReplayOptions()
-    p.add_argument("--mode", choices=("sim", "real"), default=d.mode, help="simulate, or run the real engine")
-    p.add_argument("--policy", choices=POLICIES, default=d.policy, help="waiting-queue order (default %(default)s)")
-    p.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size, help="prefill chunk in tokens; <= 0 disables chunking (default %(default)s)")
-    p.add_argument("--max-prefill-tokens", type=_positive_int, default=d.max_prefill_tokens, help="new tokens per prefill batch (default %(default)s)")
-    p.add_argument("--page-size", type=_positive_int, default=d.page_size, help="KV page size in tokens (default %(default)s)")
-    p.add_argument("--kv-tokens", type=_positive_int, default=None, help="KV pool size in tokens (default: from the model and the device memory)")
-    p.add_argument("--mem-fraction-static", type=float, default=d.mem_fraction_static, help="device memory share for weights and KV (default %(default)s)")
-    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None, help="overlap scheduling with the forward (default on; off for the real engine on a CPU)")
-    p.add_argument("--disable-radix-cache", action="store_true", help="no prefix cache")
-    p.add_argument("--max-running-requests", type=_positive_int, default=None, help="cap on the running batch (default: from the KV pool)")
-    p.add_argument("--model", default=None, help=f"bundled config ({', '.join(bundled_model_names())}) or a local HF folder / config.json (default llama-3.1-8b; tiny-llama for --mode real on a CPU)")
-    p.add_argument("--hardware", default=d.hardware, help="hardware spec: h100, h200, a100, cpu, or a JSON file (default %(default)s)")
-    p.add_argument("--time-scale", type=_positive_float, default=d.time_scale, help="multiply arrival times: 2 stretches them (half the load), 0.5 compresses (default %(default)s)")
-    p.add_argument("--max-requests", type=_positive_int, default=None, help="replay only the first N requests")
-    p.add_argument("--seed", type=int, default=d.seed, help="seed of every random choice (default %(default)s)")
-    p.add_argument("--format", choices=("native", "mooncake", "azure", "sharegpt"), default=None, help="trace format (default: detected from the content)")
-    p.add_argument("--rate", type=_positive_float, default=None, help="request rate for traces without arrival times (ShareGPT lengths)")
-    p.add_argument("--profile", default=None, help="sim: cost every forward and CPU stage from a calibrated profile (testbed calibrate) instead of the roofline")
-    g = p.add_argument_group("real engine (--mode real)")
-    g.add_argument("--load-format", choices=("auto", "dummy"), default=None, help="weights from the model folder (auto) or random (dummy); default: auto for a folder, dummy for a bundled config")
-    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device, help="default: CUDA if present, else the CPU")
-    g.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default=d.dtype, help="default: bfloat16 on CUDA, float32 on the CPU")
-    g.add_argument("--attention-backend", choices=("auto", "torch", "flashinfer"), default=d.attention_backend, help="default: flashinfer on CUDA when installed, else torch")
-    g.add_argument("--kv-memory-gb", type=_positive_float, default=d.kv_memory_gb, help="CPU: KV cache budget when --kv-tokens is not given (default %(default)s)")
-
-
-def options_from_args(args: argparse.Namespace) -> ReplayOptions:
-    # Every ReplayOptions field has a --flag of the same name (add_replay_options).
-    return ReplayOptions(**{f.name: getattr(args, f.name) for f in fields(ReplayOptions)})
+from testbed.errors import EXIT_INTERRUPTED, EXIT_USAGE, USER_ERRORS, ConfigError
+from testbed.options import add_replay_options, check_options, default_overlap, options_from_args, positive_int
+from testbed.replay import replay
+from testbed.runs.summary_table import format_summary
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -70,8 +16,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     opts = options_from_args(args)
     check_options(opts)
-    from testbed.replay import default_overlap
-
     overlap = default_overlap(opts)
     bar = tqdm(total=None, unit="req", desc=f"replay {opts.mode}", disable=args.quiet, dynamic_ncols=True)
 
@@ -146,7 +90,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from testbed import compare_cli, dashboard_cli, sweep_cli, trace_cli
+    from testbed import dashboard_cli
+    from testbed.runs import cli as runs_cli
+    from testbed.studies import cli as studies_cli
+    from testbed.traces import cli as traces_cli
 
     parser = argparse.ArgumentParser(prog="testbed", description="LLM-serving scheduler testbed: replay traces in simulation or on a real engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -156,17 +103,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="run folder (default runs/<trace>-<mode>-<policy>-<time>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_replay)
-    trace_cli.register(sub)
-    compare_cli.register(sub)
+    traces_cli.register(sub)
+    runs_cli.register(sub)
     dashboard_cli.register(sub)
-    sweep_cli.register(sub)
+    studies_cli.register(sub)
     p = sub.add_parser("calibrate", help="measure the real engine here and fit a profile for the simulator")
     p.add_argument("--model", default="tiny-llama", help="bundled config or local HF folder (default %(default)s)")
     p.add_argument("--hardware", default=None, help="a name for this machine in the profile (default: cpu or the GPU's name)")
     p.add_argument("--out", required=True, help="profile file to write, e.g. profiles/cpu-tiny-llama.json")
     p.add_argument("--load-format", choices=("auto", "dummy"), default=None)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--reps", type=_positive_int, default=5, help="timed repetitions per grid point (default %(default)s)")
+    p.add_argument("--reps", type=positive_int, default=5, help="timed repetitions per grid point (default %(default)s)")
     p.add_argument("--refit", action="store_true", help="measure nothing: fit the profile in --out again from its measurements")
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(func=cmd_calibrate)
@@ -178,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (TraceError, ModelConfigError, HardwareConfigError, ConfigError, FileNotFoundError, IsADirectoryError) as e:
+    except USER_ERRORS as e:
         print(f"testbed: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:

@@ -14,8 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from testbed.errors import EXIT_USAGE
+
 DEFAULT_PORT = 8501
-EXIT_USAGE = 2
 SHUTDOWN_TIMEOUT_S = 10
 
 

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from scheduler.model_config import ModelConfigError
+from simulator.hardware import HardwareConfigError
+
+EXIT_USAGE = 2  # bad input or options: the one-line message says which
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT
+
 
 class TraceError(Exception):
     """A trace file that cannot be used, located as precisely as we can.
@@ -25,3 +31,16 @@ class TraceError(Exception):
 
 class ConfigError(ValueError):
     """Options that cannot work together (or with this machine); the CLI prints it and exits 2."""
+
+
+# Every error that is the user's input, not a bug: the CLI prints it as one line (exit 2) and
+# the dashboard shows it as a message. The core's own (an unknown model, a bad hardware spec)
+# are among them: the layers above the core name them through this tuple.
+USER_ERRORS: tuple[type[Exception], ...] = (
+    TraceError,
+    ConfigError,
+    ModelConfigError,
+    HardwareConfigError,
+    FileNotFoundError,
+    IsADirectoryError,
+)

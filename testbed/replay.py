@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator
@@ -14,9 +14,9 @@ from scheduler.model_config import ModelConfig, load_model_config
 from scheduler.req import Req
 from scheduler.sampling import SamplingParams
 from scheduler.scheduler import Scheduler
-from testbed import metrics
-from testbed.errors import ConfigError
-from testbed.run_folder import (
+from testbed.options import ReplayOptions, check_options, resolved_options
+from testbed.runs import metrics
+from testbed.runs.folder import (
     REQUESTS_FILE,
     RUN_FILE,
     STEPS_FILE,
@@ -28,62 +28,8 @@ from testbed.run_folder import (
     write_json,
     write_parquet,
 )
-from testbed.trace import Trace, materialize_input_ids
-from testbed.trace_formats import load_trace
-
-DEFAULT_MODEL = "llama-3.1-8b"
-DEFAULT_CPU_MODEL = "tiny-llama"  # what --mode real runs without a GPU
-DEFAULT_HARDWARE = "h100"
-MODES = ("sim", "real")
-
-
-def default_overlap(opts: ReplayOptions) -> bool:
-    if opts.overlap is not None:
-        return opts.overlap
-    if opts.mode == "real" and opts.device != "cuda":
-        import torch
-
-        return opts.device == "auto" and torch.cuda.is_available()
-    return True
-
-
-def default_model(mode: str) -> str:
-    if mode == "real":
-        import torch
-
-        return DEFAULT_MODEL if torch.cuda.is_available() else DEFAULT_CPU_MODEL
-    return DEFAULT_MODEL
-
-
-@dataclass(frozen=True)
-class ReplayOptions:
-    mode: str = "sim"
-    policy: str = "fcfs"
-    chunked_prefill_size: int = 8192
-    max_prefill_tokens: int = 16384
-    page_size: int = 1
-    kv_tokens: int | None = None  # None: from the model and the device memory
-    mem_fraction_static: float = 0.88
-    # None: on, except for the real engine on a CPU, where the forward on a worker thread
-    # competes with the loop for the cores (the example trace's TPOT was 3.8x worse).
-    overlap: bool | None = None
-    disable_radix_cache: bool = False
-    max_running_requests: int | None = None
-    model: str | None = None  # None: llama-3.1-8b, or tiny-llama for --mode real on a CPU
-    hardware: str = DEFAULT_HARDWARE  # the simulator's hardware spec
-    time_scale: float = 1.0  # arrival times are multiplied by this: 2 = half the load
-    max_requests: int | None = None
-    seed: int = 0
-    format: str | None = None
-    rate: float | None = None  # arrivals for traces without them (ShareGPT lengths)
-    # The real engine.
-    load_format: str | None = None  # auto | dummy; None: auto for a model folder, dummy for a bundled config
-    device: str = "auto"  # auto | cpu | cuda
-    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on the CPU
-    attention_backend: str = "auto"  # auto | torch | flashinfer
-    kv_memory_gb: float = 1.0  # CPU: KV cache budget when --kv-tokens is not given
-    # The simulator: a calibrated profile (testbed calibrate) instead of the roofline.
-    profile: str | None = None
+from testbed.traces.formats import load_trace
+from testbed.traces.schema import Trace, materialize_input_ids
 
 
 @dataclass
@@ -92,11 +38,6 @@ class ReplayResult:
     status: str
     summary: dict
     wall_s: float
-
-
-def resolved_options(opts: ReplayOptions) -> ReplayOptions:
-    """The options with their defaults resolved: what ran, as run.json records it."""
-    return replace(opts, model=opts.model or default_model(opts.mode), overlap=default_overlap(opts))
 
 
 def finished_run_meta(run_dir: Path, trace_sha256: str, opts: ReplayOptions) -> dict | None:
@@ -109,16 +50,6 @@ def finished_run_meta(run_dir: Path, trace_sha256: str, opts: ReplayOptions) -> 
     same = (meta.get("trace") or {}).get("sha256") == trace_sha256 and meta.get("options") == asdict(resolved_options(opts))
     tables = all((Path(run_dir) / f).is_file() for f in (REQUESTS_FILE, STEPS_FILE))
     return meta if meta.get("status") == "complete" and same and tables else None
-
-
-def check_options(opts: ReplayOptions) -> None:
-    """Reject what cannot run, before any work starts."""
-    if opts.mode not in MODES:
-        raise ConfigError(f"--mode {opts.mode}: choose one of {', '.join(MODES)}")
-    if opts.load_format not in (None, "auto", "dummy"):
-        raise ConfigError(f"--load-format {opts.load_format}: choose auto or dummy")
-    if not 0 < opts.mem_fraction_static <= 1:
-        raise ConfigError(f"--mem-fraction-static must be in (0, 1], got {opts.mem_fraction_static}")
 
 
 def default_run_dir(trace_path: str, opts: ReplayOptions) -> Path:

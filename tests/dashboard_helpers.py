@@ -6,8 +6,9 @@ import json
 import shutil
 from pathlib import Path
 
-from testbed.replay import ReplayOptions, replay
-from testbed.trace_gen import GenConfig, generate_trace
+from testbed.options import ReplayOptions
+from testbed.replay import replay
+from testbed.traces.gen import GenConfig, generate_trace
 
 # Shared system prompts (a cache hit rate above 0), enough load to batch.
 TRACE = GenConfig(num_requests=50, rate=8.0, input_len="uniform:50,400", output_len="uniform:10,80", system_prompts=2, shared_fraction=0.8, seed=3)

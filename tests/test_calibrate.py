@@ -14,7 +14,8 @@ from simulator import profile_fit as pf
 from simulator.profile_cost import ProfileCostModel, ProfileError
 from testbed.calibrate import CalibrationConfig, calibrate, synthetic_plan
 from testbed.errors import ConfigError
-from testbed.replay import ReplayOptions, replay
+from testbed.options import ReplayOptions
+from testbed.replay import replay
 
 REPO = Path(__file__).resolve().parents[1]
 

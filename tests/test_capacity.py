@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from testbed.capacity import MAX_MULTIPLIER, MIN_MULTIPLIER, SLO_KEYS
 from testbed.cli import main
-from testbed.replay import ReplayOptions, replay
-from testbed.sweep import load_sweep
-from testbed.trace_gen import GenConfig, generate_trace
+from testbed.options import ReplayOptions
+from testbed.replay import replay
+from testbed.studies.capacity import MAX_MULTIPLIER, MIN_MULTIPLIER, SLO_KEYS
+from testbed.studies.sweep import load_sweep
+from testbed.traces.gen import GenConfig, generate_trace
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "testbed.cli"]

@@ -7,8 +7,6 @@ traceback), 130 on Ctrl-C (the run folder is left marked "incomplete").
 from __future__ import annotations
 
 import json
-import math
-import os
 import signal
 import subprocess
 import sys
@@ -17,10 +15,10 @@ from itertools import islice
 from pathlib import Path
 
 import pytest
+from cli_helpers import assert_clean_error
 
 from scheduler.model_config import bundled_model_names
-from testbed.run_folder import load_run
-from cli_helpers import assert_clean_error
+from testbed.runs.folder import load_run
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "traces"

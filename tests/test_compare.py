@@ -1,7 +1,7 @@
 """`testbed compare`: metrics of two real run folders (made by sim replays) side by side.
 
 The CLI runs in a subprocess once testbed/cli.py registers `compare`; until then the
-handler runs in-process behind a parser built with compare_cli.register.
+handler runs in-process behind a parser built with runs_cli.register.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from testbed import compare_cli
-from testbed.compare import METRIC_KEYS, compare_runs, differences, rel_err
-from testbed.replay import ReplayOptions, replay
-from testbed.run_folder import load_run
-from testbed.trace_gen import GenConfig, generate_trace
+from testbed.options import ReplayOptions
+from testbed.replay import replay
+from testbed.runs import cli as runs_cli
+from testbed.runs.compare import METRIC_KEYS, compare_runs, differences, rel_err
+from testbed.runs.folder import load_run
+from testbed.traces.gen import GenConfig, generate_trace
 
 REPO = Path(__file__).resolve().parents[1]
 # Shared system prompts, so that the cache hit rate is above 0.
@@ -43,7 +44,7 @@ def _compare(*args) -> tuple[int, str, str]:
         p = subprocess.run([sys.executable, "-m", "testbed.cli", *argv], cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
         return p.returncode, p.stdout, p.stderr
     parser = argparse.ArgumentParser(prog="testbed")
-    compare_cli.register(parser.add_subparsers(dest="command", required=True))
+    runs_cli.register(parser.add_subparsers(dest="command", required=True))
     ns = parser.parse_args(argv)
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):

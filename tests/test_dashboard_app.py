@@ -11,13 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from dashboard_helpers import BROKEN, INCOMPLETE, NOT_A_RUN, RETRACT, RUNS, make_runs, make_trace, status, summary
 from streamlit.testing.v1 import AppTest
 
-from dashboard_helpers import BROKEN, INCOMPLETE, NOT_A_RUN, RETRACT, RUNS, make_runs, make_trace, status, summary
-from testbed.compare import STATS, compare_runs
-from testbed.compare_cli import fmt_rel_err
-from testbed.metrics import LATENCIES
-from testbed.run_folder import load_run
+from testbed.runs.cli import fmt_rel_err
+from testbed.runs.compare import STATS, compare_runs
+from testbed.runs.folder import load_run
+from testbed.runs.metrics import LATENCIES
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 TIMEOUT_S = 60  # a cold first run imports plotly and pandas on a shared 2-core machine

@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import pytest
-from websockets.sync.client import connect
-
 from dashboard_helpers import make_runs, make_trace, summary
+from websockets.sync.client import connect
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

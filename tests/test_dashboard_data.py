@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from dashboard_helpers import BROKEN, INCOMPLETE, NOT_A_RUN, RETRACT, RUNS, make_runs, make_trace, status, summary
 
 from dashboard import charts
 from dashboard.compare_table import compare_frame, rel_err_column
@@ -17,12 +18,11 @@ from dashboard.latency import latencies_ms, latency_cdfs
 from dashboard.runs_index import ERROR_STATUS, HEADLINE_KEYS, display_frame, filter_runs, scan_runs
 from dashboard.timeline import INTERVALS, intervals, overlap_stats, trace_events, trace_json
 from dashboard.whatif import WhatIfGrid, parse_values, run_variants, variants
-from dashboard_helpers import BROKEN, INCOMPLETE, NOT_A_RUN, RETRACT, RUNS, make_runs, make_trace, status, summary
-from testbed.compare import METRIC_KEYS, STATS, compare_runs
-from testbed.compare_cli import fmt_rel_err
-from testbed.metrics import LATENCIES
-from testbed.replay import ReplayOptions
-from testbed.run_folder import load_run
+from testbed.options import ReplayOptions
+from testbed.runs.cli import fmt_rel_err
+from testbed.runs.compare import METRIC_KEYS, STATS, compare_runs
+from testbed.runs.folder import load_run
+from testbed.runs.metrics import LATENCIES
 
 REPO = Path(__file__).resolve().parents[1]
 

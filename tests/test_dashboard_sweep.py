@@ -38,8 +38,8 @@ from dashboard.sweep_view import (
     points_table,
     value_label,
 )
-from testbed.sweep import load_sweep
-from testbed.trace_gen import GenConfig, generate_trace
+from testbed.studies.sweep import load_sweep
+from testbed.traces.gen import GenConfig, generate_trace
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "dashboard" / "app.py"

@@ -16,11 +16,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import assert_clean_error
 from engine_helpers import save_hf_model
 
-from testbed.run_folder import REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE, load_run
-from testbed.trace import Trace, TraceRequest
-from cli_helpers import assert_clean_error
+from testbed.runs.folder import REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE, load_run
+from testbed.traces.schema import Trace, TraceRequest
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "testbed.cli"]

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_helpers import TINY
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from engine.weights import WeightLoadError, init_dummy_weights, load_weights
-from engine_helpers import TINY
-
 
 
 def tiny_llama(seed: int, tied: bool = False) -> LlamaForCausalLM:

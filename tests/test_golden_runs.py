@@ -12,7 +12,6 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-
 from golden_runs import GOLDEN_COMMANDS, GOLDEN_DIR, VOLATILE, run_command
 
 # What differs between two runs of the same thing on two machines: the package versions,

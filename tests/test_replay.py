@@ -8,19 +8,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from scheduler.step_log import STEP_COLUMNS
-from testbed.replay import ReplayOptions, replay
-from testbed.run_folder import load_run
-from testbed.trace import Trace
-from testbed.trace_gen import GenConfig, generate_trace
+from testbed.options import ReplayOptions
+from testbed.replay import replay
+from testbed.runs.folder import load_run
+from testbed.traces.gen import GenConfig, generate_trace
+from testbed.traces.schema import Trace
 
 LATENCY_KEYS = [f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2e") for s in ("mean", "p50", "p90", "p99")]
 SUMMARY_KEYS = ["completed", "duration_s", "request_throughput", "output_throughput", *LATENCY_KEYS, "cache_hit_rate"]

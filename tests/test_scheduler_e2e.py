@@ -16,6 +16,7 @@ import pytest
 
 from scheduler.config import SchedulerConfig
 from scheduler.loop import CpuWork, EventLoop
+from scheduler.model_config import load_model_config
 from scheduler.policy import POLICIES
 from scheduler.req import Req
 from scheduler.sampling import SamplingParams
@@ -23,11 +24,11 @@ from scheduler.scheduler import Scheduler
 from simulator.hardware import load_hardware
 from simulator.roofline import RooflineCostModel
 from simulator.sim_driver import SimDriver
-from scheduler.model_config import load_model_config
-from testbed.replay import ReplayOptions, replay
-from testbed.run_folder import load_run
-from testbed.trace import Trace, TraceRequest, materialize_input_ids
-from testbed.trace_gen import GenConfig, generate_trace
+from testbed.options import ReplayOptions
+from testbed.replay import replay
+from testbed.runs.folder import load_run
+from testbed.traces.gen import GenConfig, generate_trace
+from testbed.traces.schema import Trace, TraceRequest, materialize_input_ids
 
 ALL_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random", "priority")
 

@@ -19,10 +19,9 @@ import pytest
 
 from testbed.cli import main
 from testbed.errors import ConfigError
-from testbed.replay import ReplayOptions
-from testbed.replay import resolved_options
-from testbed.sweep import GridAxis, load_sweep, parse_grid, point_name
-from testbed.trace_gen import GenConfig, generate_trace
+from testbed.options import ReplayOptions, resolved_options
+from testbed.studies.sweep import GridAxis, load_sweep, parse_grid, point_name
+from testbed.traces.gen import GenConfig, generate_trace
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "testbed.cli"]

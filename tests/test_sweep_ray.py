@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed.sweep import load_sweep
-from testbed.trace_gen import GenConfig, generate_trace
+from testbed.studies.sweep import load_sweep
+from testbed.traces.gen import GenConfig, generate_trace
 
 ray = pytest.importorskip("ray")
 

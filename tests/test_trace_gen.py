@@ -11,17 +11,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testbed import trace_cli
-from testbed.trace import materialize_input_ids
-from testbed.trace_formats import load_trace
-from testbed.trace_gen import GenConfig, generate_trace, parse_length_spec
+from testbed.traces import cli as traces_cli
+from testbed.traces.formats import load_trace
+from testbed.traces.gen import GenConfig, generate_trace, parse_length_spec
+from testbed.traces.schema import materialize_input_ids
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="testbed")
-    trace_cli.register(parser.add_subparsers(dest="command", required=True))
+    traces_cli.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.func(args)
 

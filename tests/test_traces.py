@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed import trace_cli
 from testbed.errors import TraceError
-from testbed.trace import Trace, TraceRequest, file_sha256, materialize_input_ids
-from testbed.trace_formats import detect_format, load_trace
+from testbed.traces import cli as traces_cli
+from testbed.traces.formats import detect_format, load_trace
+from testbed.traces.schema import Trace, TraceRequest, file_sha256, materialize_input_ids
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 MOONCAKE = SHARED / "mooncake" / "conversation_trace.jsonl"
@@ -342,7 +342,7 @@ def test_equal_hashes_equal_tokens_property(h1, h2, vocab):
 
 def _cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="testbed")
-    trace_cli.register(parser.add_subparsers(dest="command", required=True))
+    traces_cli.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -12,9 +12,9 @@ import streamlit as st
 from dashboard import cache, charts, ui
 from dashboard.compare_table import compare_frame, rel_err_column
 from dashboard.runs_index import loadable
-from testbed.compare import compare_runs, differences
-from testbed.compare_cli import format_compare
-from testbed.run_folder import RunLoadError
+from testbed.runs.cli import format_compare
+from testbed.runs.compare import compare_runs, differences
+from testbed.runs.folder import RunLoadError
 
 
 def default_selection(runs: pd.DataFrame) -> list[str]:

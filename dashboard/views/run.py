@@ -8,9 +8,9 @@ import streamlit as st
 from dashboard import cache, charts, timeline, ui
 from dashboard.latency import LABELS
 from dashboard.runs_index import loadable
-from testbed.compare import STATS
-from testbed.metrics import LATENCIES
-from testbed.run_folder import RunLoadError
+from testbed.runs.compare import STATS
+from testbed.runs.folder import RunLoadError
+from testbed.runs.metrics import LATENCIES
 
 WINDOW_SIZES = (20, 50, 100, 200, 500)  # steps on the timeline; bars, so a few hundred at most
 

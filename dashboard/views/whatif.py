@@ -14,10 +14,9 @@ import streamlit as st
 from dashboard import cache, charts, sweep_section, ui
 from dashboard.runs_index import DISPLAY_COLUMNS, ERROR_STATUS, HEADLINE_KEYS, index_row
 from dashboard.settings import runs_dir
-from dashboard.whatif import MAX_VARIANTS, USER_ERRORS, WhatIfGrid, parse_values, run_variants, variants
-from scheduler.model_config import bundled_model_names
-from scheduler.policy import POLICIES
-from testbed.replay import DEFAULT_HARDWARE, DEFAULT_MODEL, ReplayOptions
+from dashboard.whatif import MAX_VARIANTS, WhatIfGrid, parse_values, run_variants, variants
+from testbed.errors import USER_ERRORS
+from testbed.options import DEFAULT_HARDWARE, DEFAULT_MODEL, POLICIES, ReplayOptions, bundled_model_names
 
 TRACE_PATTERNS = ("traces/*.json", "traces/*.jsonl", "traces/*.csv")
 HARDWARE = ("h100", "h200", "a100", "cpu")

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from testbed.trace import Trace
-from testbed.trace_formats import FORMATS, detect_format, load_trace
-from testbed.trace_gen import GenConfig, generate_trace, parse_length_spec
+from testbed.traces.formats import FORMATS, detect_format, load_trace
+from testbed.traces.gen import GenConfig, generate_trace, parse_length_spec
+from testbed.traces.schema import Trace
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -18,21 +18,20 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from testbed.errors import ConfigError
-from testbed.metrics import LATENCIES
-from testbed.replay import ReplayOptions
-from testbed.run_folder import write_json
-from testbed.sweep import (
+from testbed.options import ReplayOptions
+from testbed.runs.folder import write_json
+from testbed.runs.metrics import LATENCIES
+from testbed.studies.points import PointResult, SweepPoint
+from testbed.studies.runners import Runner
+from testbed.studies.sweep import (
     POINTS_DIR,
     SWEEP_FILE,
     GridAxis,
-    PointResult,
-    Runner,
     Sweep,
-    SweepPoint,
     check_out_dir,
     plan_sweep,
-    trace_info,
     run_points,
+    trace_info,
     write_sweep_table,
 )
 

@@ -7,15 +7,15 @@ with other requests. Token ids for the latter are made on demand by
 about 144M prompt tokens, which must never all be in memory at once.
 
 The file format is described in docs/trace-format.md; loaders live in
-testbed/trace_formats.py.
+testbed/traces/formats.py.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from array import array
 import os
+from array import array
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path

@@ -1,6 +1,6 @@
 """Synthetic traces: Poisson or bursty arrivals, length distributions, shared prefixes.
 
-Prefix sharing is written as block hashes (see testbed/trace.py): requests that share a
+Prefix sharing is written as block hashes (see testbed/traces/schema.py): requests that share a
 system prompt share its block hashes, and each turn of a conversation repeats the block
 hashes of the previous turn's prompt, so the radix cache sees the reuse it would see with
 real text. Same config and seed, same trace.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from testbed.trace import Trace, TraceRequest
+from testbed.traces.schema import Trace, TraceRequest
 
 
 @dataclass(frozen=True)

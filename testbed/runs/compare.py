@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from testbed.metrics import LATENCIES
-from testbed.run_folder import Run
+from testbed.runs.folder import Run
+from testbed.runs.metrics import LATENCIES
 
 STATS = ("mean", "p50", "p90", "p99")
 LATENCY_KEYS = tuple(f"{s}_{name}_ms" for name in LATENCIES for s in STATS)

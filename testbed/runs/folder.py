@@ -1,7 +1,7 @@
 """A run folder: what one replay leaves behind, in the same schema for sim and real.
 
     run.json          config, versions, trace path and hash, status, summary
-    requests.parquet  one row per request (testbed.metrics.requests_frame)
+    requests.parquet  one row per request (testbed.runs.metrics.requests_frame)
     steps.parquet     one row per forward step (scheduler.step_log.STEP_COLUMNS)
     wall.json         when it ran and how long it took on the wall clock
 

@@ -1,6 +1,6 @@
 """Sweep points as Ray tasks (`--ray ADDRESS` or `--ray auto`); Ray is an optional extra.
 
-Each point is one task running testbed.sweep.run_point, the function local processes
+Each point is one task running testbed.studies.points.run_point, the function local processes
 run, so a Ray sweep writes the same run folders and the same sweep.parquet. On a
 cluster of more than one machine every node needs this package installed and must see
 the trace and the --out folder at the same path (a shared filesystem): the tasks write
@@ -15,7 +15,7 @@ import socket
 from typing import Sequence
 
 from testbed.errors import ConfigError
-from testbed.sweep import OnResult, PointResult, SweepPoint, run_point
+from testbed.studies.points import OnResult, PointResult, SweepPoint, run_point
 
 
 def _check_reachable(address: str) -> None:

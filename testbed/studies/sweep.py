@@ -9,44 +9,35 @@
                          schema metadata under "testbed.sweep" names the axes, the
                          option columns and the metric columns (see load_sweep).
 
-Points run on local processes (LocalRunner) or on a Ray cluster (testbed.ray_runner);
-both call run_point, so both give the same run folders and the same table.
+Points run on local processes or on a Ray cluster (testbed.studies.runners); both call
+testbed.studies.points.run_point, so both give the same run folders and the same table.
 """
 
 from __future__ import annotations
 
-import argparse
-import functools
 import hashlib
 import itertools
 import json
 import os
 import re
-import time
-import typing
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from testbed.errors import ConfigError
-from testbed.replay import ReplayOptions, check_options, finished_run_meta, replay, resolved_options
-from testbed.run_folder import WALL_FILE
-from testbed.trace_formats import load_trace
+from testbed.options import OPTION_FIELDS, ReplayOptions, check_options, parse_option_value, resolved_options
+from testbed.studies.points import OnResult, PointResult, SweepPoint, finished_result
+from testbed.studies.runners import Runner
+from testbed.traces.formats import load_trace
 
 SWEEP_FILE = "sweep.parquet"
 POINTS_DIR = "points"
 META_KEY = b"testbed.sweep"  # parquet schema metadata: what the columns are
 TABLE_VERSION = 1
-
-OPTION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ReplayOptions))
-_OPTION_TYPES = typing.get_type_hints(ReplayOptions)
-_TRUE = ("on", "true", "yes", "1")
-_FALSE = ("off", "false", "no", "0")
 
 
 # --- grid ---------------------------------------------------------------------------------
@@ -56,46 +47,6 @@ _FALSE = ("off", "false", "no", "0")
 class GridAxis:
     name: str  # the ReplayOptions field (the --flag with underscores)
     values: tuple[Any, ...]  # parsed, in the order given
-
-
-class _RaisingParser(argparse.ArgumentParser):
-    """The replay options' parser, raising instead of exiting: it checks one grid value."""
-
-    def error(self, message: str) -> typing.NoReturn:
-        raise ValueError(message)
-
-
-@functools.cache
-def _value_parser() -> _RaisingParser:
-    from testbed.cli import add_replay_options  # testbed.cli imports this module's CLI lazily
-
-    p = _RaisingParser(add_help=False)
-    add_replay_options(p)
-    return p
-
-
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def parse_option_value(name: str, text: str) -> Any:
-    """`text` as replay option `name` takes it: on/off/true/false for a switch, none for an
-    option that can be unset, anything else as its --flag parses it (type and choices).
-    Raises ValueError with the reason."""
-    hint = _OPTION_TYPES[name]
-    kinds = typing.get_args(hint) or (hint,)
-    low = text.strip().lower()
-    if type(None) in kinds and low == "none":
-        return None
-    if bool in kinds:
-        if low in _TRUE:
-            return True
-        if low in _FALSE:
-            return False
-        raise ValueError(f"expected on/off/true/false{' or none' if type(None) in kinds else ''}")
-    # The = form, so that a negative number is a value and not a flag.
-    ns = _value_parser().parse_args([f"{flag(name)}={text}"])
-    return getattr(ns, name)
 
 
 def parse_grid(specs: Sequence[str], forbidden: Mapping[str, str] | None = None) -> list[GridAxis]:
@@ -160,25 +111,6 @@ def point_name(axes: Sequence[tuple[str, Any]]) -> str:
     return safe
 
 
-# --- points ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SweepPoint:
-    name: str  # folder under DIR/points, and the "point" column of sweep.parquet
-    axes: tuple[tuple[str, Any], ...]  # (option, value) in grid order
-    options: ReplayOptions  # the base options with the axis values
-    run_dir: Path
-
-
-@dataclass
-class PointResult:
-    name: str
-    status: str  # complete | failed | incomplete (replay's run statuses), or pending (never ran)
-    summary: dict | None = None
-    error: str | None = None
-    wall_s: float | None = None
-    resumed: bool = False  # found finished in the out folder, not run again
 
 
 def expand(base: ReplayOptions, axes: Sequence[GridAxis], out_dir: Path) -> list[SweepPoint]:
@@ -193,90 +125,6 @@ def expand(base: ReplayOptions, axes: Sequence[GridAxis], out_dir: Path) -> list
     return points
 
 
-def run_point(trace_path: str, point: SweepPoint) -> PointResult:
-    """One point: exactly `testbed replay TRACE <options> --out <run_dir>`. A failure is a
-    result, not an exception, so that the other points go on."""
-    start = time.perf_counter()
-    try:
-        r = replay(trace_path, point.options, out=point.run_dir)
-    except Exception as e:  # noqa: BLE001 - any error of one point is that point's result
-        return PointResult(point.name, "failed", None, f"{type(e).__name__}: {e}", round(time.perf_counter() - start, 3))
-    return PointResult(point.name, r.status, r.summary, None, round(r.wall_s, 3))
-
-
-def finished_result(point: SweepPoint, trace_sha256: str) -> PointResult | None:
-    """The result of a point whose folder already holds a complete run of the same trace
-    and options (what --resume skips), else None."""
-    meta = finished_run_meta(point.run_dir, trace_sha256, point.options)
-    if meta is None:
-        return None
-    try:
-        wall_s = json.loads((point.run_dir / WALL_FILE).read_text()).get("wall_s")
-    except (OSError, ValueError, AttributeError):
-        wall_s = None
-    return PointResult(point.name, "complete", meta.get("summary"), None, wall_s, resumed=True)
-
-
-# --- runners --------------------------------------------------------------------------------
-
-OnResult = Callable[[SweepPoint, PointResult], None]
-
-
-class Runner(Protocol):
-    """Runs points somewhere and reports each result as it arrives."""
-
-    description: str
-
-    def run(self, trace_path: str, points: Sequence[SweepPoint], on_result: OnResult) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class LocalRunner:
-    """Points on a pool of local processes (each loads the trace itself: cheap next to a replay).
-    The pool is kept between calls (a capacity search runs many rounds)."""
-
-    def __init__(self, workers: int) -> None:
-        self.workers = workers
-        self.description = f"{workers} local process{'es' if workers != 1 else ''}"
-        self._pool: ProcessPoolExecutor | None = None
-
-    def run(self, trace_path: str, points: Sequence[SweepPoint], on_result: OnResult) -> None:
-        if not points:
-            return
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=self.workers)
-        futures = {self._pool.submit(run_point, trace_path, p): p for p in points}
-        broken = False
-        for future in as_completed(futures):
-            point = futures[future]
-            try:
-                result = future.result()
-            except Exception as e:  # noqa: BLE001 - BrokenProcessPool: a worker died (killed, out of memory)
-                broken = True
-                result = PointResult(point.name, "failed", None, f"{type(e).__name__}: {e}")
-            on_result(point, result)
-        if broken:  # a broken pool takes no more work
-            self.close()
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
-
-    def __enter__(self) -> LocalRunner:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def make_runner(workers: int | None, ray_address: str | None) -> Runner:
-    if ray_address is not None:
-        from testbed.ray_runner import RayRunner
-
-        return RayRunner(ray_address)
-    return LocalRunner(workers or os.cpu_count() or 1)
 
 
 # --- a sweep --------------------------------------------------------------------------------

@@ -10,9 +10,9 @@ import argparse
 import json
 import sys
 
-from testbed.compare import STATS, MetricRow, compare_runs, differences
-from testbed.metrics import LATENCIES
-from testbed.run_folder import Run, RunLoadError, load_run
+from testbed.runs.compare import STATS, MetricRow, compare_runs, differences
+from testbed.runs.folder import Run, RunLoadError, load_run
+from testbed.runs.metrics import LATENCIES
 
 EXIT_REFUSED = 2
 PROG = "testbed compare"

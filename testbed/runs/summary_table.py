@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from testbed.metrics import LATENCIES
+from testbed.runs.metrics import LATENCIES
 
 
 def _fmt(v) -> str:

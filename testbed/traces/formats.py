@@ -23,8 +23,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from testbed.errors import TraceError
-from testbed.trace import DEFAULT_BLOCK_SIZE, NATIVE_FORMAT_TAG, NATIVE_VERSION, Trace, TraceRequest
-from testbed.trace_gen import poisson_arrivals
+from testbed.traces.gen import poisson_arrivals
+from testbed.traces.schema import DEFAULT_BLOCK_SIZE, NATIVE_FORMAT_TAG, NATIVE_VERSION, Trace, TraceRequest
 
 FORMATS = ("native", "mooncake", "azure", "sharegpt")
 MOONCAKE_BLOCK_SIZE = 512

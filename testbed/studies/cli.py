@@ -15,7 +15,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Sequence
 
-from testbed.capacity import (
+from testbed.errors import EXIT_INTERRUPTED
+from testbed.options import add_replay_options, options_from_args, positive_int
+from testbed.runs.summary_table import format_summary
+from testbed.studies.capacity import (
     DEFAULT_RESOLUTION,
     SCALES_ITSELF,
     SLO_KEYS,
@@ -26,15 +29,13 @@ from testbed.capacity import (
     plan_capacity,
     run_capacity,
 )
-from testbed.summary_table import format_summary
-from testbed.sweep import (
+from testbed.studies.points import PointResult, SweepPoint
+from testbed.studies.runners import make_runner
+from testbed.studies.sweep import (
     SWEEP_FILE,
-    PointResult,
     Sweep,
-    SweepPoint,
     check_out_dir,
     format_value,
-    make_runner,
     parse_grid,
     plan_sweep,
     run_sweep,
@@ -42,7 +43,6 @@ from testbed.sweep import (
 )
 
 EXIT_FAILED = 1
-EXIT_INTERRUPTED = 130
 
 GRID_HELP = (
     "a grid axis: a replay option (flag or field spelling: chunked-prefill-size or chunked_prefill_size) "
@@ -59,8 +59,6 @@ RAY_HELP = (
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from testbed.cli import add_replay_options
-
     p = subparsers.add_parser(
         "sweep",
         help="replay a trace over a grid of options (in parallel) and tabulate the metrics",
@@ -93,12 +91,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_common(p: argparse.ArgumentParser, out_help: str) -> None:
-    from testbed.cli import _positive_int
-
     p.add_argument("trace", help="trace file: native JSON/JSONL, Mooncake JSONL, Azure CSV or ShareGPT-length CSV")
     p.add_argument("--grid", action="append", default=[], metavar="AXIS=V1,V2,...", help=GRID_HELP)
     p.add_argument("--out", default=None, metavar="DIR", help=out_help)
-    p.add_argument("--workers", type=_positive_int, default=None,
+    p.add_argument("--workers", type=positive_int, default=None,
                    help=f"local processes running points at once (default: the CPU count, {os.cpu_count()} here; not used with --ray)")
     p.add_argument("--ray", default=None, metavar="ADDRESS", help=RAY_HELP)
     p.add_argument("--resume", action="store_true",
@@ -171,8 +167,6 @@ def _axes_text(sweep: Sweep) -> str:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from tqdm import tqdm
-
-    from testbed.cli import options_from_args
 
     axes = parse_grid(args.grid)
     sweep = plan_sweep(args.trace, options_from_args(args), axes, args.out or _default_out("sweep", args.trace))
@@ -262,8 +256,6 @@ def format_capacity(report: CapacityReport) -> str:
 
 def cmd_capacity(args: argparse.Namespace) -> int:
     from tqdm import tqdm
-
-    from testbed.cli import options_from_args
 
     slos = parse_slos(args.slo)
     axes = parse_grid(args.grid, forbidden={"time_scale": SCALES_ITSELF})

@@ -1,0 +1,191 @@
+"""The replay options: what a replay takes, its flags, how a value is parsed and checked.
+
+`testbed replay`, `testbed sweep` (whose grid axes are these options) and `testbed capacity`
+all read them from here: one definition of every option, its --flag, its default and its
+check. Every ReplayOptions field has a --flag of the same name (underscores as dashes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import typing
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+# The --model and --policy choices; the dashboard offers the same ones through this module.
+from scheduler.model_config import bundled_model_names
+from scheduler.policy import POLICIES
+from testbed.errors import ConfigError
+from testbed.traces.formats import FORMATS
+
+DEFAULT_MODEL = "llama-3.1-8b"
+DEFAULT_CPU_MODEL = "tiny-llama"  # what --mode real runs without a GPU
+DEFAULT_HARDWARE = "h100"
+MODES = ("sim", "real")
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    mode: str = "sim"
+    policy: str = "fcfs"
+    chunked_prefill_size: int = 8192
+    max_prefill_tokens: int = 16384
+    page_size: int = 1
+    kv_tokens: int | None = None  # None: from the model and the device memory
+    mem_fraction_static: float = 0.88
+    # None: on, except for the real engine on a CPU, where the forward on a worker thread
+    # competes with the loop for the cores (the example trace's TPOT was 3.8x worse).
+    overlap: bool | None = None
+    disable_radix_cache: bool = False
+    max_running_requests: int | None = None
+    model: str | None = None  # None: llama-3.1-8b, or tiny-llama for --mode real on a CPU
+    hardware: str = DEFAULT_HARDWARE  # the simulator's hardware spec
+    time_scale: float = 1.0  # arrival times are multiplied by this: 2 = half the load
+    max_requests: int | None = None
+    seed: int = 0
+    format: str | None = None
+    rate: float | None = None  # arrivals for traces without them (ShareGPT lengths)
+    # The real engine.
+    load_format: str | None = None  # auto | dummy; None: auto for a model folder, dummy for a bundled config
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on the CPU
+    attention_backend: str = "auto"  # auto | torch | flashinfer
+    kv_memory_gb: float = 1.0  # CPU: KV cache budget when --kv-tokens is not given
+    # The simulator: a calibrated profile (testbed calibrate) instead of the roofline.
+    profile: str | None = None
+
+
+OPTION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ReplayOptions))
+
+
+# --- defaults that depend on the machine ------------------------------------------------------
+
+
+def default_overlap(opts: ReplayOptions) -> bool:
+    if opts.overlap is not None:
+        return opts.overlap
+    if opts.mode == "real" and opts.device != "cuda":
+        import torch
+
+        return opts.device == "auto" and torch.cuda.is_available()
+    return True
+
+
+def default_model(mode: str) -> str:
+    if mode == "real":
+        import torch
+
+        return DEFAULT_MODEL if torch.cuda.is_available() else DEFAULT_CPU_MODEL
+    return DEFAULT_MODEL
+
+
+def resolved_options(opts: ReplayOptions) -> ReplayOptions:
+    """The options with their defaults resolved: what ran, as run.json records it."""
+    return replace(opts, model=opts.model or default_model(opts.mode), overlap=default_overlap(opts))
+
+
+def check_options(opts: ReplayOptions) -> None:
+    """Reject what cannot run, before any work starts."""
+    if opts.mode not in MODES:
+        raise ConfigError(f"--mode {opts.mode}: choose one of {', '.join(MODES)}")
+    if opts.load_format not in (None, "auto", "dummy"):
+        raise ConfigError(f"--load-format {opts.load_format}: choose auto or dummy")
+    if not 0 < opts.mem_fraction_static <= 1:
+        raise ConfigError(f"--mem-fraction-static must be in (0, 1], got {opts.mem_fraction_static}")
+
+
+# --- flags ------------------------------------------------------------------------------------
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def add_replay_options(p: argparse.ArgumentParser) -> None:
+    """The options every replay takes (also the axes of a sweep)."""
+    d = ReplayOptions()
+    p.add_argument("--mode", choices=MODES, default=d.mode, help="simulate, or run the real engine")
+    p.add_argument("--policy", choices=POLICIES, default=d.policy, help="waiting-queue order (default %(default)s)")
+    p.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size, help="prefill chunk in tokens; <= 0 disables chunking (default %(default)s)")
+    p.add_argument("--max-prefill-tokens", type=positive_int, default=d.max_prefill_tokens, help="new tokens per prefill batch (default %(default)s)")
+    p.add_argument("--page-size", type=positive_int, default=d.page_size, help="KV page size in tokens (default %(default)s)")
+    p.add_argument("--kv-tokens", type=positive_int, default=None, help="KV pool size in tokens (default: from the model and the device memory)")
+    p.add_argument("--mem-fraction-static", type=float, default=d.mem_fraction_static, help="device memory share for weights and KV (default %(default)s)")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None, help="overlap scheduling with the forward (default on; off for the real engine on a CPU)")
+    p.add_argument("--disable-radix-cache", action="store_true", help="no prefix cache")
+    p.add_argument("--max-running-requests", type=positive_int, default=None, help="cap on the running batch (default: from the KV pool)")
+    p.add_argument("--model", default=None, help=f"bundled config ({', '.join(bundled_model_names())}) or a local HF folder / config.json (default llama-3.1-8b; tiny-llama for --mode real on a CPU)")
+    p.add_argument("--hardware", default=d.hardware, help="hardware spec: h100, h200, a100, cpu, or a JSON file (default %(default)s)")
+    p.add_argument("--time-scale", type=positive_float, default=d.time_scale, help="multiply arrival times: 2 stretches them (half the load), 0.5 compresses (default %(default)s)")
+    p.add_argument("--max-requests", type=positive_int, default=None, help="replay only the first N requests")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of every random choice (default %(default)s)")
+    p.add_argument("--format", choices=FORMATS, default=None, help="trace format (default: detected from the content)")
+    p.add_argument("--rate", type=positive_float, default=None, help="request rate for traces without arrival times (ShareGPT lengths)")
+    p.add_argument("--profile", default=None, help="sim: cost every forward and CPU stage from a calibrated profile (testbed calibrate) instead of the roofline")
+    g = p.add_argument_group("real engine (--mode real)")
+    g.add_argument("--load-format", choices=("auto", "dummy"), default=None, help="weights from the model folder (auto) or random (dummy); default: auto for a folder, dummy for a bundled config")
+    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device, help="default: CUDA if present, else the CPU")
+    g.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default=d.dtype, help="default: bfloat16 on CUDA, float32 on the CPU")
+    g.add_argument("--attention-backend", choices=("auto", "torch", "flashinfer"), default=d.attention_backend, help="default: flashinfer on CUDA when installed, else torch")
+    g.add_argument("--kv-memory-gb", type=positive_float, default=d.kv_memory_gb, help="CPU: KV cache budget when --kv-tokens is not given (default %(default)s)")
+
+
+def options_from_args(args: argparse.Namespace) -> ReplayOptions:
+    # Every ReplayOptions field has a --flag of the same name (add_replay_options).
+    return ReplayOptions(**{name: getattr(args, name) for name in OPTION_FIELDS})
+
+
+# --- one value, as its flag takes it (a sweep's grid axis) --------------------------------------
+
+_OPTION_TYPES = typing.get_type_hints(ReplayOptions)
+_TRUE = ("on", "true", "yes", "1")
+_FALSE = ("off", "false", "no", "0")
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    """The replay options' parser, raising instead of exiting: it checks one value."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise ValueError(message)
+
+
+@functools.cache
+def _value_parser() -> _RaisingParser:
+    p = _RaisingParser(add_help=False)
+    add_replay_options(p)
+    return p
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def parse_option_value(name: str, text: str) -> Any:
+    """`text` as replay option `name` takes it: on/off/true/false for a switch, none for an
+    option that can be unset, anything else as its --flag parses it (type and choices).
+    Raises ValueError with the reason."""
+    hint = _OPTION_TYPES[name]
+    kinds = typing.get_args(hint) or (hint,)
+    low = text.strip().lower()
+    if type(None) in kinds and low == "none":
+        return None
+    if bool in kinds:
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise ValueError(f"expected on/off/true/false{' or none' if type(None) in kinds else ''}")
+    # The = form, so that a negative number is a value and not a flag.
+    ns = _value_parser().parse_args([f"{flag(name)}={text}"])
+    return getattr(ns, name)
