@@ -6,6 +6,7 @@ replaying at the failing rate just above it (within the resolution) does not.
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -115,6 +116,12 @@ def test_grid_ranks_the_configs_by_capacity(trace, limit, tmp_path):
     lines = proc.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("rank "))
     assert lines[header + 2].split()[:2] == ["1", "none"] and lines[header + 3].split()[1] == "1"
+    # sweep.parquet lists the tested rates round by round, the configs in grid order within a
+    # round (not in the order two workers happened to finish them): the same search, the same table.
+    points = list(load_sweep(tmp_path / "cap")[0]["point"])
+    by_config = {c["axes"]["max_running_requests"]: [p["point"] for p in c["probes"]] for c in configs}
+    rounds = itertools.zip_longest(by_config[1], by_config[None])
+    assert points == [p for pair in rounds for p in pair if p is not None]
 
 
 def test_each_config_scales_its_own_arrivals_and_a_rate_above_the_range_says_so(trace, tmp_path):

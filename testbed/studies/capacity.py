@@ -12,6 +12,7 @@ rate per config per round, so that configs run in parallel.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -288,25 +289,28 @@ def run_capacity(
     sweep.parquet and capacity.json."""
     check_out_dir(sweep.out_dir, resume)
     searches = [CapacitySearch(c, slos, resolution, rate, sweep.out_dir) for c, rate in zip(sweep.points, _arrival_rates(sweep))]
-    tested: list[tuple[SweepPoint, PointResult]] = []
+    # (round, config, point, result): the table lists them in this order, not in the order
+    # parallel points happened to finish, so that the same search writes the same table.
+    tested: list[tuple[int, int, SweepPoint, PointResult]] = []
     try:
-        while True:
+        for round_no in itertools.count():
             # One round: the next rate of every search not done, in parallel.
-            batch = {p.name: (s, p) for s in searches if (p := s.next_point()) is not None}
+            batch = {p.name: (i, s, p) for i, s in enumerate(searches) if (p := s.next_point()) is not None}
             if not batch:
                 break
 
-            def record(point: SweepPoint, result: PointResult, batch=batch) -> None:
-                search = batch[point.name][0]
+            def record(point: SweepPoint, result: PointResult, batch=batch, round_no=round_no) -> None:
+                config, search, _ = batch[point.name]
                 search.record(point, result)
-                tested.append((point, result))
+                tested.append((round_no, config, point, result))
                 if on_probe is not None:
                     on_probe(search.result(), search.probes[-1])
 
-            run_points(sweep, [p for _, p in batch.values()], runner, resume, record)
+            run_points(sweep, [p for _, _, p in batch.values()], runner, resume, record)
     finally:
         if tested:
-            write_sweep_table(sweep.out_dir / SWEEP_FILE, sweep, [p for p, _ in tested], [r for _, r in tested])
+            tested.sort(key=lambda t: t[:2])
+            write_sweep_table(sweep.out_dir / SWEEP_FILE, sweep, [t[2] for t in tested], [t[3] for t in tested])
     report = CapacityReport(
         sweep.trace, sweep.trace_info.requests, sweep.trace_info.rate, list(slos), resolution,
         rank([s.result() for s in searches]), sweep.out_dir,
