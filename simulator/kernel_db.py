@@ -32,7 +32,10 @@ class KernelDatabaseError(ValueError):
 
 def systems_dir() -> Path | None:
     """The installed package's systems/ folder (found without importing the package), or None."""
-    spec = importlib.util.find_spec("aiconfigurator_core")
+    try:
+        spec = importlib.util.find_spec("aiconfigurator_core")
+    except (ImportError, ValueError):  # a broken install, or imports of it blocked
+        return None
     if spec is None or not spec.submodule_search_locations:
         return None
     path = Path(list(spec.submodule_search_locations)[0]) / "systems"
