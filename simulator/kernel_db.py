@@ -173,7 +173,9 @@ class KernelDatabase:
     def _attention_op(self, context: bool, heads: int, kv_heads: int, head_dim: int, qk_norm: bool):
         import aiconfigurator_core.sdk.operations as ops
         from aiconfigurator_core.sdk import common
-        from aiconfigurator_core.sdk.operations.attention import resolved_lane_order_for_op
+        from aiconfigurator_core.sdk.operations.attention import (
+            resolved_lane_order_for_op,
+        )
 
         kv = common.KVCacheQuantMode.bfloat16
         if context:

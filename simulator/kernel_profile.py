@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable
 
-from scheduler.model_config import ModelConfig
+from scheduler.model_config import ModelConfig, load_model_config
 from simulator.hardware import database_system_spec
 from simulator.kernel_db import KernelDatabase, KernelDatabaseError, system_spec
 from simulator.profile_cost import PROFILE_FORMAT, PROFILE_VERSION
@@ -120,10 +120,13 @@ def check_tp(system: str, model: ModelConfig, tp: int) -> None:
                                   f"all-reduce within one node")
 
 
-def build_kernel_profile(system: str, backend: str, backend_version: str | None, model: ModelConfig, tp: int = 1,
+def build_kernel_profile(system: str, backend: str, backend_version: str | None, model: ModelConfig | str, tp: int = 1,
                          progress: Progress | None = None) -> dict:
-    """The profile of `model` over `tp` GPUs of `system`, from `backend`'s kernels (version None: the newest)."""
+    """The profile of `model` (a ModelConfig, or a name or path load_model_config takes) over `tp` GPUs
+    of `system`, from `backend`'s kernels (version None: the newest the database maintains)."""
     t0 = time.perf_counter()
+    if isinstance(model, str):
+        model = load_model_config(model)
     db = KernelDatabase.open(system, backend, backend_version)
     check_tp(system, model, tp)
     g = GpuShapes.of(model, tp)

@@ -11,11 +11,11 @@ import json
 import re
 from pathlib import Path
 
+from scheduler.forward_plan import ForwardMode
 from scheduler.model_config import ModelConfig, load_model_config
 from simulator.kernel_db import KernelDatabaseError, available
-from simulator.kernel_profile import build_kernel_profile
 from simulator.kernel_holdout import uniform_plan
-from scheduler.forward_plan import ForwardMode
+from simulator.kernel_profile import build_kernel_profile
 from testbed.errors import ConfigError
 
 DEFAULT_MODEL = "llama-3.1-8b"

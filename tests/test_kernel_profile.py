@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from cli_helpers import assert_clean_error
+
 from scheduler.forward_plan import ForwardMode, ForwardPlan
 from scheduler.model_config import load_model_config
 from simulator.hardware import load_hardware

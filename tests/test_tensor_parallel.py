@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from cli_helpers import assert_clean_error
+
 from scheduler.forward_plan import ForwardMode
 from scheduler.model_config import ModelConfigError, load_model_config
 from simulator.hardware import HardwareConfigError, load_hardware
