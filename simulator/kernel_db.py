@@ -234,10 +234,12 @@ class KernelDatabase:
         files = self._table_files("attention", name)
         rows = set()
         for path in files:
-            t = pd.read_parquet(path, columns=["batch_size", "isl", "step", "num_heads", "num_key_value_heads", "head_dim",
-                                               "kv_cache_dtype", "window_size"])
-            t = t[(t.num_heads == heads) & (t.num_key_value_heads == kv_heads) & (t.head_dim == head_dim)
-                  & (t.kv_cache_dtype == "bfloat16") & (t.window_size == 0)]
+            t = pd.read_parquet(path)
+            keep = ((t.num_heads == heads) & (t.num_key_value_heads == kv_heads) & (t.head_dim == head_dim)
+                    & (t.kv_cache_dtype == "bfloat16"))
+            if "window_size" in t:  # older tables have no sliding-window rows at all
+                keep &= t.window_size == 0
+            t = t[keep]
             # Decode rows are isl 1 plus `step` generated tokens: the new token attends over isl + step.
             seq = t.isl if context else t.isl + t.step
             rows |= {(int(b), int(s)) for b, s in zip(t.batch_size, seq)}

@@ -42,6 +42,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     if args.source == "aiconfigurator":
         return cmd_calibrate_kernels(args)
+    if args.system or args.backend_version or args.tp != 1:
+        raise ConfigError("--system, --backend-version and --tp are for --source aiconfigurator")
     from testbed.calibrate import CalibrationConfig, calibrate
 
     bars: dict[str, tqdm] = {}
@@ -111,6 +113,7 @@ def cmd_calibrate_kernels(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from simulator.kernel_db import BACKENDS
     from testbed import dashboard_cli
     from testbed.runs import cli as runs_cli
     from testbed.studies import cli as studies_cli
@@ -141,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source", choices=("engine", "aiconfigurator"), default="engine", help="engine: time this machine's engine (default); aiconfigurator: compose the model from GPU kernels measured by AIConfigurator (pip install -e '.[aiconfigurator]')")
     g = p.add_argument_group("--source aiconfigurator")
     g.add_argument("--system", default=None, help="a system of the database (h100_sxm, h200_sxm, rtx_pro_6000_server, ...; a bad name lists them)")
-    g.add_argument("--backend", choices=("sglang", "vllm", "trtllm"), default="sglang", help="whose kernels (default %(default)s)")
+    g.add_argument("--backend", choices=BACKENDS, default="sglang", help="whose kernels (default %(default)s)")
     g.add_argument("--backend-version", default=None, help="default: the newest the database maintains for the system")
     g.add_argument("--tp", type=positive_int, default=1, help="tensor parallelism over this many GPUs (default %(default)s)")
     p.set_defaults(func=cmd_calibrate)

@@ -215,3 +215,7 @@ def test_without_the_package_the_error_names_the_extra(tmp_path):
             "sys.exit(main(['replay', 'traces/a.json', '--hardware', 'h100_sxm', '-q']))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert_clean_error(proc, "h100_sxm", "[aiconfigurator]")
+
+
+def test_kernel_options_without_source_aiconfigurator_are_refused(tmp_path):
+    assert_clean_error(run_cli("calibrate", "--tp", "2", "--out", str(tmp_path / "p.json")), "--source aiconfigurator")
