@@ -161,22 +161,12 @@ class ModelConfig:
     @property
     def params_per_layer(self) -> int:
         """Parameters of one decoder layer: attention, SwiGLU MLP, two RMSNorms."""
-        h, q, kv = self.hidden_size, self.q_size, self.kv_size
-        attn = h * q + 2 * h * kv + q * h
-        if self.attention_bias:
-            attn += q + 2 * kv
-            if self.architecture != "Qwen2ForCausalLM":
-                attn += h  # o_proj bias
-        if self.qk_norm:
-            attn += 2 * self.head_dim
-        mlp = 3 * h * self.intermediate_size
-        return attn + mlp + 2 * h
+        return self.layer_params(1)
 
     @property
     def matmul_params_per_layer(self) -> int:
         """Weights of one layer that take part in matmuls (FLOPs = 2 x this per token)."""
-        h, q, kv = self.hidden_size, self.q_size, self.kv_size
-        return h * q + 2 * h * kv + q * h + 3 * h * self.intermediate_size
+        return self.layer_matmul_params(1)
 
     @property
     def embedding_params(self) -> int:
@@ -190,22 +180,66 @@ class ModelConfig:
     @property
     def num_params(self) -> int:
         """Total parameters: embedding + layers + final norm + lm_head (unless tied)."""
-        n = self.embedding_params + self.num_hidden_layers * self.params_per_layer + self.hidden_size
-        if not self.tie_word_embeddings:
-            n += self.lm_head_params
-        return n
+        return self.params_per_gpu(1)
 
     @property
     def num_layer_params(self) -> int:
         """Parameters of all decoder layers (what every token passes through)."""
         return self.num_hidden_layers * self.params_per_layer
 
-    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        """K and V of one token across all layers."""
-        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes
+    def kv_bytes_per_token(self, dtype_bytes: int = 2, tp: int = 1) -> int:
+        """K and V of one token across all layers (on one of `tp` GPUs)."""
+        return 2 * self.num_hidden_layers * self.kv_heads_per_gpu(tp) * self.head_dim * dtype_bytes
 
-    def weight_bytes(self, dtype_bytes: int = 2) -> int:
-        return self.num_params * dtype_bytes
+    def weight_bytes(self, dtype_bytes: int = 2, tp: int = 1) -> int:
+        """Weights (on one of `tp` GPUs)."""
+        return self.params_per_gpu(tp) * dtype_bytes
+
+    # ------------------------------------------------------ tensor parallelism
+    # As SGLang and vLLM split a Llama-family model over `tp` GPUs: attention heads, the MLP's
+    # intermediate columns and the vocabulary are divided; KV heads are divided, or replicated
+    # when there are more GPUs than KV heads; norms are replicated. TP 1 is the whole model.
+
+    def check_tp(self, tp: int) -> None:
+        """Raise ModelConfigError unless the model splits over `tp` GPUs."""
+        heads, kv = self.num_attention_heads, self.num_key_value_heads
+        if tp < 1:
+            raise ModelConfigError(f"--tp must be >= 1, got {tp}")
+        if heads % tp:
+            raise ModelConfigError(f"--tp {tp} does not divide {self.name}'s {heads} attention heads")
+        if kv % tp and tp % kv:
+            raise ModelConfigError(f"--tp {tp}: {self.name}'s {kv} KV heads neither split evenly over {tp} GPUs "
+                                   f"nor replicate evenly (TP must divide them or be a multiple of them)")
+        if self.intermediate_size % tp:
+            raise ModelConfigError(f"--tp {tp} does not divide {self.name}'s intermediate size {self.intermediate_size}")
+
+    def kv_heads_per_gpu(self, tp: int = 1) -> int:
+        return max(1, self.num_key_value_heads // tp)
+
+    def layer_matmul_params(self, tp: int = 1) -> int:
+        """Matmul weights of one layer on one of `tp` GPUs."""
+        h, q, kv = self.hidden_size, self.q_size // tp, self.kv_heads_per_gpu(tp) * self.head_dim
+        return h * q + 2 * h * kv + q * h + 3 * h * self.intermediate_size // tp
+
+    def layer_params(self, tp: int = 1) -> int:
+        """Parameters of one decoder layer on one of `tp` GPUs: attention, SwiGLU MLP, two RMSNorms."""
+        h, q, kv = self.hidden_size, self.q_size // tp, self.kv_heads_per_gpu(tp) * self.head_dim
+        n = self.layer_matmul_params(tp) + 2 * h
+        if self.attention_bias:
+            n += q + 2 * kv
+            if self.architecture != "Qwen2ForCausalLM":
+                n += h  # o_proj bias
+        if self.qk_norm:
+            n += 2 * self.head_dim
+        return n
+
+    def params_per_gpu(self, tp: int = 1) -> int:
+        """Parameters on one of `tp` GPUs: vocabulary-parallel embedding and lm_head, the layers' shards, final norm."""
+        vocab_shard = -(-self.embedding_params // tp)
+        n = vocab_shard + self.num_hidden_layers * self.layer_params(tp) + self.hidden_size
+        if not self.tie_word_embeddings:
+            n += vocab_shard
+        return n
 
 
 # --------------------------------------------------------------------- loading

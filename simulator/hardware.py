@@ -1,7 +1,10 @@
 """Accelerator (or CPU) specs the roofline cost model and KV sizing read.
 
 Bundled specs live as JSON in ``simulator/hardware/``; a user's own spec is a
-JSON file with the same keys (see ``HardwareSpec.from_dict``).
+JSON file with the same keys (see ``HardwareSpec.from_dict``). With
+AIConfigurator's database installed (``pip install -e '.[aiconfigurator]'``), its
+system names (h100_sxm, rtx_pro_6000_server, ...) are specs too, read from its
+system YAML: memory, bandwidth, bf16 FLOPs, interconnect.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ class HardwareSpec:
     per_layer_overhead_s: float = 4e-6  # small-kernel tails and gaps, per decoder layer
     # Memory that activations, sampling and workspaces take out of the static pool.
     activation_reserve_bytes: int = 1 << 30
+    # Tensor parallelism: bytes/s one GPU sends to the others (one direction: NVLink, or PCIe
+    # without it) and the fixed time of one all-reduce. 0 bandwidth: no interconnect, TP 1 only.
+    interconnect_bandwidth: float = 0.0
+    interconnect_latency_s: float = 10e-6
     cpu: CpuStageCosts = field(default_factory=CpuStageCosts)
     description: str = ""
 
@@ -41,6 +48,8 @@ class HardwareSpec:
         for key in ("peak_flops", "mem_bandwidth", "memory_bytes"):
             if getattr(self, key) <= 0:
                 raise HardwareConfigError(f"hardware {self.name!r}: {key} must be > 0")
+        if self.interconnect_bandwidth < 0 or self.interconnect_latency_s < 0:
+            raise HardwareConfigError(f"hardware {self.name!r}: interconnect_bandwidth and interconnect_latency_s must be >= 0")
         for key in ("compute_efficiency", "bandwidth_efficiency"):
             if not 0 < getattr(self, key) <= 1:
                 raise HardwareConfigError(f"hardware {self.name!r}: {key} must be in (0, 1]")
@@ -73,17 +82,50 @@ def bundled_hardware_names() -> list[str]:
     return sorted(p.stem for p in HARDWARE_DIR.glob("*.json"))
 
 
+def database_system_spec(system: str) -> HardwareSpec:
+    """The spec of one of AIConfigurator's systems, from its YAML (the package is not imported)."""
+    from simulator import kernel_db
+
+    try:
+        spec = kernel_db.system_spec(system)
+        gpu, node = spec["gpu"], spec.get("node", {})
+        return HardwareSpec(
+            name=system,
+            peak_flops=float(gpu["bfloat16_tc_flops"]),
+            mem_bandwidth=float(gpu["mem_bw"]),
+            memory_bytes=int(gpu["mem_capacity"]),
+            bandwidth_efficiency=float(gpu.get("mem_bw_empirical_scaling_factor", 0.8)),
+            interconnect_bandwidth=float(node.get("intra_node_bw", 0.0)),
+            interconnect_latency_s=float(node.get("p2p_latency", 10e-6)),
+            description=f"AIConfigurator system {system}: {gpu['bfloat16_tc_flops'] / 1e12:.0f} TFLOP/s bf16, "
+                        f"{gpu['mem_bw'] / 1e12:.2f} TB/s, {gpu['mem_capacity'] / 2**30:.1f} GiB, "
+                        f"{node.get('intra_node_bw', 0) / 1e9:.0f} GB/s to the other GPUs of a node",
+        )
+    except kernel_db.KernelDatabaseError as e:
+        raise HardwareConfigError(str(e)) from None
+    except (KeyError, TypeError, ValueError) as e:
+        raise HardwareConfigError(f"AIConfigurator system {system!r}: its YAML lacks a usable {e}") from None
+
+
 def load_hardware(name_or_path: str | Path) -> HardwareSpec:
-    """A bundled name (case-insensitive: h100, h200, a100, cpu) or a path to a JSON spec."""
+    """A bundled name (case-insensitive: h100, h200, a100, cpu), one of AIConfigurator's system
+    names (h100_sxm, ...; with its database installed), or a path to a JSON spec."""
+    from simulator import kernel_db
+
     key = str(name_or_path).lower()
     if key in bundled_hardware_names():
         path = HARDWARE_DIR / f"{key}.json"
+    elif key in kernel_db.system_names():
+        return database_system_spec(key)
     else:
         path = Path(name_or_path).expanduser()
         if not path.is_file():
+            systems = kernel_db.system_names()
+            more = (f"; AIConfigurator's systems: {', '.join(systems)}" if systems
+                    else f"; AIConfigurator's system names (h100_sxm, ...) need {kernel_db.EXTRA_HINT}")
             raise HardwareConfigError(
                 f"unknown hardware {str(name_or_path)!r}: not a bundled spec or a JSON file; "
-                f"bundled: {', '.join(bundled_hardware_names())}"
+                f"bundled: {', '.join(bundled_hardware_names())}{more}"
             )
     try:
         with open(path, encoding="utf-8") as f:

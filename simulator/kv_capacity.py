@@ -20,8 +20,13 @@ def kv_capacity_tokens(
     dtype_bytes: int = 2,
     page_size: int = 1,
     reserve_bytes: int | None = None,
+    tp: int = 1,
 ) -> int:
     """Tokens of KV that fit, rounded down to a multiple of page_size.
+
+    With tensor parallelism over `tp` GPUs of this kind, each holds its share of the
+    weights and of every token's KV (ModelConfig: heads divided, or replicated), so the
+    pool holds as many tokens as one GPU's memory left after its weights.
 
     Raises ValueError if the weights (plus reserve) do not fit in the static
     share, or if not even one page of KV is left.
@@ -33,16 +38,16 @@ def kv_capacity_tokens(
     reserve = hw.activation_reserve_bytes if reserve_bytes is None else reserve_bytes
 
     static = hw.memory_bytes * mem_fraction_static
-    weights = model.weight_bytes(dtype_bytes)
+    weights = model.weight_bytes(dtype_bytes, tp)
     free = static - weights - reserve
     gib = 1 << 30
     if free <= 0:
         raise ValueError(
-            f"model {model.name!r} does not fit on {hw.name!r}: weights {weights / gib:.2f} GiB "
+            f"model {model.name!r} does not fit on {hw.name!r}{f' x {tp} (TP)' if tp > 1 else ''}: weights {weights / gib:.2f} GiB "
             f"+ reserve {reserve / gib:.2f} GiB > {mem_fraction_static:.2f} x "
             f"{hw.memory_bytes / gib:.1f} GiB = {static / gib:.2f} GiB"
         )
-    tokens = int(free // model.kv_bytes_per_token(dtype_bytes))
+    tokens = int(free // model.kv_bytes_per_token(dtype_bytes, tp))
     tokens -= tokens % page_size
     if tokens <= 0:
         raise ValueError(

@@ -22,15 +22,32 @@ class ProfileError(ValueError):
     pass
 
 
+def check_header(profile: dict, path: str | None) -> None:
+    """A testbed profile of the version this testbed reads (either source: engine or kernels)."""
+    if profile.get("format") != PROFILE_FORMAT:
+        raise ProfileError(f"{path or 'profile'}: not a testbed profile (no \"format\": \"{PROFILE_FORMAT}\")")
+    if profile.get("version") != PROFILE_VERSION:
+        raise ProfileError(f"{path or 'profile'}: profile version {profile.get('version')}, this testbed reads version "
+                           f"{PROFILE_VERSION}: make it again with testbed calibrate")
+
+
+def read_profile(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ProfileError(f"{path}: no such profile") from None
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"{path}:{e.lineno}: bad JSON: {e.msg}") from None
+
+
 class ProfileCostModel:
     """Forward and CPU-stage times of a profile; with overlap, as the profile's overlapped replay measured them."""
 
+    hardware_spec = None  # the KV pool is the one the engine had (engine_kv_tokens)
+
     def __init__(self, profile: dict, path: str | None = None, overlap: bool = False) -> None:
-        if profile.get("format") != PROFILE_FORMAT:
-            raise ProfileError(f"{path or 'profile'}: not a testbed profile (no \"format\": \"{PROFILE_FORMAT}\")")
-        if profile.get("version") != PROFILE_VERSION:
-            raise ProfileError(f"{path or 'profile'}: profile version {profile.get('version')}, this testbed reads version "
-                               f"{PROFILE_VERSION}: make it again with testbed calibrate")
+        check_header(profile, path)
         try:
             fitted = profile["fit"]
             self.extend = LinearFit.from_dict(EXTEND_FEATURES, fitted["extend"])
@@ -46,7 +63,9 @@ class ProfileCostModel:
         except (KeyError, TypeError) as e:
             raise ProfileError(f"{path or 'profile'}: missing or malformed fit ({e})") from None
         self.profile = profile
+        self.path = path or "profile"
         self.model = profile.get("model")
+        self.engine_kv_tokens = profile.get("engine", {}).get("kv_tokens")
         self.name = f"profile:{Path(path).name if path else profile.get('name', 'inline')}"
         self._d_fixed, self._d_req, self._d_kv, self._d_pad = self.decode.coef
         self._d_fixed += decode_fixed
@@ -54,14 +73,12 @@ class ProfileCostModel:
 
     @classmethod
     def load(cls, path: str | Path, overlap: bool = False) -> "ProfileCostModel":
-        path = Path(path)
-        try:
-            profile = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ProfileError(f"{path}: no such profile") from None
-        except json.JSONDecodeError as e:
-            raise ProfileError(f"{path}:{e.lineno}: bad JSON: {e.msg}") from None
-        return cls(profile, str(path), overlap)
+        return cls(read_profile(path), str(path), overlap)
+
+    def check_model(self, model, tp: int) -> None:
+        """The engine ran one model on one device."""
+        if model.name != self.model or tp != 1:
+            raise ProfileError(f"--profile {self.path} was calibrated for {self.model} at TP 1, not {model.name} at TP {tp}")
 
     def forward_time(self, plan: ForwardPlan) -> float:
         bs = len(plan.req_pool_indices)

@@ -23,6 +23,16 @@ query-key pairs), on a model with L layers, H query heads of size d:
 P_layers counts the matmul weights of the decoder layers (the embedding
 lookup does no FLOPs; norms are negligible) and w is the bytes per weight.
 
+Tensor parallelism over T GPUs: every quantity above is one GPU's share (heads,
+MLP columns and vocabulary divided by T, KV heads divided or replicated; see
+ModelConfig), and each of the 2 L + 1 all-reduces of the activations (after
+attention and after the MLP in every layer, after the vocabulary-parallel
+embedding) adds, as a ring all-reduce over the interconnect:
+
+    allreduce = (2 L + 1) * (latency + 2 (T - 1) / T * n * hidden * w / B_link)
+
+outside the maxima (communication does not overlap the layer's compute).
+
 Why per component: a decode batch is memory bound in the linear layers
 (weights dominate) and in attention (KV dominates), while a large prefill is
 compute bound in both; a mixed batch can be compute bound in its matmuls and
@@ -38,18 +48,19 @@ from __future__ import annotations
 
 from scheduler.forward_plan import ForwardPlan
 from scheduler.model_config import ModelConfig
-from simulator.hardware import HardwareSpec
+from simulator.hardware import HardwareConfigError, HardwareSpec
 
 
-def activation_bytes_per_token(model: ModelConfig, dtype_bytes: int = 2) -> int:
-    """Bytes of activations one token moves through the layers (reads + writes).
+def activation_bytes_per_token(model: ModelConfig, dtype_bytes: int = 2, tp: int = 1) -> int:
+    """Bytes of activations one token moves through the layers (reads + writes), on one of `tp` GPUs.
 
     Per layer: qkv_proj reads hidden and writes q+2kv; o_proj reads q and writes
     hidden; gate_up reads hidden and writes 2*intermediate; down reads
     intermediate and writes hidden; norms and residual adds move ~4*hidden.
     Plus the embedding row read at the start.
     """
-    h, q, kv, i = model.hidden_size, model.q_size, model.kv_size, model.intermediate_size
+    h, q = model.hidden_size, model.q_size // tp
+    kv, i = model.kv_heads_per_gpu(tp) * model.head_dim, model.intermediate_size // tp
     per_layer = (h + q + 2 * kv) + (q + h) + (h + 2 * i) + (i + h) + 4 * h
     return (model.num_hidden_layers * per_layer + h) * dtype_bytes
 
@@ -61,6 +72,7 @@ class RooflineCostModel:
         "name", "model", "hw", "dtype_bytes", "per_component",
         "_overhead_s", "_tok_flop_s", "_req_flop_s", "_pair_flop_s",
         "_weight_mem_s", "_tok_mem_s", "_req_mem_s", "_kv_read_s", "_kv_write_s",
+        "tp", "_ar_fixed_s", "_ar_tok_s",
     )  # fmt: skip
 
     def __init__(
@@ -69,31 +81,40 @@ class RooflineCostModel:
         hw: HardwareSpec,
         dtype_bytes: int = 2,
         per_component: bool = True,
+        tp: int = 1,
     ) -> None:
-        self.name = f"roofline:{model.name}@{hw.name}"
+        self.name = f"roofline:{model.name}@{hw.name}" + (f",tp{tp}" if tp > 1 else "")
         self.model = model
         self.hw = hw
         self.dtype_bytes = dtype_bytes
         self.per_component = per_component
+        self.tp = tp
+        if tp > 1 and hw.interconnect_bandwidth <= 0:
+            raise HardwareConfigError(f"hardware {hw.name!r} has no interconnect (interconnect_bandwidth 0): --tp must be 1")
 
         flops = hw.peak_flops * hw.compute_efficiency
         bw = hw.mem_bandwidth * hw.bandwidth_efficiency
         m = model
-        layer_mm_params = m.num_hidden_layers * m.matmul_params_per_layer
-        logit_mm_params = m.hidden_size * m.vocab_size
-        kv_tok = m.kv_bytes_per_token(dtype_bytes)
+        layers = m.num_hidden_layers
+        layer_mm_params = layers * m.layer_matmul_params(tp)
+        logit_mm_params = -(-m.hidden_size * m.vocab_size // tp)
+        kv_tok = m.kv_bytes_per_token(dtype_bytes, tp)
 
-        self._overhead_s = hw.kernel_launch_s + m.num_hidden_layers * hw.per_layer_overhead_s
+        self._overhead_s = hw.kernel_launch_s + layers * hw.per_layer_overhead_s
         # Compute seconds per unit.
         self._tok_flop_s = 2.0 * layer_mm_params / flops
         self._req_flop_s = 2.0 * logit_mm_params / flops
-        self._pair_flop_s = 4.0 * m.num_hidden_layers * m.num_attention_heads * m.head_dim / flops
+        self._pair_flop_s = 4.0 * layers * (m.num_attention_heads // tp) * m.head_dim / flops
         # Memory seconds: weights once per forward, then per token / request / KV token.
-        self._weight_mem_s = (m.num_layer_params + logit_mm_params) * dtype_bytes / bw
-        self._tok_mem_s = activation_bytes_per_token(m, dtype_bytes) / bw
+        self._weight_mem_s = (layers * m.layer_params(tp) + logit_mm_params) * dtype_bytes / bw
+        self._tok_mem_s = activation_bytes_per_token(m, dtype_bytes, tp) / bw
         self._req_mem_s = 4.0 * m.vocab_size / bw  # fp32 logits
         self._kv_read_s = kv_tok / bw
         self._kv_write_s = kv_tok / bw
+        # All-reduces (TP > 1): a fixed time each, and a ring's 2 (T - 1) / T of the activations per token.
+        all_reduces = 2 * layers + 1 if tp > 1 else 0
+        self._ar_fixed_s = all_reduces * hw.interconnect_latency_s
+        self._ar_tok_s = all_reduces * 2 * (tp - 1) / tp * m.hidden_size * dtype_bytes / hw.interconnect_bandwidth if tp > 1 else 0.0
 
     # ------------------------------------------------------------------ hot path
     def forward_time(self, plan: ForwardPlan) -> float:
@@ -110,14 +131,16 @@ class RooflineCostModel:
         dense_m = self._weight_mem_s + n * self._tok_mem_s + b * self._req_mem_s
         attn_c = plan.attention_pairs * self._pair_flop_s
         attn_m = plan.sum_seq_len * self._kv_read_s + n * self._kv_write_s
+        # All-reduces (TP > 1; 0 otherwise) add outside the maxima: they do not overlap compute.
+        fixed = self._overhead_s + self._ar_fixed_s + n * self._ar_tok_s if self.tp > 1 else self._overhead_s
         if self.per_component:
             return (
-                self._overhead_s
+                fixed
                 + (dense_c if dense_c > dense_m else dense_m)
                 + (attn_c if attn_c > attn_m else attn_m)
             )
         c, mem = dense_c + attn_c, dense_m + attn_m
-        return self._overhead_s + (c if c > mem else mem)
+        return fixed + (c if c > mem else mem)
 
     def cpu_time(self, stage: str, num_reqs: int, num_tokens: int) -> float:
         return self.hw.cpu.time(stage, num_reqs, num_tokens)
@@ -134,6 +157,7 @@ class RooflineCostModel:
             else 0.0,
             "attn_compute_s": plan.attention_pairs * self._pair_flop_s,
             "attn_memory_s": plan.sum_seq_len * self._kv_read_s + n * self._kv_write_s,
+            "all_reduce_s": (self._ar_fixed_s + n * self._ar_tok_s) if n > 0 else 0.0,
             "total_s": self.forward_time(plan),
         }
 

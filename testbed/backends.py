@@ -31,25 +31,28 @@ def build_sim(opts, model: ModelConfig, make_config: Callable[[int], SchedulerCo
     from simulator.sim_driver import SimDriver
 
     hw = load_hardware(opts.hardware)
+    model.check_tp(opts.tp)
     profile = None
     if opts.profile is not None:
-        from simulator.profile_cost import ProfileCostModel, ProfileError
+        from simulator.profile_cost import ProfileError
+        from simulator.profiles import load_profile
 
         try:
-            profile = ProfileCostModel.load(opts.profile, overlap=bool(opts.overlap))
+            profile = load_profile(opts.profile, overlap=bool(opts.overlap))
+            profile.check_model(model, opts.tp)
         except ProfileError as e:
             raise ConfigError(str(e)) from None
-        if profile.model != model.name:
-            raise ConfigError(f"--profile {opts.profile} was calibrated for {profile.model}, not {model.name}")
+        # A kernel profile sizes the KV pool from its own system's memory.
+        hw = profile.hardware_spec or hw
     try:
-        # A profile knows the KV pool its engine had; otherwise it follows from the hardware.
-        kv_tokens = opts.kv_tokens or (profile and profile.profile.get("engine", {}).get("kv_tokens")) or kv_capacity_tokens(
-            model, hw, opts.mem_fraction_static, page_size=opts.page_size
+        # An engine profile knows the KV pool its engine had; otherwise it follows from the hardware.
+        kv_tokens = opts.kv_tokens or (profile and profile.engine_kv_tokens) or kv_capacity_tokens(
+            model, hw, opts.mem_fraction_static, page_size=opts.page_size, tp=opts.tp
         )
         config = make_config(kv_tokens)
+        cost_model = profile or RooflineCostModel(model, hw, tp=opts.tp)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    cost_model = profile or RooflineCostModel(model, hw)
     hardware = profile.profile.get("hardware") if profile else hw.name
     meta = {"hardware": hardware, "cost_model": cost_model.name}
     return Backend(SimDriver(cost_model), kv_tokens, None, meta), config

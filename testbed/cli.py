@@ -40,6 +40,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    if args.source == "aiconfigurator":
+        return cmd_calibrate_kernels(args)
+    if args.system or args.backend_version or args.tp != 1:
+        raise ConfigError("--system, --backend-version and --tp are for --source aiconfigurator")
     from testbed.calibrate import CalibrationConfig, calibrate
 
     bars: dict[str, tqdm] = {}
@@ -54,7 +58,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         bar.total = total
         bar.update(done - bar.n)
 
-    cfg = CalibrationConfig(model=args.model, hardware=args.hardware, load_format=args.load_format, device=args.device, reps=args.reps)
+    cfg = CalibrationConfig(model=args.model or "tiny-llama", hardware=args.hardware, load_format=args.load_format, device=args.device, reps=args.reps)
     if args.refit:
         from simulator.profile_cost import ProfileError
         from testbed.calibrate import refit
@@ -89,7 +93,27 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate_kernels(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from testbed.calibrate_kernels import calibrate_kernels, summary_lines
+
+    bar = tqdm(total=None, desc="kernels", disable=args.quiet, dynamic_ncols=True)
+
+    def progress(phase: str, done: int, total: int) -> None:
+        bar.total, bar.desc = total, f"kernels ({phase})"
+        bar.update(done - bar.n)
+
+    try:
+        profile = calibrate_kernels(args.system, args.backend, args.backend_version, args.model, args.tp, args.out, progress)
+    finally:
+        bar.close()
+    print("\n".join(summary_lines(profile, args.out)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from simulator.kernel_db import BACKENDS
     from testbed import dashboard_cli
     from testbed.runs import cli as runs_cli
     from testbed.studies import cli as studies_cli
@@ -107,8 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     runs_cli.register(sub)
     dashboard_cli.register(sub)
     studies_cli.register(sub)
-    p = sub.add_parser("calibrate", help="measure the real engine here and fit a profile for the simulator")
-    p.add_argument("--model", default="tiny-llama", help="bundled config or local HF folder (default %(default)s)")
+    p = sub.add_parser("calibrate", help="measure the real engine here (or take AIConfigurator's GPU kernels) and make a profile for the simulator")
+    p.add_argument("--model", default=None, help="bundled config or local HF folder (default tiny-llama; llama-3.1-8b with --source aiconfigurator)")
     p.add_argument("--hardware", default=None, help="a name for this machine in the profile (default: cpu or the GPU's name)")
     p.add_argument("--out", required=True, help="profile file to write, e.g. profiles/cpu-tiny-llama.json")
     p.add_argument("--load-format", choices=("auto", "dummy"), default=None)
@@ -116,6 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=positive_int, default=5, help="timed repetitions per grid point (default %(default)s)")
     p.add_argument("--refit", action="store_true", help="measure nothing: fit the profile in --out again from its measurements")
     p.add_argument("-q", "--quiet", action="store_true")
+    # Issue 10: a profile of a GPU system from AIConfigurator's measured kernels (testbed/calibrate_kernels.py).
+    p.add_argument("--source", choices=("engine", "aiconfigurator"), default="engine", help="engine: time this machine's engine (default); aiconfigurator: compose the model from GPU kernels measured by AIConfigurator (pip install -e '.[aiconfigurator]')")
+    g = p.add_argument_group("--source aiconfigurator")
+    g.add_argument("--system", default=None, help="a system of the database (h100_sxm, h200_sxm, rtx_pro_6000_server, ...; a bad name lists them)")
+    g.add_argument("--backend", choices=BACKENDS, default="sglang", help="whose kernels (default %(default)s)")
+    g.add_argument("--backend-version", default=None, help="default: the newest the database maintains for the system")
+    g.add_argument("--tp", type=positive_int, default=1, help="tensor parallelism over this many GPUs (default %(default)s)")
     p.set_defaults(func=cmd_calibrate)
     return parser
 

@@ -54,6 +54,8 @@ class ReplayOptions:
     kv_memory_gb: float = 1.0  # CPU: KV cache budget when --kv-tokens is not given
     # The simulator: a calibrated profile (testbed calibrate) instead of the roofline.
     profile: str | None = None
+    # Issue 10: tensor parallelism over this many GPUs (the simulator; the real engine runs on one).
+    tp: int = 1
 
 
 OPTION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ReplayOptions))
@@ -93,6 +95,8 @@ def check_options(opts: ReplayOptions) -> None:
         raise ConfigError(f"--load-format {opts.load_format}: choose auto or dummy")
     if not 0 < opts.mem_fraction_static <= 1:
         raise ConfigError(f"--mem-fraction-static must be in (0, 1], got {opts.mem_fraction_static}")
+    if opts.tp < 1 or (opts.mode == "real" and opts.tp != 1):
+        raise ConfigError(f"--tp {opts.tp}: " + ("must be >= 1" if opts.tp < 1 else "the real engine runs on one device; --tp is for --mode sim"))
 
 
 # --- flags ------------------------------------------------------------------------------------
@@ -126,13 +130,14 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disable-radix-cache", action="store_true", help="no prefix cache")
     p.add_argument("--max-running-requests", type=positive_int, default=None, help="cap on the running batch (default: from the KV pool)")
     p.add_argument("--model", default=None, help=f"bundled config ({', '.join(bundled_model_names())}) or a local HF folder / config.json (default llama-3.1-8b; tiny-llama for --mode real on a CPU)")
-    p.add_argument("--hardware", default=d.hardware, help="hardware spec: h100, h200, a100, cpu, or a JSON file (default %(default)s)")
+    p.add_argument("--hardware", default=d.hardware, help="hardware spec: h100, h200, a100, cpu, one of AIConfigurator's systems (h100_sxm, rtx_pro_6000_server, ...; with its database installed), or a JSON file (default %(default)s)")
     p.add_argument("--time-scale", type=positive_float, default=d.time_scale, help="multiply arrival times: 2 stretches them (half the load), 0.5 compresses (default %(default)s)")
     p.add_argument("--max-requests", type=positive_int, default=None, help="replay only the first N requests")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of every random choice (default %(default)s)")
     p.add_argument("--format", choices=FORMATS, default=None, help="trace format (default: detected from the content)")
     p.add_argument("--rate", type=positive_float, default=None, help="request rate for traces without arrival times (ShareGPT lengths)")
-    p.add_argument("--profile", default=None, help="sim: cost every forward and CPU stage from a calibrated profile (testbed calibrate) instead of the roofline")
+    p.add_argument("--profile", default=None, help="sim: cost every forward and CPU stage from a profile (testbed calibrate: this machine's engine, or --source aiconfigurator: measured GPU kernels) instead of the roofline")
+    p.add_argument("--tp", type=positive_int, default=d.tp, help="sim: tensor parallelism over this many GPUs of --hardware (default %(default)s)")
     g = p.add_argument_group("real engine (--mode real)")
     g.add_argument("--load-format", choices=("auto", "dummy"), default=None, help="weights from the model folder (auto) or random (dummy); default: auto for a folder, dummy for a bundled config")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device, help="default: CUDA if present, else the CPU")

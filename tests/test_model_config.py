@@ -26,6 +26,14 @@ PUBLISHED_PARAMS = {
     "qwen2.5-7b": 7.61e9,
     "qwen3-0.6b": 0.6e9,
     "mistral-7b": 7.25e9,
+    "llama-3.1-70b": 70.6e9,
+    "llama-2-7b": 6.74e9,
+    "llama-2-70b": 69.0e9,
+    "qwen3-8b": 8.19e9,
+    "qwen3-14b": 14.8e9,
+    "qwen3-32b": 32.8e9,
+    "qwen2.5-72b": 72.7e9,
+    "mistral-small-24b": 23.6e9,
 }
 
 

@@ -1,0 +1,256 @@
+"""AIConfigurator's database of measured kernels: its systems, and one kernel's time at one shape.
+
+`aiconfigurator-core` (an optional extra: ``pip install -e '.[aiconfigurator]'``) ships kernel
+timings measured on GPU systems (GEMMs by m/n/k, context and generation attention by batch,
+sequence length and heads, all-reduce by message size and GPU count) for SGLang, vLLM and
+TensorRT-LLM, with each system's specs in a YAML file. Its compiled engine answers a query for
+one operator at one shape (interpolating between the measured shapes, and pricing the few ops it
+has no table for, element-wise ones and the embedding, from memory bandwidth); this module wraps
+that query API (``EngineHandle.evaluate_ops_json`` over its op classes) and nothing else.
+
+Nothing here imports the package at module import: ``testbed replay`` must not start slower.
+``system_spec`` reads a system's YAML from the installed package's folder without importing it
+(``--hardware h100_sxm`` needs only that).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BACKENDS = ("sglang", "vllm", "trtllm")
+EXTRA_HINT = "pip install -e '.[aiconfigurator]' (the aiconfigurator-core package)"
+
+
+class KernelDatabaseError(ValueError):
+    """A system, backend or version the database does not have, or the package not installed."""
+
+
+def systems_dir() -> Path | None:
+    """The installed package's systems/ folder (found without importing the package), or None."""
+    try:
+        spec = importlib.util.find_spec("aiconfigurator_core")
+    except (ImportError, ValueError):  # a broken install, or imports of it blocked
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "systems"
+    return path if path.is_dir() else None
+
+
+@functools.cache
+def system_names() -> tuple[str, ...]:
+    """Every system with a spec (a YAML with a `gpu:` section), with or without kernel data."""
+    root = systems_dir()
+    if root is None:
+        return ()
+    names = []
+    for path in sorted(root.glob("*.yaml")):
+        text = path.read_text(encoding="utf-8")
+        if "\ngpu:" in text or text.startswith("gpu:"):
+            names.append(path.stem)
+    return tuple(names)
+
+
+@functools.cache
+def system_spec(name: str) -> dict[str, Any]:
+    """A system's YAML (gpu: memory, bandwidth, FLOPs; node: interconnect), as a dict."""
+    root = systems_dir()
+    if root is None:
+        raise KernelDatabaseError(f"system {name!r}: AIConfigurator's database is not installed; {EXTRA_HINT}")
+    if name not in system_names():
+        raise KernelDatabaseError(f"unknown system {name!r}; the database has: {', '.join(system_names())}")
+    import yaml  # a dependency of aiconfigurator-core
+
+    return yaml.safe_load((root / f"{name}.yaml").read_text(encoding="utf-8"))
+
+
+def _require_package():
+    try:
+        import aiconfigurator_core
+    except ImportError:
+        raise KernelDatabaseError(f"--source aiconfigurator needs AIConfigurator's database: {EXTRA_HINT}") from None
+    # Its loader logs a line for every fallback table it reads; our own errors say what matters.
+    logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
+    return aiconfigurator_core
+
+
+def package_version() -> str:
+    from importlib.metadata import version
+
+    return version("aiconfigurator-core")
+
+
+def available() -> dict[str, dict[str, list[str]]]:
+    """system -> backend -> the versions it can be queried at (only systems with kernel data)."""
+    _require_package()
+    from aiconfigurator_core.sdk import perf_database
+
+    return {s: {b: list(v) for b, v in backends.items() if v}
+            for s, backends in sorted(perf_database.get_supported_databases().items())}
+
+
+def _choices(items) -> str:
+    return ", ".join(sorted(items))
+
+
+@dataclass
+class KernelDatabase:
+    """The measured kernels of one system, backend and backend version, queried one shape at a time.
+
+    Times are seconds. Token counts are per GPU: a caller with tensor parallelism passes the
+    per-GPU shapes (heads / TP, columns / TP) and the TP degree to all_reduce."""
+
+    system: str
+    backend: str
+    version: str
+    _db: Any = field(repr=False)
+    _handle: Any = field(repr=False)
+    _ops: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def open(cls, system: str, backend: str, version: str | None = None) -> "KernelDatabase":
+        """version None: the newest the database maintains for that system (its "current" slot)."""
+        _require_package()
+        from aiconfigurator_core.sdk import perf_database
+        from aiconfigurator_core.sdk.engine import EngineHandle
+
+        have = available()
+        if system not in have:
+            with_specs_only = set(system_names()) - set(have)
+            note = f" ({_choices(with_specs_only)} have specs but no kernel data: use them with --hardware)" if with_specs_only else ""
+            raise KernelDatabaseError(f"system {system!r} has no kernel data; systems with kernels: {_choices(have)}{note}")
+        if backend not in have[system]:
+            raise KernelDatabaseError(f"system {system!r} has no {backend!r} kernels; it has: {_choices(have[system])}")
+        versions = have[system][backend]
+        if version is None:
+            version = perf_database.get_latest_database_version(system, backend)
+        if version not in versions:
+            raise KernelDatabaseError(f"{system}/{backend} has no version {version!r}; it has: {_choices(versions)}")
+        db = perf_database.get_database(system, backend, version)
+        if db is None:
+            raise KernelDatabaseError(f"{system}/{backend}/{version}: the database did not load")
+        return cls(system, backend, version, db, EngineHandle.for_database(db))
+
+    # ------------------------------------------------------------------ queries
+    def _evaluate(self, key: tuple, make_op, *, is_context: bool, batch_size: int, s: int, prefix: int = 0,
+                  x: int | None = None) -> float:
+        """Milliseconds from the engine -> seconds. Each op's JSON is built once per shape."""
+        js = self._ops.get(key)
+        if js is None:
+            from aiconfigurator_core.sdk.engine import build_ops_json
+
+            js = self._ops[key] = build_ops_json([make_op()])
+        (_, ms, _, _), = self._handle.evaluate_ops_json(js, is_context=is_context, batch_size=batch_size, s=s,
+                                                         prefix=prefix, x=x)
+        return ms * 1e-3
+
+    def gemm(self, m: int, n: int, k: int) -> float:
+        """One bf16 GEMM: m tokens x k in -> n out."""
+        import aiconfigurator_core.sdk.operations as ops
+        from aiconfigurator_core.sdk import common
+
+        return self._evaluate(("gemm", n, k), lambda: ops.GEMM("gemm", 1, n, k, common.GEMMQuantMode.bfloat16),
+                              is_context=True, batch_size=1, s=m, x=m)
+
+    def context_attention(self, batch: int, new_tokens: int, prefix: int, heads: int, kv_heads: int, head_dim: int,
+                          qk_norm: bool = False) -> float:
+        """Prefill attention of `batch` requests of `new_tokens` each over `prefix` cached tokens, with the
+        RoPE, KV-cache write (and Qwen3's q/k norm) the engine adds to the measured kernel."""
+        return self._evaluate(("ctx", heads, kv_heads, head_dim, qk_norm), lambda: self._attention_op(True, heads, kv_heads, head_dim, qk_norm),
+                              is_context=True, batch_size=batch, s=new_tokens, prefix=prefix)
+
+    def generation_attention(self, batch: int, context: int, heads: int, kv_heads: int, head_dim: int,
+                             qk_norm: bool = False) -> float:
+        """Decode attention of `batch` requests, each attending over `context` tokens (its new one included)."""
+        return self._evaluate(("gen", heads, kv_heads, head_dim, qk_norm), lambda: self._attention_op(False, heads, kv_heads, head_dim, qk_norm),
+                              is_context=False, batch_size=batch, s=context)
+
+    def _attention_op(self, context: bool, heads: int, kv_heads: int, head_dim: int, qk_norm: bool):
+        import aiconfigurator_core.sdk.operations as ops
+        from aiconfigurator_core.sdk import common
+        from aiconfigurator_core.sdk.operations.attention import (
+            resolved_lane_order_for_op,
+        )
+
+        kv = common.KVCacheQuantMode.bfloat16
+        if context:
+            op = ops.ContextAttention("context_attention", 1, heads, kv_heads, kv, common.FMHAQuantMode.bfloat16,
+                                      head_size=head_dim, use_qk_norm=qk_norm)
+        else:
+            op = ops.GenerationAttention("generation_attention", 1, heads, kv_heads, kv, head_size=head_dim, use_qk_norm=qk_norm)
+        # Which measured kernel (flashinfer, fa3, ...) the backend uses: the database's own choice.
+        op._lane_order = resolved_lane_order_for_op(self._db, "_context_attention_data" if context else "_generation_attention_data", None)
+        return op
+
+    def all_reduce(self, tokens: int, hidden: int, tp: int) -> float:
+        """The backend's all-reduce of `tokens` x `hidden` bf16 activations over `tp` GPUs (0 for TP 1)."""
+        if tp == 1:
+            return 0.0
+        import aiconfigurator_core.sdk.operations as ops
+
+        return self._evaluate(("ar", hidden, tp), lambda: ops.CustomAllReduce("all_reduce", 1, hidden, tp),
+                              is_context=True, batch_size=1, s=tokens, x=tokens)
+
+    def elementwise(self, tokens: int, dim_in: int, dim_out: int) -> float:
+        """A memory-bound element-wise kernel (residual add + RMSNorm, SiLU-and-mul) over `tokens` rows."""
+        import aiconfigurator_core.sdk.operations as ops
+
+        return self._evaluate(("ew", dim_in, dim_out), lambda: ops.ElementWise("elementwise", 1, dim_in, dim_out, 0.8),
+                              is_context=True, batch_size=1, s=tokens, x=tokens)
+
+    def embedding(self, tokens: int, vocab: int, hidden: int) -> float:
+        import aiconfigurator_core.sdk.operations as ops
+
+        return self._evaluate(("emb", vocab, hidden), lambda: ops.Embedding("embedding", 1, vocab, hidden, 0.3),
+                              is_context=True, batch_size=1, s=tokens, x=tokens)
+
+    # ------------------------------------------------------- measured shapes
+    def measured_gemm_tokens(self) -> list[int]:
+        """The token counts (m) at which the database measured bf16 GEMMs."""
+        import pandas as pd
+
+        files = self._table_files("gemm", "gemm_perf.parquet")
+        if files:  # the version's own table, read directly (seconds faster than the engine's view)
+            t = pd.read_parquet(files[0], columns=["m", "gemm_dtype"])
+            return sorted(int(m) for m in t.m[t.gemm_dtype == "bfloat16"].unique())
+        # A version whose GEMMs come from another (the database's backward fill): its loaded view.
+        import aiconfigurator_core.sdk.operations as ops
+        from aiconfigurator_core.sdk import common
+
+        ops.GEMM.load_data(self._db)
+        return sorted(int(m) for m in self._db._gemm_data[common.GEMMQuantMode.bfloat16])
+
+    def measured_attention(self, context: bool, heads: int, kv_heads: int, head_dim: int) -> list[tuple[int, int]]:
+        """(batch, sequence length) of the database's measured attention rows for these heads, bf16 KV,
+        no sliding window: prefill (new tokens, no prefix) or decode (context length)."""
+        import pandas as pd
+
+        name = "context_attention_perf.parquet" if context else "generation_attention_perf.parquet"
+        files = self._table_files("attention", name)
+        rows = set()
+        for path in files:
+            t = pd.read_parquet(path)
+            keep = ((t.num_heads == heads) & (t.num_key_value_heads == kv_heads) & (t.head_dim == head_dim)
+                    & (t.kv_cache_dtype == "bfloat16"))
+            if "window_size" in t:  # older tables have no sliding-window rows at all
+                keep &= t.window_size == 0
+            t = t[keep]
+            # Decode rows are isl 1 plus `step` generated tokens: the new token attends over isl + step.
+            seq = t.isl if context else t.isl + t.step
+            rows |= {(int(b), int(s)) for b, s in zip(t.batch_size, seq)}
+        return sorted(rows)
+
+    def _table_files(self, family: str, name: str) -> list[Path]:
+        """The parquet file of one table for this version (read directly: the query API has no listing of shapes)."""
+        spec = system_spec(self.system)
+        path = systems_dir() / spec["data_dir"] / family / self.backend / self.version / name
+        return [path] if path.is_file() else []
+
+    def describe(self) -> dict[str, str]:
+        return {"package": "aiconfigurator-core", "package_version": package_version(), "system": self.system,
+                "backend": self.backend, "backend_version": self.version}
