@@ -22,7 +22,7 @@ from engine.sampler import SamplingBatch, sample
 from engine.weights import init_dummy_weights, load_weights
 from scheduler.forward_plan import ForwardMode, ForwardPlan
 from scheduler.model_config import ModelConfig
-from scheduler.scheduler import FUTURE_MAP_SIZE
+from scheduler.future_indices import FUTURE_MAP_SIZE
 
 LOAD_FORMATS = ("auto", "dummy")
 
