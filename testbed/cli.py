@@ -92,6 +92,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from testbed import dashboard_cli
     from testbed.runs import cli as runs_cli
+    from testbed.runs import import_cli
     from testbed.studies import cli as studies_cli
     from testbed.traces import cli as traces_cli
 
@@ -105,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_replay)
     traces_cli.register(sub)
     runs_cli.register(sub)
+    import_cli.register(sub)
     dashboard_cli.register(sub)
     studies_cli.register(sub)
     p = sub.add_parser("calibrate", help="measure the real engine here and fit a profile for the simulator")
