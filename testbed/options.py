@@ -90,14 +90,17 @@ def default_model(mode: str) -> str:
 def resolved_options(opts: ReplayOptions) -> ReplayOptions:
     """The options with their defaults resolved: what ran, as run.json records it."""
     opts = replace(opts, model=opts.model or default_model(opts.mode), overlap=default_overlap(opts))
+    def unset(value, default):
+        return default if value is None else value
+
     if opts.scheduler == "vllm":
         return replace(
             opts,
-            page_size=opts.page_size or DEFAULT_BLOCK_SIZE,
-            max_num_seqs=opts.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
-            max_num_batched_tokens=opts.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+            page_size=unset(opts.page_size, DEFAULT_BLOCK_SIZE),
+            max_num_seqs=unset(opts.max_num_seqs, DEFAULT_MAX_NUM_SEQS),
+            max_num_batched_tokens=unset(opts.max_num_batched_tokens, DEFAULT_MAX_NUM_BATCHED_TOKENS),
         )
-    return replace(opts, page_size=opts.page_size or SGLANG_PAGE_SIZE)
+    return replace(opts, page_size=unset(opts.page_size, SGLANG_PAGE_SIZE))
 
 
 # Options of one scheduler only: (field, what the other scheduler uses instead).
