@@ -176,6 +176,7 @@ class VllmScheduler:
         scheduled: list[_Scheduled] = []
         num_preempted = 0
         running = self.running
+        self._evict_for_running(budget)
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -266,22 +267,44 @@ class VllmScheduler:
         prompt = req.origin_input_ids
         return prompt + ids(req.output_ids) if req.output_ids else prompt
 
+    def _evict_for_running(self, budget: int) -> None:
+        """Evict, once, the cached blocks the running requests' next tokens will need: one
+        pass over the cache's leaves per step instead of one per request (the same LRU
+        victims, taken together)."""
+        ps, need, left = self.page_size, 0, budget
+        for req in self.running:
+            if left <= 0:
+                break
+            pending = req.pending_token is not None
+            if pending and len(req.output_ids) + 1 >= req.max_new_tokens:
+                continue  # not scheduled: its last token is in flight
+            n = min(req.input_len + len(req.output_ids) + pending - req.seq_len, left)
+            if n > 0:
+                need += -(-(req.seq_len + n) // ps) - (-(-req.seq_len // ps))
+                left -= n
+        short = need - self.allocator.num_free_pages()
+        if short > 0:
+            self.tree_cache.evict(short * ps)
+
     def _allocate(self, req: Req, num_new: int) -> array | None:
         """KV slots for req's next num_new tokens (evicting cached blocks if short); None if
         the pool lacks blocks, then nothing is allocated."""
-        alloc, ps = self.allocator, self.page_size
+        alloc, ps, pool = self.allocator, self.page_size, self.req_to_token_pool
         before = req.seq_len
-        need_pages = -(-(before + num_new) // ps) - (-(-before // ps))
-        short = need_pages - alloc.num_free_pages()
-        if short > 0:
-            self.tree_cache.evict(short * ps)
-            if need_pages > alloc.num_free_pages():
-                return None
-        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-        last = row[before - 1] if before else -1
-        locs = alloc.alloc_extend([last], [before], [num_new])
-        assert locs is not None
-        self.req_to_token_pool.write(req.req_pool_idx, before, locs)
+        row = pool.req_to_token[req.req_pool_idx]
+        if num_new == 1 and before % ps:  # a decode inside its last page: the next slot
+            locs = ids((row[before - 1] + 1,))
+        else:
+            need_pages = -(-(before + num_new) // ps) - (-(-before // ps))
+            short = need_pages - alloc.num_free_pages()
+            if short > 0:
+                self.tree_cache.evict(short * ps)
+                if need_pages > alloc.num_free_pages():
+                    return None
+            last = row[before - 1] if before else -1
+            locs = alloc.alloc_extend([last], [before], [num_new])
+            assert locs is not None
+        pool.write(req.req_pool_idx, before, locs)
         req.seq_len = before + num_new
         self._cache_full_blocks(req)
         return locs
@@ -325,9 +348,6 @@ class VllmScheduler:
     def _new_token_ids(self, req: Req, start: int, end: int) -> array:
         """Tokens at positions [start, end): prompt, outputs, then the one still in flight."""
         prompt_len, outs = req.input_len, req.output_ids
-        if start >= prompt_len and end == start + 1:  # a decode
-            k = start - prompt_len
-            return ids([outs[k] if k < len(outs) else req.pending_token])
         out = ids()
         if start < prompt_len:
             out.extend(req.origin_input_ids[start : min(end, prompt_len)])
@@ -349,7 +369,12 @@ class VllmScheduler:
         input_ids = ids()
         out_cache_loc = ids()
         for s in scheduled:
-            input_ids.extend(self._new_token_ids(s.req, s.before, s.before + s.num_new))
+            req = s.req
+            k = s.before - req.input_len
+            if s.num_new == 1 and 0 <= k:  # a decode: its last output, or the one in flight
+                input_ids.append(req.output_ids[k] if k < len(req.output_ids) else req.pending_token)
+            else:
+                input_ids.extend(self._new_token_ids(req, s.before, s.before + s.num_new))
             out_cache_loc.extend(s.locs)
         num_tokens, sum_seq, sum_prefix, pairs, longest = ForwardPlan.summarize(prefix_lens, extend_lens)
         return ForwardPlan(
