@@ -21,8 +21,8 @@ from engine.llama import LlamaForCausalLM
 from engine.sampler import SamplingBatch, sample
 from engine.weights import init_dummy_weights, load_weights
 from scheduler.forward_plan import ForwardMode, ForwardPlan
-from scheduler.model_config import ModelConfig
 from scheduler.future_indices import FUTURE_MAP_SIZE
+from scheduler.model_config import ModelConfig
 
 LOAD_FORMATS = ("auto", "dummy")
 

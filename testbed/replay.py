@@ -11,9 +11,9 @@ from typing import Callable, Iterator
 from scheduler.config import SchedulerConfig
 from scheduler.loop import EventLoop
 from scheduler.model_config import ModelConfig, load_model_config
+from scheduler.protocol import SchedulerCore
 from scheduler.req import Req
 from scheduler.sampling import SamplingParams
-from scheduler.protocol import SchedulerCore
 from scheduler.scheduler import Scheduler
 from scheduler.vllm_config import VllmSchedulerConfig
 from scheduler.vllm_scheduler import VllmScheduler

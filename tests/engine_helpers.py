@@ -19,9 +19,9 @@ from engine.model_runner import EngineConfig, ModelRunner
 from scheduler.config import SchedulerConfig
 from scheduler.forward_plan import ForwardMode, ForwardPlan
 from scheduler.model_config import load_model_config
+from scheduler.protocol import SchedulerCore
 from scheduler.req import Req
 from scheduler.sampling import SamplingParams
-from scheduler.protocol import SchedulerCore
 from scheduler.scheduler import Scheduler
 from scheduler.vllm_config import VllmSchedulerConfig
 
