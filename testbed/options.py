@@ -89,7 +89,12 @@ def default_model(mode: str) -> str:
 
 def resolved_options(opts: ReplayOptions) -> ReplayOptions:
     """The options with their defaults resolved: what ran, as run.json records it."""
-    opts = replace(opts, model=opts.model or default_model(opts.mode), overlap=default_overlap(opts))
+    return with_scheduler_defaults(replace(opts, model=opts.model or default_model(opts.mode), overlap=default_overlap(opts)))
+
+
+def with_scheduler_defaults(opts: ReplayOptions) -> ReplayOptions:
+    """The page size and budgets left unset, as the scheduler opts names takes them."""
+
     def unset(value, default):
         return default if value is None else value
 

@@ -17,7 +17,7 @@ from scheduler.sampling import SamplingParams
 from scheduler.scheduler import Scheduler
 from scheduler.vllm_config import VllmSchedulerConfig
 from scheduler.vllm_scheduler import VllmScheduler
-from testbed.options import ReplayOptions, check_options, resolved_options
+from testbed.options import ReplayOptions, check_options, resolved_options, with_scheduler_defaults
 from testbed.runs import metrics
 from testbed.runs.folder import (
     REQUESTS_FILE,
@@ -78,7 +78,8 @@ def make_requests(trace: Trace, opts: ReplayOptions, model: ModelConfig, vocab_s
 
 
 def scheduler_config(opts: ReplayOptions, model: ModelConfig, kv_tokens: int) -> SchedulerConfig | VllmSchedulerConfig:
-    """The config of the scheduler opts name (opts resolved: page size and budgets set)."""
+    """The config of the scheduler opts names."""
+    opts = with_scheduler_defaults(opts)
     if opts.scheduler == "vllm":
         return VllmSchedulerConfig(
             journal_row_writes=opts.mode == "real",
