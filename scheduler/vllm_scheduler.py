@@ -20,9 +20,11 @@ Scheduler.schedule):
    min(uncomputed tokens, budget): a long prompt becomes a chunked prefill that the
    running pass continues next step.
 
-Every scheduled request's full blocks enter the prefix cache when they are allocated,
-as vLLM caches them (a request admitted later in the same step can hit them). A step
-mixes decodes and prefill chunks in one ForwardPlan (ForwardMode.MIXED).
+Scheduled requests' full blocks enter the prefix cache in the step that allocates them,
+as vLLM caches them: a request admitted later in the same step can hit them (running
+requests' blocks after the running pass, so that a request preempted in that pass leaves
+no block in the cache whose KV no forward computes). A step mixes decodes and prefill
+chunks in one ForwardPlan (ForwardMode.MIXED).
 
 Async scheduling is the loop's overlap mode (AsyncScheduler): a step is scheduled while
 the previous one runs; a request whose in-flight token is its last is not scheduled
@@ -190,7 +192,7 @@ class VllmScheduler:
                 i += 1
                 continue
             before = req.seq_len
-            locs = self._allocate(req, num_new)
+            locs = self._allocate(req, num_new, cache_blocks=False)
             while locs is None:
                 victim = self._pick_victim()
                 num_preempted += 1
@@ -203,12 +205,16 @@ class VllmScheduler:
                     budget += done_before.num_new
                     i -= 1
                 self._preempt(victim)
-                locs = self._allocate(req, num_new)
+                locs = self._allocate(req, num_new, cache_blocks=False)
             if locs is None:
                 break
             scheduled.append(_Scheduled(req, before, num_new, before + num_new == known, locs))
             budget -= num_new
             i += 1
+        # Their new full blocks enter the cache only now: a request preempted later in this
+        # pass (priority) must not leave blocks in the cache whose KV no forward computes.
+        for s in scheduled:
+            self._cache_full_blocks(s.req)
 
         hits = 0
         if not num_preempted:
@@ -233,7 +239,10 @@ class VllmScheduler:
         hits = 0
         while waiting and budget > 0 and len(running) < self.config.max_num_seqs:
             req = waiting.peek()
-            assert req.pending_token is None, "a waiting request's last token is processed before it is admitted again"
+            if req.pending_token is not None:
+                # Preempted while its token was in flight, and the loop asks again before that
+                # result is processed (the first ask scheduled nothing): it waits for it.
+                break
             tokens = self._known_tokens(req)
             known = len(tokens)
             prefix, node = cache.match_prefix(tokens, known - 1)
@@ -286,9 +295,10 @@ class VllmScheduler:
         if short > 0:
             self.tree_cache.evict(short * ps)
 
-    def _allocate(self, req: Req, num_new: int) -> array | None:
+    def _allocate(self, req: Req, num_new: int, cache_blocks: bool = True) -> array | None:
         """KV slots for req's next num_new tokens (evicting cached blocks if short); None if
-        the pool lacks blocks, then nothing is allocated."""
+        the pool lacks blocks, then nothing is allocated. With cache_blocks, its full blocks
+        enter the prefix cache at once (vLLM caches them when it allocates them)."""
         alloc, ps, pool = self.allocator, self.page_size, self.req_to_token_pool
         before = req.seq_len
         row = pool.req_to_token[req.req_pool_idx]
@@ -306,7 +316,8 @@ class VllmScheduler:
             assert locs is not None
         pool.write(req.req_pool_idx, before, locs)
         req.seq_len = before + num_new
-        self._cache_full_blocks(req)
+        if cache_blocks:
+            self._cache_full_blocks(req)
         return locs
 
     def _cache_full_blocks(self, req: Req) -> None:

@@ -78,3 +78,22 @@ def test_greedy_tokens_equal_transformers_generate(model, overlap, page_size, bu
         assert sched.num_preemptions > 0 and any(r.num_retractions for r in reqs)
     for r, (p, o) in zip(reqs, specs):
         assert r.output_ids == hf_generate(hf, p, o), f"request {r.rid} (preempted {r.num_retractions}x), overlap {overlap}"
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["normal", "async"])
+def test_priority_preemption_keeps_transformers_tokens(model, overlap):
+    """Priority preemption can take a request already scheduled in the step: its blocks of
+    that step never reach the cache, so no later request reads KV that was never computed."""
+    hf, runner = model
+    config = vllm_scheduler_config(runner, kv_tokens=96, overlap=overlap, page_size=4, max_num_batched_tokens=16, policy="priority")
+    sched = VllmScheduler(config)
+    specs, reqs = _staggered()
+    for i, r in enumerate(reqs):
+        r.priority = (5 - i) % 3  # later arrivals often more urgent: running ones get preempted
+    driver = RealDriver(runner, overlap)
+    loop = EventLoop(sched, iter(reqs), driver.clock, overlap)
+    driver.run(loop)
+    sched.check_invariants()
+    assert sched.num_preemptions > 0
+    for r, (p, o) in zip(reqs, specs):
+        assert r.output_ids == hf_generate(hf, p, o), f"request {r.rid} (priority {r.priority}, preempted {r.num_retractions}x)"
