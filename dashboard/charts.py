@@ -106,7 +106,9 @@ def batch_figure(steps: pd.DataFrame) -> go.Figure:
     Binned, each value is the mean per step over the bin."""
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=("Tokens per step", "Batch size"))
     if not steps.empty:
-        extend = steps["mode"].astype(str).to_numpy() == "extend"
+        # A mixed step (vLLM's scheduler: prefill chunks beside decodes) counts as prefill;
+        # its decodes add one token each.
+        extend = steps["mode"].astype(str).to_numpy() != "decode"
         per_step = pd.DataFrame(
             {
                 "schedule_start": steps["schedule_start"].to_numpy(),
@@ -129,7 +131,7 @@ def batch_figure(steps: pd.DataFrame) -> go.Figure:
 def cache_hit_series(steps: pd.DataFrame) -> pd.DataFrame:
     """Prefix-cache hit rate over time: per bin and cumulative. Tokens a prefill needed =
     reused from the cache + computed, so the cumulative rate ends at run.json's cache_hit_rate."""
-    extend = steps["mode"].astype(str).to_numpy() == "extend"
+    extend = steps["mode"].astype(str).to_numpy() != "decode"  # extend or mixed
     hit = steps["cache_hit_tokens"].to_numpy(dtype=np.float64)
     need = hit + np.where(extend, steps["num_tokens"].to_numpy(dtype=np.float64), 0.0)
     per = pd.DataFrame({"schedule_start": steps["schedule_start"].to_numpy(), "hit": hit, "need": need})
@@ -186,7 +188,7 @@ def timeline_figure(intervals: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     # CPU stages one colour each; forwards by mode, outlined so that back-to-back ones stay apart.
     parts = [(name, intervals["interval"] == name, {}) for name, lane in INTERVALS if lane == "CPU"]
-    for mode in ("extend", "decode"):
+    for mode in ("extend", "mixed", "decode"):
         rows = (intervals["interval"] == "device") & (intervals["mode"] == mode)
         parts.append((f"forward ({mode})", rows, dict(marker_line_width=1, marker_line_color="white")))
     for i, (label, rows, style) in enumerate(parts):

@@ -35,6 +35,7 @@ COLUMNS = (
     "mode",
     "model",
     "hardware",
+    "scheduler",
     "policy",
     "overlap",
     "chunked_prefill_size",
@@ -125,6 +126,9 @@ def index_row(path: Path, runs_dir: Path) -> dict:
         mode=meta.get("mode"),
         model=meta.get("model", opts.get("model")),
         hardware=meta.get("hardware", opts.get("hardware")),
+        # Which scheduler ran (an imported run: the engine's); runs from before the
+        # vLLM scheduler existed ran SGLang's.
+        scheduler=opts.get("scheduler") or scheduler.get("name") or "sglang",
         policy=opts.get("policy"),
         overlap=opts.get("overlap"),
         chunked_prefill_size=opts.get("chunked_prefill_size"),
@@ -175,6 +179,7 @@ DISPLAY_COLUMNS = {
     "mode": "mode",
     "model": "model",
     "hardware": "hardware",
+    "scheduler": "scheduler",
     "policy": "policy",
     "overlap": "overlap",
     "completed": "completed",
@@ -206,13 +211,13 @@ def display_frame(index: pd.DataFrame, drop_empty: bool = True) -> pd.DataFrame:
 
 
 def filter_runs(index: pd.DataFrame, text: str = "", **equal: list) -> pd.DataFrame:
-    """Rows whose name, trace, model, hardware, policy or error contain text (case-insensitive),
+    """Rows whose name, trace, model, hardware, scheduler, policy or error contain text (case-insensitive),
     and whose column c is one of equal[c] for every non-empty equal[c] (e.g. mode=["sim"])."""
     keep = pd.Series(True, index=index.index)
     if text.strip():
         needle = text.strip().lower()
         hay = pd.Series("", index=index.index)
-        for column in ("name", "trace", "model", "hardware", "policy", "error"):
+        for column in ("name", "trace", "model", "hardware", "scheduler", "policy", "error"):
             hay = hay + " " + index[column].astype(object).fillna("").astype(str).str.lower()
         keep &= hay.str.contains(needle, regex=False)
     for column, values in equal.items():

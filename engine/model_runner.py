@@ -21,8 +21,8 @@ from engine.llama import LlamaForCausalLM
 from engine.sampler import SamplingBatch, sample
 from engine.weights import init_dummy_weights, load_weights
 from scheduler.forward_plan import ForwardMode, ForwardPlan
+from scheduler.future_indices import FUTURE_MAP_SIZE
 from scheduler.model_config import ModelConfig
-from scheduler.scheduler import FUTURE_MAP_SIZE
 
 LOAD_FORMATS = ("auto", "dummy")
 
@@ -105,8 +105,9 @@ class ModelRunner:
         with torch.inference_mode():
             cache.apply_row_writes(plan)
             input_ids = ids_tensor(plan.input_ids, self.device)
-            if plan.mode is ForwardMode.DECODE:
-                # Tokens still on the device (overlap) come as -future index.
+            if plan.mode is not ForwardMode.EXTEND:
+                # Tokens still on the device (overlap) come as -future index: a decode's
+                # input, also inside a mixed batch (decodes beside prefill chunks).
                 input_ids = torch.where(input_ids < 0, self.future[(-input_ids).clamp(min=0)], input_ids)
             batch = ForwardBatch.from_plan(plan, input_ids, self.device)
             if plan.mode is ForwardMode.DECODE:

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generator, Iterator
 
 from scheduler.forward_plan import ForwardPlan
+from scheduler.protocol import Launched, SchedulerCore
 from scheduler.req import Req
-from scheduler.scheduler import LaunchedBatch, Scheduler
 from scheduler.step_log import StepLog
 
 
@@ -65,7 +65,7 @@ Wait = CpuWork | Launch | AwaitResult | WaitForArrival
 
 @dataclass(slots=True)
 class _InFlight:
-    launched: LaunchedBatch
+    launched: Launched
     handle: Any
     step: int
     schedule_start: float
@@ -80,7 +80,7 @@ class DeadlockError(RuntimeError):
 class EventLoop:
     def __init__(
         self,
-        scheduler: Scheduler,
+        scheduler: SchedulerCore,
         requests: Iterator[Req],
         clock: Callable[[], float],
         overlap: bool,

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from scheduler.chunk_cache import ChunkCache
 from scheduler.config import SchedulerConfig
 from scheduler.forward_plan import ForwardMode, ForwardPlan
+from scheduler.future_indices import FUTURE_MAP_SIZE, FutureIndices
+from scheduler.invariants import InvariantError, check_end_of_run
 from scheduler.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 from scheduler.policy import SchedulePolicy
 from scheduler.prefill_adder import AddReqResult, PrefillAdder
@@ -20,7 +22,7 @@ from scheduler.radix_cache import RadixCache
 from scheduler.req import FinishReason, Req
 from scheduler.schedule_batch import ScheduleBatch
 
-FUTURE_MAP_SIZE = 1 << 20  # future indices cycle; far more than the tokens ever in flight
+__all__ = ["FUTURE_MAP_SIZE", "InvariantError", "LaunchedBatch", "Scheduler"]
 
 
 @dataclass(eq=False, slots=True)
@@ -32,10 +34,6 @@ class LaunchedBatch:
     chunked_req: Req | None
     num_retracted: int
     cache_hit_tokens: int
-
-
-class InvariantError(AssertionError):
-    pass
 
 
 class Scheduler:
@@ -57,7 +55,7 @@ class Scheduler:
         self.done: list[Req] = []  # finished and rejected requests, in finishing order
         self.num_requests = 0
         self.num_retractions = 0
-        self._future_ct = 0
+        self._future = FutureIndices()
 
     def _new_batch(self, reqs: list[Req]) -> ScheduleBatch:
         return ScheduleBatch(reqs, self.req_to_token_pool, self.allocator, self.tree_cache)
@@ -203,14 +201,7 @@ class Scheduler:
         assert plan is not None
         reqs = list(batch.reqs)
         if overlap:
-            start = self._future_ct + 1
-            if start + len(reqs) > FUTURE_MAP_SIZE:
-                start = 1
-            self._future_ct = start + len(reqs) - 1
-            plan.future_indices = future = list(range(start, start + len(reqs)))
-            for r, f, sample in zip(reqs, future, plan.sample):
-                if sample:
-                    r.pending_token = -f
+            self._future.assign(plan, reqs)
         if plan.mode is not ForwardMode.DECODE:
             for r in reqs:
                 if r.scheduled_time is None:
@@ -255,34 +246,13 @@ class Scheduler:
     # -- checks -------------------------------------------------------------------
     def check_invariants(self) -> None:
         """At the end of a run: every KV slot free or held by the cache, every request done right."""
-        alloc, cache = self.allocator, self.tree_cache
-        errors: list[str] = []
-        if not self.is_idle():
-            errors.append(f"{len(self.waiting_queue)} waiting and {self.running_batch.batch_size()} running requests left")
-        # O(pages ever used), not O(pool): pages past next_fresh_page were never handed out.
-        free_pages = alloc.free_pages
-        free_set = set(free_pages)
-        if len(free_set) != len(free_pages) or any(p >= alloc.next_fresh_page for p in free_pages):
-            errors.append("a KV page is free twice, or a fresh page is on the free list")
-        if cache.protected_size() != 0:
-            errors.append(f"{cache.protected_size()} KV slots still locked in the cache")
-        held = cache.all_values()
-        ps = alloc.page_size
-        held_pages = {v // ps for v in held}
-        if len(held) != cache.evictable_size() or held_pages & free_set:
-            errors.append("the cache's slots and its evictable size disagree, or a cached page is also free")
-        leaked = alloc.next_fresh_page - len(free_set) - len(held_pages)
-        if leaked:
-            errors.append(f"KV leak: {leaked} pages neither free nor cached")
-        if self.req_to_token_pool.available_size() != self.req_to_token_pool.size:
-            errors.append("request slots leaked")
-        if len(self.done) != self.num_requests:
-            errors.append(f"{self.num_requests - len(self.done)} requests never finished")
-        for r in self.done:
-            if r.finished_reason == FinishReason.REJECTED:
-                continue
-            if r.sampling_params.ignore_eos and len(r.output_ids) != r.max_new_tokens:
-                errors.append(f"request {r.rid} produced {len(r.output_ids)} tokens, expected {r.max_new_tokens}")
-                break
-        if errors:
-            raise InvariantError("; ".join(errors))
+        check_end_of_run(
+            idle=self.is_idle(),
+            waiting=self.waiting_queue,
+            num_running=self.running_batch.batch_size(),
+            allocator=self.allocator,
+            cache=self.tree_cache,
+            req_to_token_pool=self.req_to_token_pool,
+            done=self.done,
+            num_requests=self.num_requests,
+        )

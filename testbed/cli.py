@@ -116,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     from simulator.kernel_db import BACKENDS
     from testbed import dashboard_cli
     from testbed.runs import cli as runs_cli
+    from testbed.runs import import_cli
     from testbed.studies import cli as studies_cli
     from testbed.traces import cli as traces_cli
 
@@ -129,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_replay)
     traces_cli.register(sub)
     runs_cli.register(sub)
+    import_cli.register(sub)
     dashboard_cli.register(sub)
     studies_cli.register(sub)
     p = sub.add_parser("calibrate", help="measure the real engine here (or take AIConfigurator's GPU kernels) and make a profile for the simulator")

@@ -16,6 +16,7 @@ from typing import Any
 # The --model and --policy choices; the dashboard offers the same ones through this module.
 from scheduler.model_config import bundled_model_names
 from scheduler.policy import POLICIES
+from scheduler.vllm_config import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, VLLM_POLICIES, VLLM_RELEASE
 from testbed.errors import ConfigError
 from testbed.traces.formats import FORMATS
 
@@ -23,6 +24,8 @@ DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_CPU_MODEL = "tiny-llama"  # what --mode real runs without a GPU
 DEFAULT_HARDWARE = "h100"
 MODES = ("sim", "real")
+SCHEDULERS = ("sglang", "vllm")
+SGLANG_PAGE_SIZE = 1
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,7 @@ class ReplayOptions:
     policy: str = "fcfs"
     chunked_prefill_size: int = 8192
     max_prefill_tokens: int = 16384
-    page_size: int = 1
+    page_size: int | None = None  # None: 1 for sglang, 16 for vllm (its block size)
     kv_tokens: int | None = None  # None: from the model and the device memory
     mem_fraction_static: float = 0.88
     # None: on, except for the real engine on a CPU, where the forward on a worker thread
@@ -54,8 +57,12 @@ class ReplayOptions:
     kv_memory_gb: float = 1.0  # CPU: KV cache budget when --kv-tokens is not given
     # The simulator: a calibrated profile (testbed calibrate) instead of the roofline.
     profile: str | None = None
-    # Issue 10: tensor parallelism over this many GPUs (the simulator; the real engine runs on one).
+    # Tensor parallelism over this many GPUs (the simulator; the real engine runs on one).
     tp: int = 1
+    # Which scheduler runs; the vLLM scheduler's budgets (None: vLLM's defaults).
+    scheduler: str = "sglang"
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
 
 
 OPTION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ReplayOptions))
@@ -84,7 +91,50 @@ def default_model(mode: str) -> str:
 
 def resolved_options(opts: ReplayOptions) -> ReplayOptions:
     """The options with their defaults resolved: what ran, as run.json records it."""
-    return replace(opts, model=opts.model or default_model(opts.mode), overlap=default_overlap(opts))
+    return with_scheduler_defaults(replace(opts, model=opts.model or default_model(opts.mode), overlap=default_overlap(opts)))
+
+
+def with_scheduler_defaults(opts: ReplayOptions) -> ReplayOptions:
+    """The page size and budgets left unset, as the scheduler opts names takes them."""
+
+    def unset(value, default):
+        return default if value is None else value
+
+    if opts.scheduler == "vllm":
+        return replace(
+            opts,
+            page_size=unset(opts.page_size, DEFAULT_BLOCK_SIZE),
+            max_num_seqs=unset(opts.max_num_seqs, DEFAULT_MAX_NUM_SEQS),
+            max_num_batched_tokens=unset(opts.max_num_batched_tokens, DEFAULT_MAX_NUM_BATCHED_TOKENS),
+        )
+    return replace(opts, page_size=unset(opts.page_size, SGLANG_PAGE_SIZE))
+
+
+# Options of one scheduler only: (field, what the other scheduler uses instead).
+SGLANG_ONLY = {
+    "chunked_prefill_size": "--max-num-batched-tokens (prefills are chunked to the step's token budget)",
+    "max_prefill_tokens": "--max-num-batched-tokens",
+    "max_running_requests": "--max-num-seqs",
+}
+VLLM_ONLY = {
+    "max_num_seqs": "--max-running-requests",
+    "max_num_batched_tokens": "--chunked-prefill-size and --max-prefill-tokens",
+}
+
+
+def _check_scheduler_options(opts: ReplayOptions) -> None:
+    """An option of one scheduler given to the other: one line naming the counterpart."""
+    default = ReplayOptions()
+    if opts.scheduler == "vllm":
+        if opts.policy not in VLLM_POLICIES:
+            raise ConfigError(f"--policy {opts.policy} is SGLang's; --scheduler vllm orders its queue by {' or '.join(VLLM_POLICIES)}")
+        for name, instead in SGLANG_ONLY.items():
+            if getattr(opts, name) != getattr(default, name):
+                raise ConfigError(f"{flag(name)} belongs to --scheduler sglang; with --scheduler vllm use {instead}")
+    else:
+        for name, instead in VLLM_ONLY.items():
+            if getattr(opts, name) is not None:
+                raise ConfigError(f"{flag(name)} belongs to --scheduler vllm; with --scheduler sglang use {instead}")
 
 
 def check_options(opts: ReplayOptions) -> None:
@@ -97,6 +147,9 @@ def check_options(opts: ReplayOptions) -> None:
         raise ConfigError(f"--mem-fraction-static must be in (0, 1], got {opts.mem_fraction_static}")
     if opts.tp < 1 or (opts.mode == "real" and opts.tp != 1):
         raise ConfigError(f"--tp {opts.tp}: " + ("must be >= 1" if opts.tp < 1 else "the real engine runs on one device; --tp is for --mode sim"))
+    if opts.scheduler not in SCHEDULERS:
+        raise ConfigError(f"--scheduler {opts.scheduler}: choose one of {', '.join(SCHEDULERS)}")
+    _check_scheduler_options(opts)
 
 
 # --- flags ------------------------------------------------------------------------------------
@@ -123,7 +176,7 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", choices=POLICIES, default=d.policy, help="waiting-queue order (default %(default)s)")
     p.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size, help="prefill chunk in tokens; <= 0 disables chunking (default %(default)s)")
     p.add_argument("--max-prefill-tokens", type=positive_int, default=d.max_prefill_tokens, help="new tokens per prefill batch (default %(default)s)")
-    p.add_argument("--page-size", type=positive_int, default=d.page_size, help="KV page size in tokens (default %(default)s)")
+    p.add_argument("--page-size", type=positive_int, default=None, help="KV page size in tokens (default 1; 16 with --scheduler vllm, its block size)")
     p.add_argument("--kv-tokens", type=positive_int, default=None, help="KV pool size in tokens (default: from the model and the device memory)")
     p.add_argument("--mem-fraction-static", type=float, default=d.mem_fraction_static, help="device memory share for weights and KV (default %(default)s)")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None, help="overlap scheduling with the forward (default on; off for the real engine on a CPU)")
@@ -138,6 +191,9 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=positive_float, default=None, help="request rate for traces without arrival times (ShareGPT lengths)")
     p.add_argument("--profile", default=None, help="sim: cost every forward and CPU stage from a profile (testbed calibrate: this machine's engine, or --source aiconfigurator: measured GPU kernels) instead of the roofline")
     p.add_argument("--tp", type=positive_int, default=d.tp, help="sim: tensor parallelism over this many GPUs of --hardware (default %(default)s)")
+    p.add_argument("--scheduler", choices=SCHEDULERS, default=d.scheduler, help=f"SGLang's scheduler or vLLM's (v1, release {VLLM_RELEASE}) (default %(default)s)")
+    p.add_argument("--max-num-seqs", type=positive_int, default=None, help=f"vllm: running requests at most (default {DEFAULT_MAX_NUM_SEQS})")
+    p.add_argument("--max-num-batched-tokens", type=positive_int, default=None, help=f"vllm: tokens one step computes, decodes and prefill chunks together (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
     g = p.add_argument_group("real engine (--mode real)")
     g.add_argument("--load-format", choices=("auto", "dummy"), default=None, help="weights from the model folder (auto) or random (dummy); default: auto for a folder, dummy for a bundled config")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device, help="default: CUDA if present, else the CPU")

@@ -11,10 +11,13 @@ from typing import Callable, Iterator
 from scheduler.config import SchedulerConfig
 from scheduler.loop import EventLoop
 from scheduler.model_config import ModelConfig, load_model_config
+from scheduler.protocol import SchedulerCore
 from scheduler.req import Req
 from scheduler.sampling import SamplingParams
 from scheduler.scheduler import Scheduler
-from testbed.options import ReplayOptions, check_options, resolved_options
+from scheduler.vllm_config import VllmSchedulerConfig
+from scheduler.vllm_scheduler import VllmScheduler
+from testbed.options import ReplayOptions, check_options, resolved_options, with_scheduler_defaults
 from testbed.runs import metrics
 from testbed.runs.folder import (
     REQUESTS_FILE,
@@ -74,7 +77,22 @@ def make_requests(trace: Trace, opts: ReplayOptions, model: ModelConfig, vocab_s
         )
 
 
-def scheduler_config(opts: ReplayOptions, model: ModelConfig, kv_tokens: int) -> SchedulerConfig:
+def scheduler_config(opts: ReplayOptions, model: ModelConfig, kv_tokens: int) -> SchedulerConfig | VllmSchedulerConfig:
+    """The config of the scheduler opts names."""
+    opts = with_scheduler_defaults(opts)
+    if opts.scheduler == "vllm":
+        return VllmSchedulerConfig(
+            journal_row_writes=opts.mode == "real",
+            kv_tokens=kv_tokens,
+            context_len=model.context_len,
+            page_size=opts.page_size,
+            max_num_batched_tokens=opts.max_num_batched_tokens,
+            max_num_seqs=opts.max_num_seqs,
+            policy=opts.policy,
+            enable_prefix_caching=not opts.disable_radix_cache,
+            overlap=opts.overlap,
+            seed=opts.seed,
+        )
     return SchedulerConfig(
         journal_row_writes=opts.mode == "real",
         kv_tokens=kv_tokens,
@@ -88,6 +106,10 @@ def scheduler_config(opts: ReplayOptions, model: ModelConfig, kv_tokens: int) ->
         overlap=opts.overlap,
         seed=opts.seed,
     )
+
+
+def new_scheduler(config: SchedulerConfig | VllmSchedulerConfig) -> SchedulerCore:
+    return VllmScheduler(config) if isinstance(config, VllmSchedulerConfig) else Scheduler(config)
 
 
 def replay(
@@ -136,7 +158,7 @@ def replay(
     }
     write_json(run_dir / RUN_FILE, meta)
 
-    scheduler = Scheduler(config)
+    scheduler = new_scheduler(config)
     driver = backend.driver
     total = len(trace)
     report = (lambda done: progress(done, total)) if progress is not None else None

@@ -19,9 +19,11 @@ from engine.model_runner import EngineConfig, ModelRunner
 from scheduler.config import SchedulerConfig
 from scheduler.forward_plan import ForwardMode, ForwardPlan
 from scheduler.model_config import load_model_config
+from scheduler.protocol import SchedulerCore
 from scheduler.req import Req
 from scheduler.sampling import SamplingParams
 from scheduler.scheduler import Scheduler
+from scheduler.vllm_config import VllmSchedulerConfig
 
 TINY = dict(
     hidden_size=64,
@@ -118,6 +120,16 @@ def scheduler_config(runner: ModelRunner, kv_tokens: int = 2048, overlap: bool =
     return config
 
 
+def vllm_scheduler_config(runner: ModelRunner, kv_tokens: int = 2048, overlap: bool = False, **kw) -> VllmSchedulerConfig:
+    """A vLLM scheduler config for `runner`, with the runner's cache (re)made to match."""
+    kw.setdefault("max_num_seqs", 16)
+    config = VllmSchedulerConfig(
+        kv_tokens=kv_tokens, context_len=runner.model_cfg.context_len, overlap=overlap, journal_row_writes=True, **kw
+    )
+    runner.init_cache(kv_tokens, config.effective_max_running_requests + 2)
+    return config
+
+
 def prompt(seed: int, n: int, vocab: int = TINY["vocab_size"]) -> list[int]:
     g = torch.Generator().manual_seed(1000 + seed)
     return torch.randint(1, vocab, (n,), generator=g).tolist()
@@ -150,9 +162,9 @@ class Record:
 class ManualRun:
     """The scheduler driven step by step by hand (no overlap), keeping every forward's logits."""
 
-    def __init__(self, runner: ModelRunner, config: SchedulerConfig) -> None:
+    def __init__(self, runner: ModelRunner, config: SchedulerConfig, scheduler: SchedulerCore | None = None) -> None:
         self.runner = runner
-        self.sched = Scheduler(config)
+        self.sched = scheduler if scheduler is not None else Scheduler(config)
         self.records: dict[str, Record] = {}
         self.plans: list[ForwardPlan] = []
         self.now = 0.0

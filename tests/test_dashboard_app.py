@@ -217,3 +217,29 @@ def test_whatif_page_refuses_what_cannot_run(monkeypatch, runs):
     assert any("'fast'" in e.value for e in at.error)
     (button,) = [b for b in at.button if b.label.startswith("Run ")]
     assert button.disabled
+
+
+# --- an imported run (another engine's: no steps) -------------------------------------------
+
+
+def test_imported_run_opens_on_the_run_and_compare_pages(monkeypatch, tmp_path):
+    from testbed.options import ReplayOptions
+    from testbed.replay import replay
+    from testbed.runs.import_run import import_run
+
+    rows = [(80 + 10 * i, 8 + i, 0.2 * i, 0.2 * i + 0.01, 0.2 * i + 0.1, 0.2 * i + 0.1 + 0.02 * (7 + i)) for i in range(12)]
+    src = tmp_path / "requests.jsonl"
+    keys = ("input_toks", "output_toks", "queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
+    src.write_text("".join(json.dumps(dict(zip(keys, r))) + "\n" for r in rows))
+    runs_dir = tmp_path / "runs"
+    import_run(src, runs_dir / "real")
+    replay(str(runs_dir / "real" / "trace.jsonl"), ReplayOptions(scheduler="vllm"), out=runs_dir / "sim")
+    at = _app(monkeypatch, runs_dir, "views/run.py")
+    _by_label(at.selectbox, "Run").set_value("real").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert {m.label: m.value for m in at.metric}["completed"] == "12"
+    assert at.dataframe[0].value.loc["TTFT (ms)", "mean"] == pytest.approx(summary(runs_dir / "real")["mean_ttft_ms"])
+    at.switch_page("views/compare.py").run()
+    _by_label(at.multiselect, "Runs (the first is the reference A)").set_value(["real", "sim"]).run()
+    assert not at.exception and not [w for w in at.warning if "differ" in w.value]
+    assert "rel. err sim" in at.dataframe[0].value.columns

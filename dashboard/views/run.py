@@ -44,7 +44,8 @@ cols[0].metric("completed", f"{s.get('completed', 0):,}", help=f"rejected {s.get
 cols[1].metric("duration (s)", f"{s.get('duration_s', 0):.2f}")
 cols[2].metric("requests/s", f"{s.get('request_throughput', 0):.2f}")
 cols[3].metric("output tokens/s", f"{s.get('output_throughput', 0):,.0f}")
-cols[4].metric("cache hit rate", f"{s.get('cache_hit_rate', 0) * 100:.1f}%")
+hit = s.get("cache_hit_rate")  # None: not known (an imported run)
+cols[4].metric("cache hit rate", "-" if hit is None else f"{hit * 100:.1f}%")
 cols[5].metric("retractions", f"{s.get('num_retractions', 0):,}")
 
 st.header("Latency")
@@ -59,7 +60,8 @@ st.plotly_chart(figures["latency"])
 st.header("Over time")
 steps = run.steps
 if steps.empty:
-    st.info("This run has no steps.")
+    imported = run.meta.get("mode") == "imported"
+    st.info("Imported from another engine: its steps are not known." if imported else "This run has no steps.")
     st.stop()
 st.plotly_chart(figures["throughput"])
 st.plotly_chart(figures["batch"])

@@ -32,7 +32,13 @@ WORKLOAD_OPTIONS = (
     "time_scale",
     "max_requests",
     "seed",
+    "scheduler",
+    "max_num_seqs",
+    "max_num_batched_tokens",
 )
+# What a run folder written before an option existed ran with.
+OPTION_DEFAULTS = {"scheduler": "sglang"}
+IMPORTED_MODE = "imported"
 # Formats without arrival times: only for these does --rate shape the workload.
 FORMATS_WITHOUT_ARRIVALS = ("sharegpt",)
 
@@ -69,7 +75,18 @@ def compare_runs(a: Run, b: Run) -> list[MetricRow]:
 
 
 def _opt(run: Run, name: str):
-    return (run.meta.get("options") or {}).get(name)
+    return (run.meta.get("options") or {}).get(name, OPTION_DEFAULTS.get(name))
+
+
+def _imported_options(a: Run, b: Run) -> set[str] | None:
+    """The options an imported run (of another system) states; None when neither is imported.
+    Only those can be compared: the rest of its engine is not this testbed's options."""
+    stated: set[str] | None = None
+    for run in (a, b):
+        if run.meta.get("mode") == IMPORTED_MODE:
+            known = {k for k, v in (run.meta.get("options") or {}).items() if v is not None}
+            stated = known if stated is None else stated & known
+    return stated
 
 
 def _effective(run: Run, name: str):
@@ -113,10 +130,19 @@ def differences(a: Run, b: Run) -> list[str]:
     if ma != mb:
         out.append(f"model: A {_show(ma)}, B {_show(mb)}")
 
+    imported = _imported_options(a, b)
     for name in WORKLOAD_OPTIONS:
+        if imported is not None and name not in imported:
+            continue
         va, vb = _opt(a, name), _opt(b, name)
         if va != vb:
             out.append(f"{name}: A {_show(va)}, B {_show(vb)}")
+    if imported is not None:
+        # The KV pool only where the imported run states it.
+        ka, kb = _effective(a, "kv_tokens"), _effective(b, "kv_tokens")
+        if ka is not None and kb is not None and ka != kb:
+            out.append(f"kv_tokens: A {_show(ka)}, B {_show(kb)} (KV pool in tokens; give the sim --kv-tokens)")
+        return out
 
     # A KV pool of the same size is the same scheduler, however it was sized
     # (--kv-tokens, device memory, mem_fraction_static, kv_memory_gb).

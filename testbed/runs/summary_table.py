@@ -21,9 +21,10 @@ def format_summary(s: dict, title: str = "") -> str:
         f"requests: {s['completed']} completed, {s.get('rejected', 0)} rejected, {s.get('unfinished', 0)} unfinished"
         f"   duration {s['duration_s']:.2f} s"
     )
+    hit = s.get("cache_hit_rate")  # None: not known (an imported run)
     lines.append(
         f"throughput: {s['request_throughput']:.2f} req/s, {s['output_throughput']:,.0f} output tok/s, "
-        f"{s.get('input_throughput', 0):,.0f} input tok/s   cache hit rate {s['cache_hit_rate'] * 100:.1f}%"
+        f"{s.get('input_throughput', 0):,.0f} input tok/s   cache hit rate {'-' if hit is None else f'{hit * 100:.1f}%'}"
         f"   retractions {s.get('num_retractions', 0)}"
     )
     header = f"{'latency (ms)':<14}{'mean':>12}{'p50':>12}{'p90':>12}{'p99':>12}"

@@ -1,0 +1,229 @@
+"""GPU fidelity: the simulator against real vLLM serving runs on GPUs (a benchmark, not a test).
+
+    python benchmarks/gpu_fidelity.py [--ground-truth ../shared/ground_truth] [--out runs/gpu-fidelity]
+                                      [--hardware NAME|JSON] [--profile PATH] [--json]
+
+For every run folder ground_truth/vllm-* (LLMServingSim's format: requests.jsonl + meta.json):
+
+1. `testbed run import` it into OUT/<run>/real (arrival = queued_ts), with trace.jsonl beside it.
+2. From its meta.json: the model (a bundled config of its Hugging Face id), the GPU
+   (meta.hardware.device_name, else the folder name vllm-<gpu>-<model>; --hardware overrides),
+   tensor parallelism, and the engine settings: max_num_seqs, max_num_batched_tokens, block size,
+   prefix caching, async scheduling, the KV pool (kv_cache.num_kv_tokens, else sized from
+   gpu_memory_utilization). What meta.json leaves out takes vLLM 0.19's defaults (block 16,
+   prefix caching on, async scheduling on, gpu_memory_utilization 0.9).
+3. Replays the trace in sim, every variant on the same KV pool:
+     vllm / roofline     the vLLM scheduler with the run's settings, the roofline of the GPU
+     sglang / roofline   SGLang's scheduler, its nearest settings (max_running_requests =
+                         max_num_seqs, chunked_prefill_size = max_num_batched_tokens)
+     vllm / profile, sglang / profile   the same with --profile PATH (a cost profile of that
+                         GPU and model, e.g. from the kernel database), when given
+   With TP > 1 the roofline sees one GPU of TP times the FLOP/s, bandwidth and memory
+   (all-reduce is not in the roofline: a profile should carry it).
+4. Prints the relative error (sim - real) / real of TTFT and TPOT (mean, p50, p90) and of the
+   mean E2E for each variant, against the 5% target, and writes OUT/gpu_fidelity.json. Every
+   run folder stays under OUT (`testbed compare OUT/<run>/real OUT/<run>/<variant>`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from simulator.hardware import HardwareConfigError, bundled_hardware_names, load_hardware  # noqa: E402
+from testbed.errors import USER_ERRORS  # noqa: E402
+from testbed.options import ReplayOptions  # noqa: E402
+from testbed.replay import replay  # noqa: E402
+from testbed.runs.compare import rel_err  # noqa: E402
+from testbed.runs.folder import load_run  # noqa: E402
+from testbed.runs.import_run import import_run  # noqa: E402
+
+GROUND_TRUTH = ROOT.parent / "shared" / "ground_truth"
+FIGURES = ("mean_ttft_ms", "p50_ttft_ms", "p90_ttft_ms", "mean_tpot_ms", "p50_tpot_ms", "p90_tpot_ms", "mean_e2e_ms")
+HEADERS = ("TTFT mean", "TTFT p50", "TTFT p90", "TPOT mean", "TPOT p50", "TPOT p90", "E2E mean")
+TARGET = 0.05  # every TTFT and TPOT figure
+# vLLM 0.19's defaults for what a meta.json may leave out.
+VLLM_DEFAULTS = {"block_size": 16, "enable_prefix_caching": True, "async_scheduling": True, "gpu_memory_utilization": 0.9}
+
+
+@dataclass(frozen=True)
+class GroundTruthRun:
+    name: str
+    folder: Path
+    model: str  # a bundled config
+    gpu: str  # a bundled hardware spec, or a JSON spec's path
+    tp: int
+    options: ReplayOptions  # the vLLM scheduler with the run's settings
+
+
+def gpu_of(meta: dict, folder: Path) -> str | None:
+    """The bundled hardware spec of the run's GPU: from meta.json's device name, else from the
+    folder name vllm-<gpu>-<model>. Names are compared without case, spaces and dashes."""
+
+    def squash(text: str) -> str:
+        return re.sub(r"[^a-z0-9]", "", text.lower())
+
+    name = squash(((meta.get("hardware") or {}).get("device_name")) or "")
+    stem = squash(folder.name.removeprefix("vllm-").split("-")[0])
+    for hw in sorted(bundled_hardware_names(), key=len, reverse=True):
+        if (name and hw in name) or hw == stem:
+            return hw
+    return None
+
+
+def settings_of(folder: Path, real: Path, hardware: str | None) -> GroundTruthRun:
+    """The model, GPU, TP and vLLM settings of one ground-truth run (ValueError saying what is missing)."""
+    meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").is_file() else {}
+    imported = load_run(real).meta
+    model = imported.get("model")
+    from scheduler.model_config import bundled_model_names
+
+    if model not in bundled_model_names():
+        raise ValueError(f"model {imported.get('source_model')!r} has no bundled config ({', '.join(bundled_model_names())})")
+    gpu = hardware or gpu_of(meta, folder)
+    if gpu is None:
+        raise ValueError(f"no hardware spec for its GPU ({(meta.get('hardware') or {}).get('device_name') or folder.name}); give --hardware")
+    kwargs = meta.get("engine_kwargs") or {}
+    kv = meta.get("kv_cache") or {}
+    sched = (meta.get("resolved_config") or {}).get("scheduler_config") or {}
+    d = VLLM_DEFAULTS
+    opts = ReplayOptions(
+        scheduler="vllm",
+        model=model,
+        max_num_seqs=kwargs.get("max_num_seqs"),
+        max_num_batched_tokens=kwargs.get("max_num_batched_tokens"),
+        page_size=kv.get("block_size") or d["block_size"],
+        disable_radix_cache=not kv.get("enable_prefix_caching", d["enable_prefix_caching"]),
+        overlap=sched.get("async_scheduling", d["async_scheduling"]),
+        kv_tokens=kv.get("num_kv_tokens"),
+        mem_fraction_static=kv.get("gpu_memory_utilization") or d["gpu_memory_utilization"],
+        seed=kwargs.get("seed") or 0,
+    )
+    return GroundTruthRun(folder.name, folder, model, gpu, int(kwargs.get("tensor_parallel_size") or 1), opts)
+
+
+def tp_hardware(gpu: str, tp: int, out: Path) -> str:
+    """The roofline's view of TP GPUs: one device with TP times the peaks and memory."""
+    if tp == 1:
+        return gpu
+    hw = load_hardware(gpu)
+    spec = hw.to_dict() | {
+        "name": f"{hw.name}-x{tp}",
+        "peak_flops": hw.peak_flops * tp,
+        "mem_bandwidth": hw.mem_bandwidth * tp,
+        "memory_bytes": hw.memory_bytes * tp,
+        "description": f"{tp} x {hw.name} as one device (tensor parallel; all-reduce not modelled)",
+    }
+    path = out / f"hardware-{hw.name}-x{tp}.json"
+    path.write_text(json.dumps(spec, indent=2))
+    return str(path)
+
+
+def variants(run: GroundTruthRun, hardware: str, profile: str | None) -> dict[str, ReplayOptions]:
+    vllm = replace(run.options, hardware=hardware)
+    o = run.options
+    sglang = replace(
+        vllm,
+        scheduler="sglang",
+        max_num_seqs=None,
+        max_num_batched_tokens=None,
+        max_running_requests=o.max_num_seqs,
+        chunked_prefill_size=o.max_num_batched_tokens or ReplayOptions().chunked_prefill_size,
+        page_size=1,
+    )
+    out = {"vllm / roofline": vllm, "sglang / roofline": sglang}
+    if profile:
+        out |= {"vllm / profile": replace(vllm, profile=profile), "sglang / profile": replace(sglang, profile=profile)}
+    return out
+
+
+def measure(folder: Path, out: Path, hardware: str | None, profile: str | None) -> dict:
+    run_out = out / folder.name
+    real_dir = run_out / "real"
+    imported = import_run(folder / "requests.jsonl", real_dir, "llmservingsim")
+    run = settings_of(folder, real_dir, hardware)
+    # Every variant on the vLLM run's KV pool: the schedulers are what differs.
+    hw = tp_hardware(run.gpu, run.tp, run_out)
+    real = load_run(real_dir).summary
+    result = {"run": run.name, "model": run.model, "gpu": run.gpu, "tp": run.tp, "real": {k: real.get(k) for k in FIGURES}, "variants": {}}
+    kv_tokens = run.options.kv_tokens
+    for label, opts in variants(run, hw, profile).items():
+        if kv_tokens is not None:
+            opts = replace(opts, kv_tokens=kv_tokens)
+        sim_dir = run_out / label.replace(" / ", "-")
+        try:
+            res = replay(str(imported.trace_path), opts, out=sim_dir)
+        except USER_ERRORS as e:
+            result["variants"][label] = {"error": str(e)}
+            continue
+        if kv_tokens is None:
+            kv_tokens = res.summary["kv_tokens"]  # the vLLM variant's pool, for the others
+        result["variants"][label] = {
+            "run_dir": str(sim_dir),
+            "summary": {k: res.summary.get(k) for k in FIGURES},
+            "rel_err": {k: rel_err(real.get(k), res.summary.get(k)) for k in FIGURES},
+            "kv_tokens": res.summary["kv_tokens"],
+            "wall_s": round(res.wall_s, 2),
+        }
+    return result
+
+
+def format_table(result: dict) -> str:
+    lines = [f"{result['run']}: {result['model']} on {result['gpu']} x{result['tp']}   rel. err = (sim - real) / real, target {TARGET:.0%}"]
+    real = result["real"]
+    head = f"{'':<20}" + "".join(f"{h:>11}" for h in HEADERS)
+    lines += [head, "-" * len(head)]
+    lines.append(f"{'real (ms)':<20}" + "".join(f"{real[k]:>11,.1f}" if real[k] is not None else f"{'-':>11}" for k in FIGURES))
+    for label, v in result["variants"].items():
+        if "error" in v:
+            lines.append(f"{label:<20}error: {v['error']}")
+            continue
+        cells = []
+        for k in FIGURES:
+            e = v["rel_err"][k]
+            mark = "" if e is None or abs(e) <= TARGET or "e2e" in k else "*"
+            cells.append(f"{'-' if e is None else f'{e * 100:+.1f}%'}{mark}".rjust(11))
+        lines.append(f"{label:<20}" + "".join(cells))
+    lines.append("* outside the target")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ground-truth", type=Path, default=GROUND_TRUTH, help="folder of vllm-* runs (default %(default)s)")
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu-fidelity")
+    p.add_argument("--hardware", default=None, help="hardware spec (name or JSON) for every run instead of the one its meta.json names")
+    p.add_argument("--profile", default=None, help="also replay with this cost profile (the run's GPU and model)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = p.parse_args(argv)
+    folders = sorted(f for f in args.ground_truth.glob("vllm-*") if (f / "requests.jsonl").is_file())
+    if not folders:
+        print(f"no vllm-*/requests.jsonl under {args.ground_truth}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for folder in folders:
+        try:
+            result = measure(folder, args.out, args.hardware, args.profile)
+        except (ValueError, HardwareConfigError, *USER_ERRORS) as e:
+            result = {"run": folder.name, "error": str(e)}
+            print(f"{folder.name}: skipped: {e}", file=sys.stderr)
+        results.append(result)
+        if "error" not in result and not args.json:
+            print(format_table(result) + "\n")
+    (args.out / "gpu_fidelity.json").write_text(json.dumps(results, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(results, indent=2))
+    print(f"results: {args.out / 'gpu_fidelity.json'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

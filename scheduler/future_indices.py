@@ -1,0 +1,32 @@
+"""Future indices: how an overlapped batch names tokens still on the device.
+
+In overlap mode batch N+1 is scheduled before batch N's tokens reach the CPU. Each
+request that samples in batch N gets a future index f; its next input is the
+placeholder -f, which the executor resolves on the device from the token batch N
+stored at f. Both schedulers hand out indices the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from scheduler.forward_plan import ForwardPlan
+from scheduler.req import Req
+
+FUTURE_MAP_SIZE = 1 << 20  # future indices cycle; far more than the tokens ever in flight
+
+
+class FutureIndices:
+    def __init__(self) -> None:
+        self._last = 0
+
+    def assign(self, plan: ForwardPlan, reqs: Sequence[Req]) -> None:
+        """Name the outputs of plan's requests; a sampling request's pending token becomes -index."""
+        start = self._last + 1
+        if start + len(reqs) > FUTURE_MAP_SIZE:
+            start = 1
+        self._last = start + len(reqs) - 1
+        plan.future_indices = future = list(range(start, start + len(reqs)))
+        for r, f, sample in zip(reqs, future, plan.sample):
+            if sample:
+                r.pending_token = -f

@@ -1,0 +1,58 @@
+"""The end-of-run checks both schedulers make: every KV slot free or held by the cache,
+nothing locked, every request finished (or rejected) with exactly its output length."""
+
+from __future__ import annotations
+
+from typing import Sized
+
+from scheduler.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
+from scheduler.req import FinishReason, Req
+
+
+class InvariantError(AssertionError):
+    pass
+
+
+def check_end_of_run(
+    *,
+    idle: bool,
+    waiting: Sized,
+    num_running: int,
+    allocator: TokenToKVPoolAllocator,
+    cache,
+    req_to_token_pool: ReqToTokenPool,
+    done: list[Req],
+    num_requests: int,
+) -> None:
+    """Raise InvariantError naming every broken invariant."""
+    alloc = allocator
+    errors: list[str] = []
+    if not idle:
+        errors.append(f"{len(waiting)} waiting and {num_running} running requests left")
+    # O(pages ever used), not O(pool): pages past next_fresh_page were never handed out.
+    free_pages = alloc.free_pages
+    free_set = set(free_pages)
+    if len(free_set) != len(free_pages) or any(p >= alloc.next_fresh_page for p in free_pages):
+        errors.append("a KV page is free twice, or a fresh page is on the free list")
+    if cache.protected_size() != 0:
+        errors.append(f"{cache.protected_size()} KV slots still locked in the cache")
+    held = cache.all_values()
+    ps = alloc.page_size
+    held_pages = {v // ps for v in held}
+    if len(held) != cache.evictable_size() or held_pages & free_set:
+        errors.append("the cache's slots and its evictable size disagree, or a cached page is also free")
+    leaked = alloc.next_fresh_page - len(free_set) - len(held_pages)
+    if leaked:
+        errors.append(f"KV leak: {leaked} pages neither free nor cached")
+    if req_to_token_pool.available_size() != req_to_token_pool.size:
+        errors.append("request slots leaked")
+    if len(done) != num_requests:
+        errors.append(f"{num_requests - len(done)} requests never finished")
+    for r in done:
+        if r.finished_reason == FinishReason.REJECTED:
+            continue
+        if r.sampling_params.ignore_eos and len(r.output_ids) != r.max_new_tokens:
+            errors.append(f"request {r.rid} produced {len(r.output_ids)} tokens, expected {r.max_new_tokens}")
+            break
+    if errors:
+        raise InvariantError("; ".join(errors))

@@ -1,0 +1,58 @@
+"""What the event loop, the drivers and a replay need from a scheduler.
+
+SGLang's scheduler (scheduler.py) and the vLLM-style one (vllm_scheduler.py) both
+satisfy SchedulerCore, so the one loop (loop.py) runs either on either clock. The
+loop reads nothing else: the attributes below are what it records in each step's row.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sized
+
+from scheduler.forward_plan import ForwardPlan
+from scheduler.req import Req
+
+
+class RunningSet(Protocol):
+    def batch_size(self) -> int: ...
+
+
+class PrefixCache(Protocol):
+    def evictable_size(self) -> int: ...
+
+
+class PlannedBatch(Protocol):
+    """A scheduled batch: its plan is what the forward runs."""
+
+    plan: ForwardPlan | None
+
+
+class Launched(Protocol):
+    """A batch as launched: what processing its result and the step record need."""
+
+    plan: ForwardPlan
+    num_retracted: int  # requests retracted (SGLang) or preempted (vLLM) when it was scheduled
+    cache_hit_tokens: int  # prefix tokens newly admitted requests reused from the cache
+
+
+class SchedulerCore(Protocol):
+    waiting_queue: Sized
+    running_batch: RunningSet
+    tree_cache: PrefixCache
+    done: list[Req]  # finished and rejected requests, in finishing order
+
+    def add_request(self, req: Req) -> None: ...
+
+    def get_next_batch_to_run(self) -> PlannedBatch | None: ...
+
+    def launch(self, batch: PlannedBatch, now: float, overlap: bool) -> Launched: ...
+
+    def process_batch_result(self, launched: Launched, next_token_ids: list[int], now: float) -> None: ...
+
+    def on_idle(self) -> None: ...
+
+    def is_idle(self) -> bool: ...
+
+    def kv_used_tokens(self) -> int: ...
+
+    def check_invariants(self) -> None: ...

@@ -1,0 +1,472 @@
+"""VllmScheduler: vLLM v1's scheduler (release 0.19.0) on this project's pools and radix cache.
+
+There is no prefill phase and no decode phase: every request has tokens it knows
+(prompt + outputs) and tokens whose KV is computed (Req.seq_len, vLLM's
+num_computed_tokens); each step hands out one token budget (max_num_batched_tokens)
+so that the computed tokens catch up. One step (vllm/v1/core/sched/scheduler.py,
+Scheduler.schedule):
+
+1. Running requests first, in admission order: each is scheduled for every token it
+   has not computed (a decode: 1; a prefill: the rest of its prompt), capped by what
+   is left of the budget. When its KV blocks cannot be allocated (free blocks plus
+   evictable cached ones), the most recently admitted running request is preempted
+   (priority policy: the lowest priority, latest arrival): its KV is freed, it goes
+   back to the front of the waiting queue and is recomputed later from scratch (its
+   cached full blocks may still hit). A request that would preempt itself waits.
+2. Only if nothing was preempted: waiting requests in queue order, while budget is
+   left and fewer than max_num_seqs run. Each reuses its longest cached prefix at
+   block granularity (all tokens but the last at most), is admitted only if all its
+   tokens fit the free KV (scheduler_reserve_full_isl), and is scheduled for
+   min(uncomputed tokens, budget): a long prompt becomes a chunked prefill that the
+   running pass continues next step.
+
+Scheduled requests' full blocks enter the prefix cache in the step that allocates them,
+as vLLM caches them: a request admitted later in the same step can hit them (running
+requests' blocks after the running pass, so that a request preempted in that pass leaves
+no block in the cache whose KV no forward computes). A step mixes decodes and prefill
+chunks in one ForwardPlan (ForwardMode.MIXED).
+
+Async scheduling is the loop's overlap mode (AsyncScheduler): a step is scheduled while
+the previous one runs; a request whose in-flight token is its last is not scheduled
+again, and a request preempted while its token was in flight keeps that token.
+
+Deliberate simplifications against vLLM 0.19: no speculative decoding, encoder inputs,
+LoRA, KV connectors, structured output, sliding windows, long_prefill_token_threshold
+or partial-prefill limits; prefix hits are the radix tree's page-granular match (vLLM
+hashes full blocks: the same hits); eviction is LRU over unreferenced leaves (vLLM: LRU
+over freed blocks, a sequence's tail first); a request whose next blocks another
+request cached first keeps its own copies uncached until it finishes (vLLM keeps such
+duplicate blocks too); no null block is set aside.
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterator
+
+from scheduler.chunk_cache import ChunkCache
+from scheduler.forward_plan import ForwardMode, ForwardPlan
+from scheduler.future_indices import FutureIndices
+from scheduler.ids import ids
+from scheduler.invariants import check_end_of_run
+from scheduler.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
+from scheduler.radix_cache import RadixCache
+from scheduler.req import FinishReason, Req
+from scheduler.scheduler import LaunchedBatch
+from scheduler.vllm_config import VllmSchedulerConfig
+
+
+class RunningQueue(list):
+    """vLLM's running list, in admission order; batch_size() is what the loop records."""
+
+    def batch_size(self) -> int:
+        return len(self)
+
+
+class WaitingQueue:
+    """vLLM's waiting queue: FCFS (preempted requests go back to the front) or priority
+    (a heap on (priority, arrival): a smaller priority value runs first, as in vLLM)."""
+
+    def __init__(self, policy: str) -> None:
+        self.by_priority = policy == "priority"
+        self._fifo: deque[Req] = deque()
+        self._heap: list[tuple[int, float, int, Req]] = []
+
+    def __len__(self) -> int:
+        return len(self._heap) if self.by_priority else len(self._fifo)
+
+    def __iter__(self) -> Iterator[Req]:
+        return (e[-1] for e in sorted(self._heap)) if self.by_priority else iter(self._fifo)
+
+    def add(self, req: Req) -> None:
+        if self.by_priority:
+            heapq.heappush(self._heap, (req.priority, req.arrival_time, req.index, req))
+        else:
+            self._fifo.append(req)
+
+    def prepend(self, req: Req) -> None:
+        """A preempted request: first in line under FCFS, by its key under priority."""
+        if self.by_priority:
+            self.add(req)
+        else:
+            self._fifo.appendleft(req)
+
+    def peek(self) -> Req:
+        return self._heap[0][-1] if self.by_priority else self._fifo[0]
+
+    def pop(self) -> Req:
+        return heapq.heappop(self._heap)[-1] if self.by_priority else self._fifo.popleft()
+
+    def remove(self, req: Req) -> None:
+        if self.by_priority:
+            self._heap = [e for e in self._heap if e[-1] is not req]
+            heapq.heapify(self._heap)
+        else:
+            self._fifo.remove(req)
+
+
+@dataclass(eq=False, slots=True)
+class _Scheduled:
+    req: Req
+    before: int  # tokens computed before this step
+    num_new: int  # tokens this step computes
+    sample: bool  # the step reaches every known token: its last position is sampled
+    locs: array  # the KV slots of the new tokens
+
+
+@dataclass(eq=False, slots=True)
+class VllmBatch:
+    reqs: list[Req]
+    plan: ForwardPlan
+    num_preempted: int
+    cache_hit_tokens: int
+
+
+class VllmScheduler:
+    def __init__(self, config: VllmSchedulerConfig) -> None:
+        self.config = config
+        ps = self.page_size = config.page_size
+        self.req_to_token_pool = ReqToTokenPool(config.max_num_seqs, journal=config.journal_row_writes)
+        self.allocator = TokenToKVPoolAllocator(config.kv_tokens, ps)
+        cache_cls = RadixCache if config.enable_prefix_caching else ChunkCache
+        self.tree_cache = cache_cls(self.req_to_token_pool, self.allocator, ps)
+        self.waiting_queue = WaitingQueue(config.policy)
+        self.running = RunningQueue()
+        self.done: list[Req] = []  # finished and rejected requests, in finishing order
+        self.num_requests = 0
+        self.num_preemptions = 0
+        self._future = FutureIndices()
+
+    @property
+    def running_batch(self) -> RunningQueue:
+        return self.running
+
+    # -- admission ------------------------------------------------------------
+    def add_request(self, req: Req) -> None:
+        self.num_requests += 1
+        need = req.input_len + req.max_new_tokens
+        kv_need = need - 1  # the last output token is never fed back
+        if need > self.config.context_len:
+            self._reject(req, f"input {req.input_len} + output {req.max_new_tokens} tokens exceed the context length {self.config.context_len}")
+        elif -(-kv_need // self.page_size) > self.allocator.num_pages:
+            self._reject(req, f"input {req.input_len} + output {req.max_new_tokens} tokens do not fit the KV pool of {self.allocator.size} tokens")
+        else:
+            self.waiting_queue.add(req)
+
+    def _reject(self, req: Req, reason: str) -> None:
+        req.finished_reason = FinishReason.REJECTED
+        req.reject_reason = reason
+        req.finish_time = req.arrival_time
+        self.done.append(req)
+
+    def is_idle(self) -> bool:
+        return not self.waiting_queue and not self.running
+
+    def kv_used_tokens(self) -> int:
+        """Slots held by requests or locked in the cache (not counting evictable cache)."""
+        return self.allocator.size - self.allocator.available_size() - self.tree_cache.evictable_size()
+
+    def on_idle(self) -> None:
+        pass  # vLLM keeps no estimate that an idle engine resets
+
+    # -- one step -----------------------------------------------------------------
+    def get_next_batch_to_run(self) -> VllmBatch | None:
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[_Scheduled] = []
+        num_preempted = 0
+        running = self.running
+        self._evict_for_running(budget)
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            pending = req.pending_token is not None
+            if pending and len(req.output_ids) + 1 >= req.max_new_tokens:
+                i += 1  # async: its token in flight is its last; no extra step
+                continue
+            known = req.input_len + len(req.output_ids) + pending
+            num_new = min(known - req.seq_len, budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            before = req.seq_len
+            locs = self._allocate(req, num_new, cache_blocks=False)
+            while locs is None:
+                victim = self._pick_victim()
+                num_preempted += 1
+                if victim is req:
+                    self._preempt(req)
+                    break
+                done_before = next((s for s in scheduled if s.req is victim), None)
+                if done_before is not None:  # priority: it was scheduled earlier in this step
+                    scheduled.remove(done_before)
+                    budget += done_before.num_new
+                    i -= 1
+                self._preempt(victim)
+                locs = self._allocate(req, num_new, cache_blocks=False)
+            if locs is None:
+                break
+            scheduled.append(_Scheduled(req, before, num_new, before + num_new == known, locs))
+            budget -= num_new
+            i += 1
+        # Their new full blocks enter the cache only now: a request preempted later in this
+        # pass (priority) must not leave blocks in the cache whose KV no forward computes.
+        for s in scheduled:
+            self._cache_full_blocks(s.req)
+
+        hits = 0
+        if not num_preempted:
+            hits = self._schedule_waiting(scheduled, budget)
+        if not scheduled:
+            return None
+        self.num_preemptions += num_preempted
+        return VllmBatch([s.req for s in scheduled], self._plan(scheduled), num_preempted, hits)
+
+    def _pick_victim(self) -> Req:
+        """The request to preempt: the last admitted (FCFS), or the lowest priority, latest arrival."""
+        running = self.running
+        if self.config.policy == "priority":
+            victim = max(running, key=lambda r: (r.priority, r.arrival_time, r.index))
+            running.remove(victim)
+            return victim
+        return running.pop()
+
+    def _schedule_waiting(self, scheduled: list[_Scheduled], budget: int) -> int:
+        """Admit waiting requests into this step; return the prefix tokens they reuse."""
+        waiting, running, cache, ps = self.waiting_queue, self.running, self.tree_cache, self.page_size
+        hits = 0
+        while waiting and budget > 0 and len(running) < self.config.max_num_seqs:
+            req = waiting.peek()
+            if req.pending_token is not None:
+                # Preempted while its token was in flight, and the loop asks again before that
+                # result is processed (the first ask scheduled nothing): it waits for it.
+                break
+            tokens = self._known_tokens(req)
+            known = len(tokens)
+            prefix, node = cache.match_prefix(tokens, known - 1)
+            computed = len(prefix)
+            cache.inc_lock_ref(node)  # its cached blocks stop counting as evictable
+            if self.config.reserve_full_prompt:
+                need_pages = -(-known // ps) - computed // ps
+                if need_pages > self.allocator.num_free_pages() + cache.evictable_size() // ps:
+                    cache.dec_lock_ref(node)
+                    break
+            slot = self.req_to_token_pool.alloc()
+            assert slot is not None, "max_num_seqs rows serve max_num_seqs running requests"
+            req.req_pool_idx, req.prefix_indices, req.last_node, req.seq_len = slot, prefix, node, computed
+            self.req_to_token_pool.write(slot, 0, prefix)
+            num_new = min(known - computed, budget)
+            locs = self._allocate(req, num_new)
+            if locs is None:  # only without the full-prompt reservation
+                self._release(req)
+                break
+            waiting.pop()
+            running.append(req)
+            req.cached_tokens += computed
+            req.prefill_tokens += known
+            hits += computed
+            scheduled.append(_Scheduled(req, computed, num_new, computed + num_new == known, locs))
+            budget -= num_new
+        return hits
+
+    # -- KV ---------------------------------------------------------------------------
+    def _known_tokens(self, req: Req) -> array:
+        prompt = req.origin_input_ids
+        return prompt + ids(req.output_ids) if req.output_ids else prompt
+
+    def _evict_for_running(self, budget: int) -> None:
+        """Evict, once, the cached blocks the running requests' next tokens will need: one
+        pass over the cache's leaves per step instead of one per request (the same LRU
+        victims, taken together)."""
+        ps, need, left = self.page_size, 0, budget
+        for req in self.running:
+            if left <= 0:
+                break
+            pending = req.pending_token is not None
+            if pending and len(req.output_ids) + 1 >= req.max_new_tokens:
+                continue  # not scheduled: its last token is in flight
+            n = min(req.input_len + len(req.output_ids) + pending - req.seq_len, left)
+            if n > 0:
+                need += -(-(req.seq_len + n) // ps) - (-(-req.seq_len // ps))
+                left -= n
+        short = need - self.allocator.num_free_pages()
+        if short > 0:
+            self.tree_cache.evict(short * ps)
+
+    def _allocate(self, req: Req, num_new: int, cache_blocks: bool = True) -> array | None:
+        """KV slots for req's next num_new tokens (evicting cached blocks if short); None if
+        the pool lacks blocks, then nothing is allocated. With cache_blocks, its full blocks
+        enter the prefix cache at once (vLLM caches them when it allocates them)."""
+        alloc, ps, pool = self.allocator, self.page_size, self.req_to_token_pool
+        before = req.seq_len
+        row = pool.req_to_token[req.req_pool_idx]
+        if num_new == 1 and before % ps:  # a decode inside its last page: the next slot
+            locs = ids((row[before - 1] + 1,))
+        else:
+            need_pages = -(-(before + num_new) // ps) - (-(-before // ps))
+            short = need_pages - alloc.num_free_pages()
+            if short > 0:
+                self.tree_cache.evict(short * ps)
+                if need_pages > alloc.num_free_pages():
+                    return None
+            last = row[before - 1] if before else -1
+            locs = alloc.alloc_extend([last], [before], [num_new])
+            assert locs is not None
+        pool.write(req.req_pool_idx, before, locs)
+        req.seq_len = before + num_new
+        if cache_blocks:
+            self._cache_full_blocks(req)
+        return locs
+
+    def _cache_full_blocks(self, req: Req) -> None:
+        """Put req's full blocks of known tokens in the prefix cache; it keeps using them, locked."""
+        if self.tree_cache.disabled:
+            return
+        ps = self.page_size
+        full = min(req.seq_len, req.input_len + len(req.output_ids)) // ps * ps
+        have = len(req.prefix_indices)
+        if full <= have:
+            return
+        tokens = self._known_tokens(req)[:full]
+        cache = self.tree_cache
+        matched, _ = cache.match_prefix(tokens)
+        if len(matched) > have:
+            return  # another request cached some of these blocks first: ours stay private
+        kv = self.req_to_token_pool.get(req.req_pool_idx, 0, full)
+        _, node = cache._insert(tokens, kv)  # the tree takes our slots past `have`
+        cache.inc_lock_ref(node)
+        cache.dec_lock_ref(req.last_node)
+        req.prefix_indices, req.last_node = kv, node
+
+    def _release(self, req: Req) -> None:
+        """Free the request's KV: its private slots, its row, its lock on cached blocks."""
+        pool = self.req_to_token_pool
+        # Cached blocks stay in the cache (unlocked, evictable); the rest is the request's own.
+        self.allocator.free(pool.get(req.req_pool_idx, len(req.prefix_indices), req.seq_len))
+        pool.free(req.req_pool_idx)
+        self.tree_cache.dec_lock_ref(req.last_node)
+        req.req_pool_idx, req.prefix_indices, req.last_node, req.seq_len = None, ids(), None, 0
+
+    def _preempt(self, req: Req) -> None:
+        """vLLM's preemption by recompute: free the KV, back to the front of the waiting queue."""
+        self._release(req)
+        req.num_retractions += 1
+        self.waiting_queue.prepend(req)
+
+    # -- the plan -----------------------------------------------------------------------
+    def _new_token_ids(self, req: Req, start: int, end: int) -> array:
+        """Tokens at positions [start, end): prompt, outputs, then the one still in flight."""
+        prompt_len, outs = req.input_len, req.output_ids
+        out = ids()
+        if start < prompt_len:
+            out.extend(req.origin_input_ids[start : min(end, prompt_len)])
+        if end > prompt_len:
+            out.extend(outs[max(start - prompt_len, 0) : end - prompt_len])
+            if end - prompt_len > len(outs):
+                out.append(req.pending_token)
+        return out
+
+    def _plan(self, scheduled: list[_Scheduled]) -> ForwardPlan:
+        prefix_lens = [s.before for s in scheduled]
+        extend_lens = [s.num_new for s in scheduled]
+        sample = [s.sample for s in scheduled]
+        decoding = [s.num_new == 1 and s.sample and s.before >= s.req.input_len for s in scheduled]
+        if all(decoding):
+            mode = ForwardMode.DECODE
+        else:
+            mode = ForwardMode.MIXED if any(decoding) else ForwardMode.EXTEND
+        input_ids = ids()
+        out_cache_loc = ids()
+        for s in scheduled:
+            req = s.req
+            k = s.before - req.input_len
+            if s.num_new == 1 and 0 <= k:  # a decode: its last output, or the one in flight
+                input_ids.append(req.output_ids[k] if k < len(req.output_ids) else req.pending_token)
+            else:
+                input_ids.extend(self._new_token_ids(req, s.before, s.before + s.num_new))
+            out_cache_loc.extend(s.locs)
+        num_tokens, sum_seq, sum_prefix, pairs, longest = ForwardPlan.summarize(prefix_lens, extend_lens)
+        return ForwardPlan(
+            mode=mode,
+            req_pool_indices=[s.req.req_pool_idx for s in scheduled],
+            prefix_lens=prefix_lens,
+            extend_lens=extend_lens,
+            seq_lens=[p + n for p, n in zip(prefix_lens, extend_lens)],
+            sampling=[s.req.sampling_params for s in scheduled],
+            sample=sample,
+            out_cache_loc=out_cache_loc,
+            row_writes=self.req_to_token_pool.take_journal(),
+            _input_ids=input_ids,
+            num_tokens=num_tokens,
+            sum_seq_len=sum_seq,
+            sum_prefix_len=sum_prefix,
+            attention_pairs=pairs,
+            max_seq_len=longest,
+        )
+
+    # -- launch and results -------------------------------------------------------------
+    def launch(self, batch: VllmBatch, now: float, overlap: bool) -> LaunchedBatch:
+        plan, reqs = batch.plan, batch.reqs
+        if overlap:
+            self._future.assign(plan, reqs)
+        for r in reqs:
+            if r.scheduled_time is None:
+                r.scheduled_time = now
+        return LaunchedBatch(reqs, plan, None, batch.num_preempted, batch.cache_hit_tokens)
+
+    def process_batch_result(self, launched: LaunchedBatch, next_token_ids: list[int], now: float) -> None:
+        plan = launched.plan
+        future = plan.future_indices
+        ps = self.page_size
+        finished_any = False
+        offset = 0
+        for i, req in enumerate(launched.reqs):
+            loc = offset
+            offset += plan.extend_lens[i]
+            if not plan.sample[i]:
+                continue  # a prefill chunk short of the prompt's end samples nothing
+            if req.finished_reason is not None:
+                # Async: it stopped one step earlier (EOS); this token is the extra one. Its
+                # slot started a new page that finishing did not free.
+                if plan.prefix_lens[i] % ps == 0:
+                    self.allocator.free(plan.out_cache_loc[loc : loc + 1])
+                continue
+            if future is not None and req.pending_token == -future[i]:
+                req.pending_token = None
+            out = req.output_ids
+            out.append(next_token_ids[i])
+            req.token_times.append(now)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            if len(out) >= req.max_new_tokens or not req.sampling_params.ignore_eos:
+                req.check_finished()
+            if req.finished_reason is None:
+                continue
+            req.finish_time = now
+            if req.req_pool_idx is not None:
+                self.tree_cache.cache_finished_req(req)  # frees its row and unlocks its blocks
+                req.req_pool_idx = None
+            else:
+                self.waiting_queue.remove(req)  # preempted while its last token was in flight
+            req.pending_token = None
+            req.release_tokens()
+            self.done.append(req)
+            finished_any = True
+        if finished_any:
+            self.running[:] = [r for r in self.running if not r.finished()]
+
+    # -- checks -------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """At the end of a run: every KV slot free or held by the cache, every request done right."""
+        check_end_of_run(
+            idle=self.is_idle(),
+            waiting=self.waiting_queue,
+            num_running=len(self.running),
+            allocator=self.allocator,
+            cache=self.tree_cache,
+            req_to_token_pool=self.req_to_token_pool,
+            done=self.done,
+            num_requests=self.num_requests,
+        )

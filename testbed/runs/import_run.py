@@ -1,0 +1,92 @@
+"""An imported run as a run folder, with the trace it implies beside it.
+
+The folder has a replay's schema (testbed.runs.folder): run.json with mode "imported",
+the source file's format and sha256, what the source lacks, the engine settings it
+carries and the replay options they amount to; requests.parquet from the project's own
+metrics; steps.parquet empty with its columns (the steps of another engine are unknown);
+and trace.jsonl, the run's arrivals and lengths in the native format, so that
+`testbed replay DIR/trace.jsonl` simulates exactly that workload and `testbed compare`
+accepts the pair (same trace sha256).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from scheduler.model_config import bundled_model_names
+from scheduler.step_log import StepLog
+from testbed.errors import TraceError
+from testbed.runs import metrics
+from testbed.runs.folder import REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE, steps_frame, versions, write_json, write_parquet
+from testbed.runs.importers import load_import
+from testbed.traces.schema import Trace, TraceRequest, file_sha256
+
+TRACE_FILE = "trace.jsonl"
+IMPORTED_MODE = "imported"
+
+
+@dataclass
+class ImportResult:
+    run_dir: Path
+    trace_path: Path
+    summary: dict
+    format: str
+    missing: list[str]
+
+
+def bundled_model(source_model: str | None) -> str | None:
+    """The bundled config of a Hugging Face id (meta-llama/Llama-3.1-8B -> llama-3.1-8b), if one ships."""
+    if not source_model:
+        return None
+    key = str(source_model).rstrip("/").rsplit("/", 1)[-1].lower()
+    return key if key in bundled_model_names() else None
+
+
+def import_run(path: str | Path, out: str | Path, format: str | None = None, *, entry: int | None = None, seed: int = 0) -> ImportResult:
+    wall_start = time.perf_counter()
+    imported = load_import(path, format, entry=entry, seed=seed)
+    reqs = imported.requests
+    done = [r for r in reqs if r.finished()]
+    if not done:
+        raise TraceError(str(path), None, None, "no request completed: there is no workload to replay")
+    for i, r in enumerate(reqs):  # the trace's order: completed by arrival, then the failed
+        r.index = i
+    run_dir = Path(out)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    trace_path = run_dir / TRACE_FILE
+    trace = Trace([TraceRequest(r.arrival_time, r.input_len, len(r.output_ids), rid=r.rid) for r in done], format="native")
+    trace.write(trace_path)
+
+    df = metrics.requests_frame(reqs)
+    write_parquet(run_dir / REQUESTS_FILE, df)
+    write_parquet(run_dir / STEPS_FILE, steps_frame(StepLog().cols))  # another engine's steps are unknown
+    summary = metrics.summarize(df) | {"num_steps": None, "kv_tokens": imported.kv_tokens}
+    summary["cache_hit_rate"] = None  # no source reports its cached tokens
+    meta = {
+        "status": "complete",
+        "mode": IMPORTED_MODE,
+        "trace": {"path": str(trace_path), "sha256": file_sha256(trace_path), "format": trace.format, "num_requests": len(trace)},
+        "source": {
+            "path": str(path),
+            "format": imported.format,
+            "sha256": file_sha256(path),
+            "missing": imported.missing,
+        },
+        "options": imported.options,
+        "model": bundled_model(imported.model) or imported.model,
+        "source_model": imported.model,
+        "hardware": imported.hardware,
+        "engine": imported.engine,
+        "scheduler": {"name": imported.scheduler},
+        "versions": versions(),
+        "summary": summary,
+    }
+    write_json(run_dir / RUN_FILE, meta)
+    write_json(
+        run_dir / WALL_FILE,
+        {"created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "wall_s": round(time.perf_counter() - wall_start, 3)},
+    )
+    return ImportResult(run_dir, trace_path, summary, imported.format, imported.missing)
