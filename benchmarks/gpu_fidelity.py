@@ -1,26 +1,29 @@
 """GPU fidelity: the simulator against real vLLM serving runs on GPUs (a benchmark, not a test).
 
     python benchmarks/gpu_fidelity.py [--ground-truth ../shared/ground_truth] [--out runs/gpu-fidelity]
-                                      [--hardware NAME|JSON] [--profile PATH] [--json]
+                                      [--hardware NAME|JSON] [--profile PATH] [--no-kernels] [--json]
 
 For every run folder ground_truth/vllm-* (LLMServingSim's format: requests.jsonl + meta.json):
 
 1. `testbed run import` it into OUT/<run>/real (arrival = queued_ts), with trace.jsonl beside it.
-2. From its meta.json: the model (a bundled config of its Hugging Face id), the GPU
-   (meta.hardware.device_name, else the folder name vllm-<gpu>-<model>; --hardware overrides),
+2. From its meta.json: the model (a bundled config of its Hugging Face id), the GPU (one of
+   AIConfigurator's systems, else a bundled spec, matched to meta.hardware.device_name, else to
+   the folder name vllm-<gpu>-<model>; --hardware overrides),
    tensor parallelism, and the engine settings: max_num_seqs, max_num_batched_tokens, block size,
    prefix caching, async scheduling, the KV pool (kv_cache.num_kv_tokens, else sized from
    gpu_memory_utilization). What meta.json leaves out takes vLLM 0.19's defaults (block 16,
    prefix caching on, async scheduling on, gpu_memory_utilization 0.9).
-3. Replays the trace in sim, every variant on the same KV pool:
-     vllm / roofline     the vLLM scheduler with the run's settings, the roofline of the GPU
-     sglang / roofline   SGLang's scheduler, its nearest settings (max_running_requests =
-                         max_num_seqs, chunked_prefill_size = max_num_batched_tokens)
-     vllm / profile, sglang / profile   the same with --profile PATH (a cost profile of that
-                         GPU and model, e.g. from the kernel database), when given
-   With TP > 1 the roofline sees one GPU of TP times the FLOP/s, bandwidth and memory
-   (all-reduce is not in the roofline: a profile should carry it).
-4. Prints the relative error (sim - real) / real of TTFT and TPOT (mean, p50, p90) and of the
+3. Builds the kernel profile of that GPU, model and TP from AIConfigurator's database with the
+   run's backend (vllm, at the database's version nearest the run's), as `testbed calibrate
+   --source aiconfigurator` does, into OUT/<run>/kernels.json.
+4. Replays the trace in sim, every variant on the same KV pool and at the run's TP (--tp):
+     vllm / kernels      the vLLM scheduler with the run's settings, the kernel profile
+     vllm / roofline     the same scheduler, the roofline of the GPU
+     sglang / kernels    SGLang's scheduler, its nearest settings (max_running_requests =
+     sglang / roofline   max_num_seqs, chunked_prefill_size = max_num_batched_tokens)
+     vllm / profile, sglang / profile   the same with --profile PATH, when given
+   so the table shows what the cost model and what the scheduler contribute.
+5. Prints the relative error (sim - real) / real of TTFT and TPOT (mean, p50, p90) and of the
    mean E2E for each variant, against the 5% target, and writes OUT/gpu_fidelity.json. Every
    run folder stays under OUT (`testbed compare OUT/<run>/real OUT/<run>/<variant>`).
 """
@@ -37,7 +40,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from simulator.hardware import HardwareConfigError, bundled_hardware_names, load_hardware  # noqa: E402
+from simulator import kernel_db  # noqa: E402
+from simulator.hardware import HardwareConfigError, bundled_hardware_names  # noqa: E402
+from simulator.kernel_profile import build_kernel_profile  # noqa: E402
 from testbed.errors import USER_ERRORS  # noqa: E402
 from testbed.options import ReplayOptions  # noqa: E402
 from testbed.replay import replay  # noqa: E402
@@ -58,24 +63,51 @@ class GroundTruthRun:
     name: str
     folder: Path
     model: str  # a bundled config
-    gpu: str  # a bundled hardware spec, or a JSON spec's path
+    gpu: str  # an AIConfigurator system, a bundled hardware spec, or a JSON spec's path
     tp: int
     options: ReplayOptions  # the vLLM scheduler with the run's settings
 
 
+FORM_FACTORS = ("sxm", "pcie", "server", "nvl")  # words of a system name that a device name may leave out
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
 def gpu_of(meta: dict, folder: Path) -> str | None:
-    """The bundled hardware spec of the run's GPU: from meta.json's device name, else from the
-    folder name vllm-<gpu>-<model>. Names are compared without case, spaces and dashes."""
-
-    def squash(text: str) -> str:
-        return re.sub(r"[^a-z0-9]", "", text.lower())
-
-    name = squash(((meta.get("hardware") or {}).get("device_name")) or "")
-    stem = squash(folder.name.removeprefix("vllm-").split("-")[0])
+    """The run's GPU as a hardware name: an AIConfigurator system (its kernels price the forwards)
+    whose name without its form factor is in meta.json's device name (else in the folder name
+    vllm-<gpu>-<model>), preferring the form factor the name mentions, then SXM; else a bundled
+    spec found the same way. Names are compared without case, spaces and punctuation."""
+    device = _squash(((meta.get("hardware") or {}).get("device_name")) or "")
+    stem = _squash(folder.name.removeprefix("vllm-").split("-")[0])
+    text = device or stem
+    matches = []
+    for system in kernel_db.system_names():
+        words = system.split("_")
+        core = _squash("".join(w for w in words if w not in FORM_FACTORS))
+        if core and core in text:
+            form = next((w for w in words if w in FORM_FACTORS), "")
+            matches.append((len(core), form != "" and form in text, form == "sxm", system))
+    if matches:
+        return max(matches)[3]
     for hw in sorted(bundled_hardware_names(), key=len, reverse=True):
-        if (name and hw in name) or hw == stem:
+        if hw in text:
             return hw
     return None
+
+
+def nearest_version(versions: list[str], wanted: str | None) -> str | None:
+    """The version closest to `wanted` (the run's engine release); None: the database's default."""
+    if not wanted or not versions:
+        return None
+
+    def key(v: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+    w = key(wanted)
+    return min(versions, key=lambda v: (sum(abs(a - b) * 1000 ** (2 - i) for i, (a, b) in enumerate(zip(key(v), w))), v))
 
 
 def settings_of(folder: Path, real: Path, hardware: str | None) -> GroundTruthRun:
@@ -109,25 +141,23 @@ def settings_of(folder: Path, real: Path, hardware: str | None) -> GroundTruthRu
     return GroundTruthRun(folder.name, folder, model, gpu, int(kwargs.get("tensor_parallel_size") or 1), opts)
 
 
-def tp_hardware(gpu: str, tp: int, out: Path) -> str:
-    """The roofline's view of TP GPUs: one device with TP times the peaks and memory."""
-    if tp == 1:
-        return gpu
-    hw = load_hardware(gpu)
-    spec = hw.to_dict() | {
-        "name": f"{hw.name}-x{tp}",
-        "peak_flops": hw.peak_flops * tp,
-        "mem_bandwidth": hw.mem_bandwidth * tp,
-        "memory_bytes": hw.memory_bytes * tp,
-        "description": f"{tp} x {hw.name} as one device (tensor parallel; all-reduce not modelled)",
-    }
-    path = out / f"hardware-{hw.name}-x{tp}.json"
-    path.write_text(json.dumps(spec, indent=2))
-    return str(path)
+def kernel_profile(run: GroundTruthRun, meta: dict, out: Path) -> tuple[str | None, str]:
+    """The kernel profile of the run's GPU, model and TP with vLLM's kernels (path, or None and why not)."""
+    versions = kernel_db.available().get(run.gpu, {}).get("vllm", [])
+    if not versions:
+        return None, f"AIConfigurator has no vLLM kernels of {run.gpu}"
+    version = nearest_version(versions, meta.get("vllm_version"))
+    path = out / "kernels.json"
+    try:
+        profile = build_kernel_profile(run.gpu, "vllm", version, run.model, run.tp)
+    except kernel_db.KernelDatabaseError as e:
+        return None, str(e)
+    path.write_text(json.dumps(profile) + "\n")
+    return str(path), f"{run.gpu} vllm {profile['database']['backend_version']} kernels (the run: vLLM {meta.get('vllm_version', '?')})"
 
 
-def variants(run: GroundTruthRun, hardware: str, profile: str | None) -> dict[str, ReplayOptions]:
-    vllm = replace(run.options, hardware=hardware)
+def variants(run: GroundTruthRun, kernels: str | None, profile: str | None) -> dict[str, ReplayOptions]:
+    vllm = replace(run.options, hardware=run.gpu, tp=run.tp)
     o = run.options
     sglang = replace(
         vllm,
@@ -138,23 +168,28 @@ def variants(run: GroundTruthRun, hardware: str, profile: str | None) -> dict[st
         chunked_prefill_size=o.max_num_batched_tokens or ReplayOptions().chunked_prefill_size,
         page_size=1,
     )
-    out = {"vllm / roofline": vllm, "sglang / roofline": sglang}
+    out = {}
+    if kernels:
+        out |= {"vllm / kernels": replace(vllm, profile=kernels), "sglang / kernels": replace(sglang, profile=kernels)}
+    out |= {"vllm / roofline": vllm, "sglang / roofline": sglang}
     if profile:
         out |= {"vllm / profile": replace(vllm, profile=profile), "sglang / profile": replace(sglang, profile=profile)}
     return out
 
 
-def measure(folder: Path, out: Path, hardware: str | None, profile: str | None) -> dict:
+def measure(folder: Path, out: Path, hardware: str | None, profile: str | None, kernels: bool) -> dict:
     run_out = out / folder.name
     real_dir = run_out / "real"
     imported = import_run(folder / "requests.jsonl", real_dir, "llmservingsim")
     run = settings_of(folder, real_dir, hardware)
-    # Every variant on the vLLM run's KV pool: the schedulers are what differs.
-    hw = tp_hardware(run.gpu, run.tp, run_out)
+    meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").is_file() else {}
+    kernels_path, kernels_note = kernel_profile(run, meta, run_out) if kernels else (None, "not asked for (--no-kernels)")
     real = load_run(real_dir).summary
-    result = {"run": run.name, "model": run.model, "gpu": run.gpu, "tp": run.tp, "real": {k: real.get(k) for k in FIGURES}, "variants": {}}
+    result = {"run": run.name, "model": run.model, "gpu": run.gpu, "tp": run.tp, "kernels": kernels_note,
+              "real": {k: real.get(k) for k in FIGURES}, "variants": {}}
+    # Every variant on the first variant's KV pool: the schedulers and the costs are what differs.
     kv_tokens = run.options.kv_tokens
-    for label, opts in variants(run, hw, profile).items():
+    for label, opts in variants(run, kernels_path, profile).items():
         if kv_tokens is not None:
             opts = replace(opts, kv_tokens=kv_tokens)
         sim_dir = run_out / label.replace(" / ", "-")
@@ -176,7 +211,8 @@ def measure(folder: Path, out: Path, hardware: str | None, profile: str | None) 
 
 
 def format_table(result: dict) -> str:
-    lines = [f"{result['run']}: {result['model']} on {result['gpu']} x{result['tp']}   rel. err = (sim - real) / real, target {TARGET:.0%}"]
+    lines = [f"{result['run']}: {result['model']} on {result['gpu']} x{result['tp']}   rel. err = (sim - real) / real, target {TARGET:.0%}",
+             f"kernels: {result['kernels']}"]
     real = result["real"]
     head = f"{'':<20}" + "".join(f"{h:>11}" for h in HEADERS)
     lines += [head, "-" * len(head)]
@@ -201,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu-fidelity")
     p.add_argument("--hardware", default=None, help="hardware spec (name or JSON) for every run instead of the one its meta.json names")
     p.add_argument("--profile", default=None, help="also replay with this cost profile (the run's GPU and model)")
+    p.add_argument("--no-kernels", action="store_true", help="no kernel profile (AIConfigurator's database): the roofline and --profile only")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     args = p.parse_args(argv)
     folders = sorted(f for f in args.ground_truth.glob("vllm-*") if (f / "requests.jsonl").is_file())
@@ -211,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for folder in folders:
         try:
-            result = measure(folder, args.out, args.hardware, args.profile)
+            result = measure(folder, args.out, args.hardware, args.profile, not args.no_kernels)
         except (ValueError, HardwareConfigError, *USER_ERRORS) as e:
             result = {"run": folder.name, "error": str(e)}
             print(f"{folder.name}: skipped: {e}", file=sys.stderr)
