@@ -33,6 +33,12 @@ so more work never costs less. A forward is a sum of kernel times: no gaps betwe
 graphs in decode make them small; eager prefill has some). CPU stages use the profile hardware's
 default costs (roughly SGLang on a fast host), as the roofline does.
 
+A forward the serving engine runs outside a CUDA graph (simulator/cuda_graphs.py: vLLM's
+forwards of more tokens than its largest graph, SGLang's extends) costs the backend's eager
+overhead on top (the profile's `eager_overhead_s`: AIConfigurator's own per-forward dispatch
+term for that backend; vLLM: 0.8 ms a layer). Without a policy every forward is priced as
+its kernels alone.
+
 Load-time work is all of the above; forward_time is a handful of bisections and multiply-adds
 (O(1) per plan; MIXED plans loop once over their requests to split decode from extend). The
 tables interpolated at a batch size are kept per batch size (a replay sees a few hundred).
@@ -46,6 +52,7 @@ import numpy as np
 
 from scheduler.forward_plan import ForwardMode, ForwardPlan
 from scheduler.model_config import ModelConfig
+from simulator.cuda_graphs import CudaGraphPolicy
 from simulator.hardware import HardwareConfigError, HardwareSpec
 from simulator.profile_cost import ProfileError, check_header
 
@@ -146,7 +153,7 @@ class PrefillTable:
 class KernelProfileCostModel:
     """CostModel of a kernel profile (testbed calibrate --source aiconfigurator)."""
 
-    def __init__(self, profile: dict, path: str | None = None) -> None:
+    def __init__(self, profile: dict, path: str | None = None, graphs: CudaGraphPolicy | None = None) -> None:
         where = path or "profile"
         check_header(profile, path)
         try:
@@ -165,11 +172,13 @@ class KernelProfileCostModel:
             self.tp = int(profile["tp"])
             self.model = profile["model"]
             self.model_shapes = profile["model_shapes"]
+            self.eager_overhead = float(k.get("eager_overhead_s", 0.0))  # profiles made before it: none
         except (KeyError, TypeError, ValueError, HardwareConfigError) as e:
             raise ProfileError(f"{where}: not a readable kernel profile ({type(e).__name__}: {e}); make it again with "
                                f"testbed calibrate --source aiconfigurator") from None
         self.profile = profile
         self.path = where
+        self.graphs = graphs
         self.engine_kv_tokens = None  # the KV pool follows from hardware_spec's memory
         self.cpu = self.hardware_spec.cpu
         name = path.rsplit("/", 1)[-1] if path else "inline"
@@ -199,6 +208,13 @@ class KernelProfileCostModel:
 
     # ------------------------------------------------------------------ hot path
     def forward_time(self, plan: ForwardPlan) -> float:
+        t = self.kernel_time(plan)
+        if self.eager_overhead and self.graphs is not None and t and not self.graphs.captured(plan):
+            t += self.eager_overhead
+        return t
+
+    def kernel_time(self, plan: ForwardPlan) -> float:
+        """The sum of the forward's kernels (no eager overhead)."""
         b = len(plan.req_pool_indices)
         if b == 0:
             return 0.0

@@ -188,6 +188,8 @@ def build_kernel_profile(system: str, backend: str, backend_version: str | None,
             "lm_head": lm_head,
             "prefill_attention": {"batch": PREFILL_BATCH, "new_tokens": POWERS, "prefix": PREFIX, "seconds": prefill},
             "decode_attention": {"batch": DECODE_BATCH, "context": DECODE_CONTEXT, "seconds": decode},
+            # What a forward outside a CUDA graph costs beyond its kernels (simulator/cuda_graphs.py).
+            "eager_overhead_s": _seconds(db.eager_forward_overhead(g.layers)),
         },
     }
     from simulator.kernel_holdout import holdout_errors

@@ -34,11 +34,13 @@ def build_sim(opts, model: ModelConfig, make_config: Callable[[int], SchedulerCo
     model.check_tp(opts.tp)
     profile = None
     if opts.profile is not None:
+        from simulator.cuda_graphs import sglang_graphs, vllm_graphs
         from simulator.profile_cost import ProfileError
         from simulator.profiles import load_profile
 
+        graphs = vllm_graphs(opts.max_num_seqs) if opts.scheduler == "vllm" else sglang_graphs()
         try:
-            profile = load_profile(opts.profile, overlap=bool(opts.overlap))
+            profile = load_profile(opts.profile, overlap=bool(opts.overlap), graphs=graphs)
             profile.check_model(model, opts.tp)
         except ProfileError as e:
             raise ConfigError(str(e)) from None

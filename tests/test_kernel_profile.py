@@ -12,6 +12,7 @@ from cli_helpers import assert_clean_error
 
 from scheduler.forward_plan import ForwardMode, ForwardPlan
 from scheduler.model_config import load_model_config
+from simulator.cuda_graphs import sglang_graphs, vllm_graphs
 from simulator.hardware import load_hardware
 from simulator.kernel_cost import KernelProfileCostModel
 from simulator.kernel_db import system_spec
@@ -128,6 +129,28 @@ def test_a_mixed_batch_prices_its_chunk_and_its_decodes(profiles):
     # Its parts are exactly the tables' prices.
     parts = c.dense(532) + c.lm_head(21) + c.prefill(1, 512, 512 * (1024 + 513 / 2)) + c.decode(20, 701)
     assert mixed == pytest.approx(parts)
+
+
+def test_a_forward_outside_a_cuda_graph_pays_the_backends_eager_overhead(profiles):
+    """vLLM runs forwards of more tokens than its largest CUDA graph eagerly (its AIConfigurator model:
+    0.8 ms a layer of dispatch); SGLang runs every extend eagerly, but its backend has no such term."""
+    layers = load_model_config(MODEL).num_hidden_layers
+    vllm = json.loads(profiles["rtx-tp1"].read_text())
+    assert vllm["kernels"]["eager_overhead_s"] == pytest.approx(0.8e-3 * layers)
+    assert json.loads(profiles["h100-tp1"].read_text())["kernels"]["eager_overhead_s"] == 0
+    graphs = vllm_graphs(max_num_seqs=128)  # graphs up to 256 tokens
+    model = load_profile(profiles["rtx-tp1"], graphs=graphs)
+    small, large = uniform_plan(ForwardMode.EXTEND, 1, 256, 0), uniform_plan(ForwardMode.EXTEND, 1, 257, 0)
+    assert model.forward_time(small) == model.kernel_time(small)
+    assert model.forward_time(large) == pytest.approx(model.kernel_time(large) + 0.8e-3 * layers)
+    decode_batch = uniform_plan(ForwardMode.DECODE, 200, 1, 1000)
+    assert model.forward_time(decode_batch) == model.kernel_time(decode_batch)
+    # SGLang's rule on the same kernels: every extend is eager, decodes are captured.
+    sglang = load_profile(profiles["rtx-tp1"], graphs=sglang_graphs())
+    assert sglang.forward_time(small) > sglang.kernel_time(small)
+    assert sglang.forward_time(decode_batch) == sglang.kernel_time(decode_batch)
+    # Without a rule (pricing kernels alone) nothing is added.
+    assert load_profile(profiles["rtx-tp1"]).forward_time(large) == model.kernel_time(large)
 
 
 def test_tp2_is_faster_per_step_than_tp1_but_slower_than_half(profiles):

@@ -1,0 +1,43 @@
+"""Which forwards a serving engine replays from a CUDA graph, and which it runs eagerly.
+
+Per-kernel timings (AIConfigurator's database) leave out what an eager forward costs beyond
+its kernels: launching every kernel of every layer from Python. A CUDA graph replays them in
+one launch. Which forwards get a graph is the engine's rule, not the GPU's:
+
+- vLLM v1 (0.19): graphs for every batch of at most min(2 x max_num_seqs, 512) tokens
+  (`cudagraph_capture_sizes`; FULL graphs for uniform decode batches, piecewise graphs for
+  prefill and mixed ones); larger forwards run eagerly.
+- SGLang: graphs for decode batches up to `cuda_graph_max_bs`; extend and mixed batches run
+  eagerly (piecewise prefill graphs are off by default).
+
+A kernel profile adds its backend's eager overhead (kernel_db.eager_forward_overhead) to every
+forward the policy says runs eagerly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scheduler.forward_plan import ForwardMode, ForwardPlan
+
+VLLM_MAX_CAPTURE_TOKENS = 512
+SGLANG_CUDA_GRAPH_MAX_BS = 256  # SGLang's default on GPUs of 80 GB and more at TP 1
+
+
+@dataclass(frozen=True)
+class CudaGraphPolicy:
+    max_tokens: int  # forwards of at most this many new tokens can replay a graph
+    decode_only: bool  # only decode batches are captured (SGLang)
+
+    def captured(self, plan: ForwardPlan) -> bool:
+        if self.decode_only and plan.mode is not ForwardMode.DECODE:
+            return False
+        return plan.num_tokens <= self.max_tokens
+
+
+def vllm_graphs(max_num_seqs: int) -> CudaGraphPolicy:
+    return CudaGraphPolicy(min(2 * max_num_seqs, VLLM_MAX_CAPTURE_TOKENS), decode_only=False)
+
+
+def sglang_graphs() -> CudaGraphPolicy:
+    return CudaGraphPolicy(SGLANG_CUDA_GRAPH_MAX_BS, decode_only=True)
