@@ -15,7 +15,7 @@ from typing import Sequence
 import pandas as pd
 import pyarrow.parquet as pq
 
-from testbed.runs.folder import REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE, RunLoadError, read_run_meta
+from testbed.runs.folder import REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE, RunLoadError, effective_status, read_run_meta
 
 # Summary keys shown as headline numbers, in this order.
 HEADLINE_KEYS = (
@@ -107,7 +107,7 @@ def index_row(path: Path, runs_dir: Path) -> dict:
     row["path"] = str(path)
     try:
         meta = read_run_meta(path)
-        status = str(meta.get("status", "unknown"))
+        status = effective_status(path, meta)  # a run whose process died is incomplete
         _check_tables(path, status)
     except RunLoadError as e:
         row["status"], row["error"] = ERROR_STATUS, str(e)

@@ -349,7 +349,7 @@ def fit_profile(extend: list[dict], decode: list[dict], cpu: list[dict], insitu:
 
 
 def calibrate(cfg: CalibrationConfig, out: str | Path, progress: Progress | None = None) -> dict:
-    from testbed.backends import build_real
+    from testbed.backends import build_real, describe_engine
     from testbed.options import ReplayOptions
     from testbed.replay import scheduler_config
 
@@ -358,6 +358,7 @@ def calibrate(cfg: CalibrationConfig, out: str | Path, progress: Progress | None
                          attention_backend=cfg.attention_backend, seed=cfg.seed)
     t0 = time.perf_counter()
     backend, _ = build_real(opts, model, lambda kv: scheduler_config(opts, model, kv))
+    print(describe_engine(backend.meta), flush=True)  # once: the replays below run on the same engine
     runner = backend.driver.runner
     backend_hardware = backend.meta["hardware"]
     # The KV pool a default real run of this model gets here: what a sim with this profile uses.

@@ -4,35 +4,54 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
 
+from testbed.backends import describe_engine
+from testbed.cli_parser import CliParser
 from testbed.errors import EXIT_INTERRUPTED, EXIT_USAGE, USER_ERRORS, ConfigError
-from testbed.options import add_replay_options, check_options, default_overlap, options_from_args, positive_int
-from testbed.replay import replay
-from testbed.runs.summary_table import format_summary
+from testbed.interrupts import ignore_stop_signals, sigterm_as_sigint
+from testbed.options import add_replay_options, options_from_args, positive_int
+from testbed.progress import progress_bar
+from testbed.replay import default_run_dir, replay
+from testbed.runs.folder import interrupted_message
+from testbed.runs.summary_table import format_rejections, format_summary, run_title
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
+    since = time.time()
     opts = options_from_args(args)
-    check_options(opts)
-    overlap = default_overlap(opts)
-    bar = tqdm(total=None, unit="req", desc=f"replay {opts.mode}", disable=args.quiet, dynamic_ncols=True)
+    out = Path(args.out) if args.out is not None else default_run_dir(args.trace, opts)
+    bars = []  # made at the first report: after the trace, the model and the options are checked
+
+    def started(meta: dict) -> None:
+        if meta.get("mode") == "real":
+            print(describe_engine(meta), flush=True)
 
     def progress(done: int, total: int) -> None:
-        if bar.total != total:
-            bar.total = total
-        if done != bar.n:
-            bar.update(done - bar.n)
+        if not bars:
+            bars.append(progress_bar(f"replay {opts.mode}", "req", total, disable=args.quiet))
+        bars[0].update(done - bars[0].n)
 
     try:
-        result = replay(args.trace, opts, out=args.out, progress=progress)
+        result = replay(args.trace, opts, out=out, progress=progress, started=started)
     except KeyboardInterrupt:
-        print("\ninterrupted: the run folder is marked incomplete", file=sys.stderr)
+        for bar in bars:
+            bar.close()
+        print(interrupted_message(out, since), file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
-        bar.close()
-    print(format_summary(result.summary, title=f"{args.trace} ({opts.mode}, {opts.policy}, overlap {'on' if overlap else 'off'})"))
+        for bar in bars:
+            bar.close()
+    s = result.summary
+    if s["rejected"] and not s["completed"] and not s["unfinished"]:
+        print(f"testbed: error: every request was rejected: {format_rejections(result.rejections)}; run folder {result.run_dir}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    print(format_summary(s, title=run_title(args.trace, result.meta)))
+    if result.rejections:
+        print(f"rejected: {format_rejections(result.rejections)}")
     print(f"run folder: {result.run_dir}   (wall {result.wall_s:.1f} s)")
     return 0
 
@@ -95,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     from testbed.studies import cli as studies_cli
     from testbed.traces import cli as traces_cli
 
-    parser = argparse.ArgumentParser(prog="testbed", description="LLM-serving scheduler testbed: replay traces in simulation or on a real engine")
+    parser = CliParser(prog="testbed", description="LLM-serving scheduler testbed: replay traces in simulation or on a real engine")
+    parser.add_argument("--version", action="version", version=f"testbed {version('testbed')}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("replay", help="replay a trace and write a run folder")
     p.add_argument("trace", help="trace file: native JSON/JSONL, Mooncake JSONL, Azure CSV or ShareGPT-length CSV")
@@ -121,13 +141,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    sigterm_as_sigint()  # `kill` stops a replay as Ctrl-C does, leaving its folder readable
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except USER_ERRORS as e:
         print(f"testbed: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # the commands that write something say what they left
+        print("testbed: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # `testbed ... | head`: the reader left; not an error of ours.
         sys.stderr.close()
@@ -135,4 +158,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    ignore_stop_signals()  # done: the exit code stands
+    sys.exit(code)

@@ -7,10 +7,12 @@ consecutive tokens of a request. E2E: finish - arrival.
 
 from __future__ import annotations
 
+import re
 from typing import Iterable
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from scheduler.req import FinishReason, Req
 
@@ -22,6 +24,15 @@ def status_of(req: Req) -> str:
     if req.finished_reason == FinishReason.REJECTED:
         return "rejected"
     return "finished" if req.finished() else "unfinished"
+
+
+# The columns of requests_frame, as a run's requests journal holds them (testbed.runs.writer).
+REQUESTS_SCHEMA = pa.schema(
+    [("rid", pa.string()), ("index", pa.int64())]
+    + [(c, pa.float64()) for c in ("arrival", "scheduled", "first_token", "finish")]
+    + [(c, pa.int64()) for c in ("input_tokens", "output_tokens", "max_new_tokens", "cached_tokens", "prefill_tokens", "num_retractions", "priority")]
+    + [("status", pa.string()), ("reason", pa.string()), ("token_times", pa.list_(pa.float64()))]
+)
 
 
 def requests_frame(reqs: Iterable[Req]) -> pd.DataFrame:
@@ -98,3 +109,19 @@ def summarize(df: pd.DataFrame) -> dict:
     out["cache_hit_rate"] = float(df["cached_tokens"].sum() / prefill) if prefill else 0.0
     out["num_retractions"] = int(df["num_retractions"].sum())
     return out
+
+
+def rejection_reason(reason: str) -> str:
+    """A reject reason without the request's own lengths: "exceed the context length 8192"."""
+    return re.sub(r"^input \d+ \+ output \d+ tokens ", "", reason)
+
+
+def rejection_counts(requests: pd.DataFrame) -> dict[str, int]:
+    """How many requests were rejected for each reason, most frequent first."""
+    reasons = requests.loc[requests["status"] == "rejected", "reason"].map(rejection_reason)
+    return {str(k): int(v) for k, v in reasons.value_counts().items()}
+
+
+def run_summary(requests: pd.DataFrame, num_steps: int, simulated_s: float, kv_tokens: int | None) -> dict:
+    """run.json's summary: summarize() and what the run itself knows."""
+    return summarize(requests) | {"num_steps": num_steps, "simulated_s": simulated_s, "kv_tokens": kv_tokens}

@@ -13,6 +13,18 @@ def _fmt(v) -> str:
     return f"{v:,}"
 
 
+def run_title(trace: str, meta: dict) -> str:
+    """trace (mode, model on hardware, policy, overlap): what ran, from run.json."""
+    opts = meta.get("options") or {}
+    overlap = "on" if opts.get("overlap") else "off"
+    return f"{trace} ({meta.get('mode')}, {meta.get('model')} on {meta.get('hardware')}, {opts.get('policy')}, overlap {overlap})"
+
+
+def format_rejections(counts: dict[str, int]) -> str:
+    """'280 exceed the context length 8192, 20 do not fit the KV pool of ...' (metrics.rejection_counts)."""
+    return ", ".join(f"{n:,} {reason}" for reason, n in counts.items())
+
+
 def format_summary(s: dict, title: str = "") -> str:
     lines = []
     if title:
