@@ -24,10 +24,12 @@ class LineProgress:
 
     def update(self, k: int = 1) -> None:
         self.n += k
+        printed = self._printed
         if self.total:
             while self._printed < len(QUARTERS) and self.n >= QUARTERS[self._printed] * self.total:
-                self._print(f"{self.n:,}/{self.total:,} {self.unit} ({QUARTERS[self._printed]:.0%})")
                 self._printed += 1
+            if self._printed > printed:
+                self._print(f"{self.n:,}/{self.total:,} {self.unit} ({self.n / self.total:.0%})")
 
     def set_postfix(self, values: dict, refresh: bool = True) -> None:
         self._postfix = ", ".join(f"{k}={v}" for k, v in values.items())

@@ -7,6 +7,7 @@ journals (steps.journal.arrows, requests.journal.arrows) show when rows have rea
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -30,8 +31,9 @@ from testbed.runs.folder import (
     load_run,
     writer_alive,
 )
-from testbed.runs.journal import read_journal
+from testbed.runs.journal import TableJournal, is_locked, read_journal
 from testbed.runs.metrics import REQUESTS_SCHEMA
+from testbed.studies.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 MOONCAKE = REPO.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
@@ -191,3 +193,93 @@ def test_an_interrupt_at_any_moment_is_one_line_and_leaves_nothing_half_written(
         assert load_run(out).status == "incomplete"
     else:
         assert "nothing was" in line and ("while starting" in line or str(out) in line), line
+
+
+# --- sweeps --------------------------------------------------------------------------------------
+
+SWEEP_GRID = ["--grid", "policy=fcfs,lpm", "--grid", "overlap=on,off", "--grid", "time-scale=0.5,1"]  # 8 points
+
+
+def _complete_points(out: Path) -> set[str]:
+    done = set()
+    for point in (out / "points").glob("*"):
+        try:
+            if json.loads((point / "run.json").read_text())["status"] == "complete":
+                done.add(point.name)
+        except (OSError, ValueError):
+            pass  # not there yet, or being replaced
+    return done
+
+
+def test_a_killed_sweep_resumes_from_what_reached_disk(tmp_path):
+    """SIGKILL to the sweep and its workers (an OOM kill, a lost machine): --resume keeps every
+    point that finished, reruns the rest, and the table ends complete."""
+    out = tmp_path / "sweep"
+    args = ["sweep", "traces/a.json", *SWEEP_GRID, "--workers", "1", "--out", str(out), "-q"]
+    proc = subprocess.Popen([*CLI, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_complete_points(out)) < 2:
+            assert proc.poll() is None, f"the sweep ended first: {proc.communicate()}"
+            assert time.monotonic() < deadline, "no point finished"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    finished = _complete_points(out)
+    assert 2 <= len(finished) < 8
+    walls = {p: (out / "points" / p / "wall.json").read_text() for p in finished}
+    table, _ = load_sweep(out)  # written as points finished: what the sweep had when it died
+    assert set(table.loc[table["status"] == "complete", "point"]) <= finished
+    assert len(table) == 8
+
+    proc = subprocess.run([*CLI, *args, "--resume"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert f"8 complete ({len(finished)} resumed), 0 failed" in proc.stdout
+    assert {p: (out / "points" / p / "wall.json").read_text() for p in finished} == walls  # not run again
+    table, _ = load_sweep(out)
+    assert (table["status"] == "complete").all()
+    for point in table["point"]:
+        run = load_run(out / "points" / point)
+        assert run.status == "complete" and run.summary["completed"] == 300
+
+
+def test_sigterm_stops_a_sweep_as_ctrl_c_does(tmp_path):
+    out = tmp_path / "sweep"
+    proc = subprocess.Popen([*CLI, "sweep", "traces/a.json", *SWEEP_GRID, "--workers", "1", "--out", str(out), "-q"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not _complete_points(out):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # to the sweep only, as a job scheduler sends it
+    _, stderr = _finish(proc)
+    assert proc.returncode == 130, stderr
+    line = _one_line(stderr)
+    assert str(out / "sweep.parquet") in line and "--resume" in line
+    table, _ = load_sweep(out)
+    assert (table["status"] == "complete").sum() >= 1 and (table["status"] == "pending").any()
+
+
+def test_a_journal_batch_cut_short_by_a_kill_is_left_out(tmp_path):
+    """What a kill in the middle of an append leaves: the batches before it read, the torn one not."""
+    path = tmp_path / "steps.journal.arrows"
+    journal = TableJournal(path, STEP_SCHEMA)
+    rows = {f.name: (["decode"] * 3 if f.name == "mode" else list(range(3))) for f in STEP_SCHEMA}
+    journal.append(rows)
+    whole = path.stat().st_size
+    journal.append(rows)
+    assert is_locked(path) and len(read_journal(path, STEP_SCHEMA)) == 6
+    journal.close()
+    assert not is_locked(path)
+    data = path.read_bytes()
+    for cut in (whole + 1, whole + 40, len(data) - 9):
+        path.write_bytes(data[:cut])
+        assert read_journal(path, STEP_SCHEMA).column("step").to_pylist() == [0, 1, 2]
+    for cut in (0, 5):
+        path.write_bytes(data[:cut])
+        assert len(read_journal(path, STEP_SCHEMA)) == 0

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import fcntl
 import os
+from array import array
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import pyarrow as pa
 
 
@@ -34,8 +36,10 @@ class TableJournal:
         self._writer: pa.ipc.RecordBatchStreamWriter | None = None
 
     def append(self, columns: Mapping[str, Any]) -> None:
-        """Append rows given as columns (every column of the schema, equal lengths)."""
-        batch = pa.record_batch([pa.array(columns[f.name], type=f.type) for f in self.schema], schema=self.schema)
+        """Append rows given as columns (every column of the schema, equal lengths): numpy arrays,
+        typed arrays (array.array, not appended to any more), lists; a list column as a sequence
+        of numpy arrays."""
+        batch = pa.record_batch([_arrow(columns[f.name], f.type) for f in self.schema], schema=self.schema)
         if batch.num_rows == 0:
             return
         if self._writer is None:
@@ -52,6 +56,18 @@ class TableJournal:
         if self._writer is not None:
             self._writer.close()
         self._file.close()
+
+
+def _arrow(values: Any, type: pa.DataType) -> pa.Array:
+    if pa.types.is_list(type):
+        # Offsets and one flat array: pa.array over a list of arrays goes element by element.
+        lengths = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        flat = np.concatenate(values) if len(values) else np.empty(0)
+        return pa.ListArray.from_arrays(offsets, pa.array(flat, type=type.value_type))
+    if isinstance(values, array):
+        values = np.asarray(values)  # its buffer, not a Python int per element
+    return pa.array(values, type=type)
 
 
 def is_locked(path: Path) -> bool:

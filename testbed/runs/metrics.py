@@ -8,7 +8,7 @@ consecutive tokens of a request. E2E: finish - arrival.
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -37,32 +37,34 @@ REQUESTS_SCHEMA = pa.schema(
 
 def requests_frame(reqs: Iterable[Req]) -> pd.DataFrame:
     """One row per request, in trace order."""
-    rows = sorted(reqs, key=lambda r: r.index)
+    return pd.DataFrame(requests_columns(sorted(reqs, key=lambda r: r.index)))
+
+
+def requests_columns(rows: Sequence[Req]) -> dict[str, Any]:
+    """The columns of requests_frame, rows in the order given (numpy arrays and lists)."""
     nan = float("nan")
 
     def t(x: float | None) -> float:
         return nan if x is None else x
 
-    return pd.DataFrame(
-        {
-            "rid": [r.rid for r in rows],
-            "index": np.array([r.index for r in rows], dtype=np.int64),
-            "arrival": np.array([r.arrival_time for r in rows], dtype=np.float64),
-            "scheduled": np.array([t(r.scheduled_time) for r in rows], dtype=np.float64),
-            "first_token": np.array([t(r.first_token_time) for r in rows], dtype=np.float64),
-            "finish": np.array([t(r.finish_time) for r in rows], dtype=np.float64),
-            "input_tokens": np.array([r.input_len for r in rows], dtype=np.int64),
-            "output_tokens": np.array([len(r.output_ids) for r in rows], dtype=np.int64),
-            "max_new_tokens": np.array([r.max_new_tokens for r in rows], dtype=np.int64),
-            "cached_tokens": np.array([r.cached_tokens for r in rows], dtype=np.int64),
-            "prefill_tokens": np.array([r.prefill_tokens for r in rows], dtype=np.int64),
-            "num_retractions": np.array([r.num_retractions for r in rows], dtype=np.int64),
-            "priority": np.array([r.priority for r in rows], dtype=np.int64),
-            "status": [status_of(r) for r in rows],
-            "reason": [r.reject_reason or (r.finished_reason.value if r.finished_reason else "") for r in rows],
-            "token_times": [np.frombuffer(r.token_times, dtype=np.float64) if len(r.token_times) else np.empty(0) for r in rows],
-        }
-    )
+    return {
+        "rid": [r.rid for r in rows],
+        "index": np.array([r.index for r in rows], dtype=np.int64),
+        "arrival": np.array([r.arrival_time for r in rows], dtype=np.float64),
+        "scheduled": np.array([t(r.scheduled_time) for r in rows], dtype=np.float64),
+        "first_token": np.array([t(r.first_token_time) for r in rows], dtype=np.float64),
+        "finish": np.array([t(r.finish_time) for r in rows], dtype=np.float64),
+        "input_tokens": np.array([r.input_len for r in rows], dtype=np.int64),
+        "output_tokens": np.array([len(r.output_ids) for r in rows], dtype=np.int64),
+        "max_new_tokens": np.array([r.max_new_tokens for r in rows], dtype=np.int64),
+        "cached_tokens": np.array([r.cached_tokens for r in rows], dtype=np.int64),
+        "prefill_tokens": np.array([r.prefill_tokens for r in rows], dtype=np.int64),
+        "num_retractions": np.array([r.num_retractions for r in rows], dtype=np.int64),
+        "priority": np.array([r.priority for r in rows], dtype=np.int64),
+        "status": [status_of(r) for r in rows],
+        "reason": [r.reject_reason or (r.finished_reason.value if r.finished_reason else "") for r in rows],
+        "token_times": [np.frombuffer(r.token_times, dtype=np.float64) if len(r.token_times) else np.empty(0) for r in rows],
+    }
 
 
 def _stats(name: str, values_s: np.ndarray, out: dict) -> None:

@@ -65,8 +65,7 @@ class RunWriter:
             if len(steps) > self.steps.rows:
                 self.steps.append(steps.columns(self.steps.rows, len(steps)))
             if len(done) > self.requests.rows:
-                frame = metrics.requests_frame(done[self.requests.rows :])
-                self.requests.append({name: frame[name] for name in frame.columns})
+                self.requests.append(metrics.requests_columns(done[self.requests.rows :]))
         self._next_flush = time.monotonic() + self.flush_interval_s
 
     def finish(self, meta: dict, requests: pd.DataFrame, steps: pd.DataFrame, wall_s: float) -> None:
