@@ -107,7 +107,7 @@ def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
     wall_start = time.perf_counter()
     opts = resolved_options(opts)  # run.json records what ran
     model = load_model_config(opts.model)
-    trace = load_trace(trace_path, opts.format, rate=opts.rate, seed=opts.seed)
+    trace = load_trace(trace_path, opts.format, rate=opts.rate, seed=opts.seed, time_scale=opts.time_scale)
     if opts.max_requests is not None:
         trace.requests = trace.requests[: opts.max_requests]
     build = build_sim if opts.mode == "sim" else build_real
