@@ -73,6 +73,15 @@ def bundled_hardware_names() -> list[str]:
     return sorted(p.stem for p in HARDWARE_DIR.glob("*.json"))
 
 
+def hardware_of_device(device_name: str) -> str | None:
+    """The bundled spec of a device as torch names it: cpu for the CPU, h100, h200 or a100 for a
+    GPU whose name says so ("NVIDIA H100 80GB HBM3"); None for another GPU."""
+    low = device_name.lower()
+    if low == "cpu":
+        return "cpu"
+    return next((n for n in bundled_hardware_names() if n != "cpu" and n in low), None)
+
+
 def load_hardware(name_or_path: str | Path) -> HardwareSpec:
     """A bundled name (case-insensitive: h100, h200, a100, cpu) or a path to a JSON spec."""
     key = str(name_or_path).lower()

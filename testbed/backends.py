@@ -14,6 +14,7 @@ from typing import Any, Callable
 from scheduler.config import SchedulerConfig
 from scheduler.model_config import ModelConfig
 from testbed.errors import ConfigError
+from testbed.options import DEFAULT_HARDWARE
 
 
 @dataclass
@@ -30,7 +31,7 @@ def build_sim(opts, model: ModelConfig, make_config: Callable[[int], SchedulerCo
     from simulator.roofline import RooflineCostModel
     from simulator.sim_driver import SimDriver
 
-    hw = load_hardware(opts.hardware)
+    hw = load_hardware(opts.hardware or DEFAULT_HARDWARE)
     profile = None
     if opts.profile is not None:
         from simulator.profile_cost import ProfileCostModel, ProfileError

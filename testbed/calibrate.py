@@ -42,7 +42,7 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total)
 @dataclass
 class CalibrationConfig:
     model: str = "tiny-llama"
-    hardware: str | None = None  # a label for this machine; default: "cpu" or the GPU's name
+    hardware: str | None = None  # the hardware spec of this machine (as replay's --hardware); default: cpu or the GPU's
     load_format: str | None = None
     device: str = "auto"
     dtype: str = "auto"
@@ -349,8 +349,9 @@ def fit_profile(extend: list[dict], decode: list[dict], cpu: list[dict], insitu:
 
 
 def calibrate(cfg: CalibrationConfig, out: str | Path, progress: Progress | None = None) -> dict:
+    from simulator.hardware import hardware_of_device
     from testbed.backends import build_real, describe_engine
-    from testbed.options import ReplayOptions
+    from testbed.options import ReplayOptions, default_overlap
     from testbed.replay import scheduler_config
 
     model = load_model_config(cfg.model)
@@ -375,8 +376,9 @@ def calibrate(cfg: CalibrationConfig, out: str | Path, progress: Progress | None
         "format": PROFILE_FORMAT,
         "version": PROFILE_VERSION,
         "model": model.name,
-        "hardware": cfg.hardware or backend_hardware,
-        "engine": {"kv_tokens": engine_kv_tokens},
+        "hardware": cfg.hardware or hardware_of_device(backend_hardware) or backend_hardware,
+        # What a default real run here gets: a sim with this profile defaults to the same.
+        "engine": {"kv_tokens": engine_kv_tokens, "overlap": default_overlap(opts)},
         "calibration": asdict(cfg),
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "wall_s": round(time.perf_counter() - t0, 1),

@@ -56,40 +56,55 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+CALIBRATION_PHASES = {  # calibrate's progress phase -> (label, unit)
+    "forward": ("forward sweep", "points"),
+    "replay": ("real replay (CPU stages, forwards in place)", "requests"),
+    "replay overlap": ("real replay with overlap", "requests"),
+}
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
+    from simulator.hardware import load_hardware
     from testbed.calibrate import CalibrationConfig, calibrate
+    from testbed.options import ReplayOptions, default_hardware
 
-    bars: dict[str, tqdm] = {}
+    if args.refit and args.out is None:
+        raise ConfigError("--refit: give the profile to fit again with --out FILE")
+    hardware = args.hardware or (None if args.refit else default_hardware(ReplayOptions(mode="real", device=args.device)))
+    if hardware is None and not args.refit:
+        raise ConfigError("--hardware: this GPU matches no bundled spec; give its spec (h100, h200, a100 or a JSON file)")
+    if hardware is not None:
+        load_hardware(hardware)  # one meaning of --hardware: a spec, checked before anything is measured
+    out = args.out or str(Path("runs") / "profiles" / f"{Path(args.model.rstrip('/')).name}-{Path(str(hardware)).stem}.json")
+    bars: dict = {}
 
     def progress(phase: str, done: int, total: int) -> None:
-        if args.quiet:
-            return
         bar = bars.get(phase)
         if bar is None:
-            label = "forward sweep" if phase == "forward" else "real replay (CPU stages, forwards in place)"
-            bar = bars[phase] = tqdm(total=total, desc=label, dynamic_ncols=True)
-        bar.total = total
+            label, unit = CALIBRATION_PHASES.get(phase, (phase, "steps"))
+            bar = bars[phase] = progress_bar(label, unit, total, disable=args.quiet)
         bar.update(done - bar.n)
 
-    cfg = CalibrationConfig(model=args.model, hardware=args.hardware, load_format=args.load_format, device=args.device, reps=args.reps)
+    cfg = CalibrationConfig(model=args.model, hardware=hardware, load_format=args.load_format, device=args.device, reps=args.reps)
     if args.refit:
         from simulator.profile_cost import ProfileError
         from testbed.calibrate import refit
 
         try:
-            profile = refit(args.out)
+            profile = refit(out)
         except ProfileError as e:
             raise ConfigError(str(e)) from None
     else:
         try:
-            profile = calibrate(cfg, args.out, progress)
+            profile = calibrate(cfg, out, progress)
+        except KeyboardInterrupt:
+            print(f"interrupted: nothing was written to {out} (a profile is written when calibration ends)", file=sys.stderr)
+            return EXIT_INTERRUPTED
         finally:
             for bar in bars.values():
                 bar.close()
     h = profile["holdout"]
-    print(f"profile {args.out}: {profile['model']} on {profile['hardware']}, {len(profile['measurements']['extend'])} extend "
+    print(f"profile {out}: {profile['model']} on {profile['hardware']}, {len(profile['measurements']['extend'])} extend "
           f"+ {len(profile['measurements']['decode'])} decode points, {profile['wall_s']} s")
     for kind in ("extend", "decode"):
         e = h[kind]
@@ -100,7 +115,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             print(f"    on the replay's {r['points']} {kind} forwards: median error {r['median_rel_err'] * 100:.1f}%, "
                   f"total {r['total_rel_err'] * 100:+.1f}% ({r['outliers']} starved outliers left out of the fit)")
     for stage in ("schedule", "launch", "process"):
-        print(f"  CPU {stage}: {profile['fit']['cpu'][stage]}")
+        c = profile["fit"]["cpu"][stage]
+        print(f"  CPU {stage}: {c['base_s'] * 1e6:.1f} us + {c['per_req_s'] * 1e6:.2f} us a request + {c['per_token_s'] * 1e6:.3f} us a token")
     ov = profile["fit"].get("overlap_forward")
     if ov:
         print("  with overlap, a forward takes longer by " + " and ".join(
@@ -129,8 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     studies_cli.register(sub)
     p = sub.add_parser("calibrate", help="measure the real engine here and fit a profile for the simulator")
     p.add_argument("--model", default="tiny-llama", help="bundled config or local HF folder (default %(default)s)")
-    p.add_argument("--hardware", default=None, help="a name for this machine in the profile (default: cpu or the GPU's name)")
-    p.add_argument("--out", required=True, help="profile file to write, e.g. profiles/cpu-tiny-llama.json")
+    p.add_argument("--hardware", default=None, help="hardware spec of this machine, as replay's --hardware (h100, h200, a100, cpu, or a "
+                   "JSON file); a sim with the profile defaults to it (default: cpu, or the GPU's spec)")
+    p.add_argument("--out", default=None, help="profile file to write (default runs/profiles/<model>-<hardware>.json)")
     p.add_argument("--load-format", choices=("auto", "dummy"), default=None)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--reps", type=positive_int, default=5, help="timed repetitions per grid point (default %(default)s)")
