@@ -1,8 +1,8 @@
 """Runs and what is drawn from them, cached across reruns of a page.
 
-Keys are the folder's path and run.json's modification time: run.json is the
-last file a replay writes, so a run rewritten in place (or still running) is
-loaded again, and an unchanged one never is.
+Keys are the folder's path and its stamp (testbed.runs.folder.folder_stamp: run.json's
+modification time, the journals' of a run still going, whether its writer is alive), so a
+run rewritten in place, still running or killed is loaded again, and an unchanged one never is.
 
 The Run itself is a cache *resource* (one shared object, never copied): with
 st.cache_data every rerun would unpickle a copy of its tables, 0.35 s for a
@@ -21,33 +21,32 @@ import streamlit as st
 
 from dashboard import charts
 from dashboard.latency import latency_cdfs
-from testbed.runs.folder import RUN_FILE, Run, load_run
+from testbed.runs.folder import Run, folder_stamp, load_run
 
 MAX_RUNS = 8  # a whole Mooncake run is a few hundred MB in memory
 Cdfs = dict[str, tuple[np.ndarray, np.ndarray]]
 
 
-def run_key(path: str | Path) -> tuple[str, int]:
-    """(path, mtime of run.json in ns): the cache key of a run folder."""
-    path = Path(path)
-    return str(path), (path / RUN_FILE).stat().st_mtime_ns
+def run_key(path: str | Path) -> tuple[str, tuple]:
+    """(path, folder stamp): the cache key of a run folder."""
+    return str(path), folder_stamp(path)
 
 
 @st.cache_resource(max_entries=MAX_RUNS, show_spinner="Loading the run...")
-def _load(path: str, mtime_ns: int) -> Run:
+def _load(path: str, stamp: tuple) -> Run:
     return load_run(path)
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def _cdfs(path: str, mtime_ns: int) -> Cdfs:
-    return latency_cdfs(_load(path, mtime_ns).requests)
+def _cdfs(path: str, stamp: tuple) -> Cdfs:
+    return latency_cdfs(_load(path, stamp).requests)
 
 
 @st.cache_data(max_entries=MAX_RUNS, show_spinner="Drawing...")
-def _run_figures(path: str, mtime_ns: int, label: str) -> dict[str, go.Figure]:
-    run = _load(path, mtime_ns)
+def _run_figures(path: str, stamp: tuple, label: str) -> dict[str, go.Figure]:
+    run = _load(path, stamp)
     return {
-        "latency": charts.latency_cdf_figure({label: _cdfs(path, mtime_ns)}),
+        "latency": charts.latency_cdf_figure({label: _cdfs(path, stamp)}),
         "throughput": charts.throughput_queue_figure(run.requests, run.steps),
         "batch": charts.batch_figure(run.steps),
         "kv": charts.kv_figure(run.steps, run.summary.get("kv_tokens")),

@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from dashboard.downsample import MAX_POINTS, rate_series, step_series
+from dashboard.downsample import MAX_POINTS, peak_rows, rate_series, step_series
 from dashboard.latency import LABELS
 from dashboard.timeline import INTERVALS
 from testbed.runs.compare import STATS
@@ -151,7 +151,7 @@ def kv_figure(steps: pd.DataFrame, kv_tokens: int | None) -> go.Figure:
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=("KV pool", "Prefix cache hit rate"))
     pool = f" (pool {kv_tokens:,} tokens)" if kv_tokens else ""
     if not steps.empty:
-        kv = _time_step_series(steps, {"kv_used_tokens": "max", "kv_cached_tokens": "max"})
+        kv = peak_rows(steps, "schedule_start", ["kv_used_tokens", "kv_cached_tokens"])  # both from one step: a real pool state
         for i, (col, name) in enumerate((("kv_used_tokens", "used"), ("kv_cached_tokens", "evictable cache"))):
             fig.add_trace(go.Scatter(x=kv["time"], y=kv[col], name=f"KV {name}", stackgroup="kv", line=dict(color=_color(i), shape="hv")), row=1, col=1)
         if kv_tokens:

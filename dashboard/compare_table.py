@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from dashboard.latency import LABELS
-from testbed.runs.cli import OTHER_LABELS, fmt_rel_err
+from testbed.runs.cli import OTHER_LABELS, fmt_metric, fmt_rel_err
 from testbed.runs.compare import METRIC_KEYS, STATS, compare_runs
 from testbed.runs.folder import Run
 from testbed.runs.metrics import LATENCIES
@@ -29,3 +29,20 @@ def compare_frame(reference: Run, others: list[Run], labels: list[str]) -> pd.Da
         out[label] = [r.b for r in rows]
         out[rel_err_column(label)] = [fmt_rel_err(r.rel_err) for r in rows]
     return out
+
+
+def as_printed(table: pd.DataFrame, labels: list[str]) -> pd.DataFrame:
+    """compare_frame with each run's values as `testbed compare` prints them: thousands
+    separators, the cache hit rate in percent (one column holds metrics of every kind)."""
+    shown = table.copy()
+    for label in labels:
+        shown[label] = [_as_printed(key, v) for key, v in zip(table.index, table[label])]
+    return shown
+
+
+def _as_printed(key: str, v) -> str:
+    if v is None or pd.isna(v):
+        return fmt_metric(None)
+    if key == "completed":  # a count (the column made it a float)
+        return fmt_metric(int(v))
+    return fmt_metric(float(v), percent=key == "cache_hit_rate")

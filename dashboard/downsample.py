@@ -40,6 +40,24 @@ def step_series(df: pd.DataFrame, time_col: str, agg: dict[str, str], max_points
     return grouped.reset_index(drop=True)
 
 
+def peak_rows(df: pd.DataFrame, time_col: str, columns: list[str], max_points: int = MAX_POINTS) -> pd.DataFrame:
+    """Columns that stack (parts of one whole, like the KV pool's used and evictable tokens) over
+    time: the rows themselves if there are at most max_points, else in each time bin the one row
+    where their sum peaks. Each column's own maximum would come from different steps, and
+    stacked they would show more than any step held. Columns "time" (the bin's left edge) and columns."""
+    if len(df) <= max_points:
+        out = df[columns].copy()
+        out.insert(0, "time", df[time_col].to_numpy())
+        return out.reset_index(drop=True)
+    idx, edges = time_bins(df[time_col].to_numpy(), max_points)
+    total = df[columns].to_numpy(dtype=np.float64).sum(axis=1)
+    order = np.lexsort((-total, idx))  # by bin, the largest sum first
+    first = order[np.r_[True, idx[order][1:] != idx[order][:-1]]]
+    out = df[columns].iloc[first].reset_index(drop=True)
+    out.insert(0, "time", edges[idx[first]])
+    return out
+
+
 def rate_series(times: np.ndarray, bins: int = 200, weights: np.ndarray | None = None) -> pd.DataFrame:
     """Events per second over time (e.g. token times -> tokens/s): columns time (bin start), rate."""
     times = np.asarray(times, dtype=np.float64)

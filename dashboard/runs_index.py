@@ -15,7 +15,9 @@ from typing import Sequence
 import pandas as pd
 import pyarrow.parquet as pq
 
-from testbed.runs.folder import REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE, RunLoadError, read_run_meta
+from testbed.runs.folder import REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE, RunLoadError, effective_status, read_run_meta
+from testbed.studies.capacity import CAPACITY_FILE
+from testbed.studies.sweep import POINTS_DIR, SWEEP_FILE
 
 # Summary keys shown as headline numbers, in this order.
 HEADLINE_KEYS = (
@@ -49,6 +51,7 @@ COLUMNS = (
     "error",
     "path",
     "trace_sha256",
+    "study",  # the sweep or capacity folder a point's run belongs to (its name in the index), else None
 )
 INT_COLUMNS = ("chunked_prefill_size", "page_size", "kv_tokens", "max_requests", "completed")
 ERROR_STATUS = "error"  # the status of a folder that does not load
@@ -57,7 +60,8 @@ ERROR_STATUS = "error"  # the status of a folder that does not load
 def find_run_folders(runs_dir: Path) -> list[Path]:
     """Folders holding a run.json, at any depth (a sweep may nest its runs), plus
     every top-level folder that holds none: those are listed as errors, so a
-    folder that lost its run.json does not silently vanish from the table."""
+    folder that lost its run.json does not silently vanish from the table (but for
+    a sweep's folder with no point run yet: the What-if page opens sweeps)."""
     found: list[Path] = []
     if not runs_dir.is_dir():
         return found
@@ -69,7 +73,7 @@ def find_run_folders(runs_dir: Path) -> list[Path]:
                 dirs.clear()  # a run folder's subfolders are not runs
             else:
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        found += inside or [top]
+        found += inside or ([] if (top / SWEEP_FILE).is_file() else [top])
     return found
 
 
@@ -106,9 +110,12 @@ def index_row(path: Path, runs_dir: Path) -> dict:
     row: dict = {c: None for c in COLUMNS}
     row["name"] = path.relative_to(runs_dir).as_posix() if path.is_relative_to(runs_dir) else str(path)
     row["path"] = str(path)
+    if path.parent.name == POINTS_DIR:  # DIR/points/<point>: a point of a sweep or capacity search in DIR
+        study = path.parent.parent
+        row["study"] = study.relative_to(runs_dir).as_posix() if study.is_relative_to(runs_dir) else str(study)
     try:
         meta = read_run_meta(path)
-        status = str(meta.get("status", "unknown"))
+        status = effective_status(path, meta)  # a run whose process died is incomplete
         _check_tables(path, status)
     except RunLoadError as e:
         row["status"], row["error"] = ERROR_STATUS, str(e)
@@ -163,6 +170,50 @@ def scan_runs(runs_dir: str | os.PathLike, extra: Sequence[Path] = ()) -> pd.Dat
     df["overlap"] = df["overlap"].astype("boolean")
     df["date"] = pd.to_datetime(df["date"])
     return df.sort_values(["date", "name"], ascending=[False, True], na_position="last", ignore_index=True)
+
+
+# What a real run and its simulation must share to be compared (testbed compare's differences,
+# as far as the index knows them).
+SAME_WORKLOAD = ("trace_sha256", "model", "policy", "overlap", "chunked_prefill_size", "page_size", "kv_tokens", "time_scale", "max_requests")
+
+
+def comparable_pair(index: pd.DataFrame) -> list[str]:
+    """The newest complete real run and the newest complete sim of the same trace, model and options;
+    else the two newest complete runs; else the two newest runs (the index is newest first)."""
+    complete = index[index["status"] == "complete"]
+    sims = complete[complete["mode"] == "sim"]
+    for _, real in complete[complete["mode"] == "real"].iterrows():
+        same = pd.Series(True, index=sims.index)
+        for column in SAME_WORKLOAD:
+            same &= sims[column].astype(object).fillna("none") == ("none" if pd.isna(real[column]) else real[column])
+        if same.any():
+            return [real["name"], sims.loc[same, "name"].iloc[0]]
+    pool = complete if len(complete) >= 2 else index
+    return list(pool["name"].iloc[:2])
+
+
+def studies(index: pd.DataFrame, runs_dir: str | os.PathLike) -> pd.DataFrame:
+    """One row per sweep or capacity search of the index (its points grouped): study, kind,
+    points, how many complete, the others' statuses, trace, mode, model, the newest point's date.
+    Newest first."""
+    points = index[index["study"].notna()]
+    rows = []
+    for study, group in points.groupby("study", sort=False):
+        folder = Path(study) if Path(study).is_absolute() else Path(runs_dir) / study
+        others = group["status"][group["status"] != "complete"].value_counts()
+        rows.append({
+            "study": study,
+            "kind": "capacity" if (folder / CAPACITY_FILE).is_file() else "sweep",
+            "points": len(group),
+            "complete": int((group["status"] == "complete").sum()),
+            "not complete": ", ".join(f"{n} {s}" for s, n in others.items()) or None,
+            "trace": group["trace"].dropna().iloc[0] if group["trace"].notna().any() else None,
+            "mode": ", ".join(sorted(group["mode"].dropna().unique())) or None,
+            "model": ", ".join(sorted(group["model"].dropna().unique())) or None,
+            "date (UTC)": group["date"].max(),
+        })
+    columns = ["study", "kind", "points", "complete", "not complete", "trace", "mode", "model", "date (UTC)"]
+    return pd.DataFrame(rows, columns=columns).sort_values("date (UTC)", ascending=False, ignore_index=True)
 
 
 def loadable(index: pd.DataFrame) -> pd.DataFrame:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts
+from dashboard import charts, ui
 from dashboard.sweep_view import (
     DEFAULT_LATENCY,
     DEFAULT_METRIC,
@@ -27,6 +27,8 @@ from dashboard.sweep_view import (
 )
 
 NO_AXIS = "none"
+PICKED_KEY, TYPED_KEY = "sweep_picked", "sweep_typed"  # the picker and the text box
+TYPED_SWEEPS_KEY = "sweeps_typed"  # folders typed so far this session: the picker lists them too
 CHART_KINDS = ("heat map", "lines")
 
 
@@ -39,10 +41,14 @@ def _column_config(table: pd.DataFrame) -> dict:
     number = st.column_config.NumberColumn
     config: dict = {"run": st.column_config.LinkColumn("run", display_text="open", help="the point's run on the Run page")}
     for column in table.columns:
-        if column.endswith("_ms") or column.endswith("_throughput"):
-            config[column] = number(format="%.2f")
+        if column.endswith("_ms") or column == "request_throughput":
+            config[column] = number(format=ui.MS)
+        elif column.endswith("_throughput"):
+            config[column] = number(format=ui.RATE)
         elif column == "cache_hit_rate":
-            config[column] = number(format="percent")
+            config[column] = number(format=ui.PERCENT)
+        elif column == "completed":
+            config[column] = number(format=ui.COUNT)
     return config
 
 
@@ -52,11 +58,23 @@ def show(runs_dir: Path) -> None:
         f"A folder written by `testbed sweep` or `testbed capacity` (`--out DIR`), found in `{runs_dir}` or typed. "
         "Every point is listed; only complete points are drawn."
     )
-    found = [str(p) for p in find_sweeps(runs_dir)]
+    # One sweep is shown: the picker's. A folder typed joins its list and becomes its choice; a
+    # choice from the list clears what was typed, so the two never name different sweeps.
+    typed_before = st.session_state.setdefault(TYPED_SWEEPS_KEY, [])
+    found = list(dict.fromkeys([str(p) for p in find_sweeps(runs_dir)] + typed_before))
     c_found, c_typed = st.columns(2)
-    picked = c_found.selectbox("Sweep", found, index=0 if found else None, placeholder=f"no sweep found in {runs_dir}")
-    typed = c_typed.text_input("or another sweep folder", placeholder="path/to/DIR (holding sweep.parquet)")
-    path = typed.strip() or picked
+
+    def typed_changed() -> None:
+        typed = st.session_state[TYPED_KEY].strip()
+        if typed:
+            st.session_state[TYPED_SWEEPS_KEY] = list(dict.fromkeys([*st.session_state[TYPED_SWEEPS_KEY], typed]))
+            st.session_state[PICKED_KEY] = typed
+
+    if st.session_state.get(PICKED_KEY) not in (None, *found):
+        del st.session_state[PICKED_KEY]  # a folder that is gone
+    path = c_found.selectbox("Sweep", found, index=0 if found else None, placeholder=f"no sweep found in {runs_dir}", key=PICKED_KEY,
+                             on_change=lambda: st.session_state.update({TYPED_KEY: ""}))
+    c_typed.text_input("or another sweep folder", placeholder="path/to/DIR (holding sweep.parquet)", key=TYPED_KEY, on_change=typed_changed)
     if not path:
         return
     try:
@@ -133,5 +151,5 @@ def _pareto(sweep: Sweep, runs_dir: Path) -> None:
         f"{len(front)} of {len(sweep.complete())} complete points are on the front: no other point is "
         f"at least as good on both {throughput} and {latency} and better on one."
     )
-    table = points_table(sweep, runs_dir, rows=front, metrics=[throughput, latency]).drop(columns=["status", "error"])
+    table = points_table(sweep, runs_dir, rows=front, metrics=[throughput, latency]).drop(columns=["status", "error"], errors="ignore")
     st.dataframe(table, hide_index=True, column_config=_column_config(table))

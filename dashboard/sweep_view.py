@@ -10,6 +10,7 @@ stay in the table with their error.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from testbed.runs.folder import RUN_FILE
+from testbed.studies.capacity import CAPACITY_FILE
 from testbed.studies.sweep import POINTS_DIR, SWEEP_FILE, format_value, load_sweep
 
 MAX_DEPTH = 3  # runs/<sweep>, runs/<group>/<sweep>, ...: deep enough for people's layouts, cheap to walk
@@ -101,6 +103,24 @@ def find_sweeps(runs_dir: str | os.PathLike, max_depth: int = MAX_DEPTH) -> list
     return sorted(found, key=lambda p: (-mtime(p), str(p)))
 
 
+RATE_AXIS = "rate (req/s)"  # a capacity search's time_scale axis, shown as the request rate it makes
+
+
+def _with_rates(points: pd.DataFrame, meta: dict, folder: Path) -> tuple[pd.DataFrame, dict]:
+    """A capacity search's points with its time scales as request rates, rounded (3.4 req/s, not
+    time_scale 0.17677669529663687), where capacity.json gives the trace's own rate."""
+    try:
+        trace_rate = float(json.loads((folder / CAPACITY_FILE).read_text())["trace_rate"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return points, meta
+    if "time_scale" not in (meta.get("axis_columns") or []) or not math.isfinite(trace_rate):
+        return points, meta
+    points = points.copy()
+    points[RATE_AXIS] = [float(f"{trace_rate / s:.3g}") for s in points["time_scale"]]
+    axes = [RATE_AXIS if a == "time_scale" else a for a in meta["axis_columns"]]
+    return points, meta | {"axis_columns": axes}
+
+
 def open_sweep(path: str | os.PathLike) -> Sweep:
     """A sweep folder (or its sweep.parquet); SweepLoadError saying why it cannot be shown."""
     path = Path(path)
@@ -116,7 +136,7 @@ def open_sweep(path: str | os.PathLike) -> Sweep:
     missing = [c for c in ("point", "status", *meta["axis_columns"]) if c not in points.columns]
     if missing:
         raise SweepLoadError(f"{folder / SWEEP_FILE}: missing column(s) {', '.join(missing)}")
-    return Sweep(folder, points, meta)
+    return Sweep(folder, *_with_rates(points, meta, folder))
 
 
 # --- axis values ----------------------------------------------------------------------------
@@ -184,12 +204,13 @@ def point_links(sweep: Sweep, rows: pd.DataFrame, runs_dir: Path) -> list[str | 
 def points_table(
     sweep: Sweep, runs_dir: Path | None = None, rows: pd.DataFrame | None = None, metrics: Sequence[str] = HEADLINE_METRICS
 ) -> pd.DataFrame:
-    """One row per point (of `rows`, default all) as a person reads it: the axes, status, error,
-    the metrics (those the sweep has), then the point's name and (with runs_dir) a link to its run
-    on the Run page."""
+    """One row per point (of `rows`, default all) as a person reads it: the axes, status, error
+    (where a point has one), the metrics (those the sweep has), then the point's name and (with
+    runs_dir) a link to its run on the Run page."""
     df = sweep.points if rows is None else rows
     shown = [m for m in dict.fromkeys(metrics) if m in df.columns]
-    table = df[[*sweep.axes, "status", "error", *shown, "point"]].copy()
+    error = ["error"] if df["error"].notna().any() else []
+    table = df[[*sweep.axes, "status", *error, *shown, "point"]].copy()
     if runs_dir is not None:
         table["run"] = point_links(sweep, df, runs_dir)
     return table.reset_index(drop=True)

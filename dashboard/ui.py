@@ -19,19 +19,24 @@ WHATIF_KEY = "whatif_results"  # the What-if page's last batch
 PERSISTENT_KEYS = (RUN_KEY, COMPARE_KEY)
 
 
+# Numbers as the CLI prints them: thousands separators (1,654.40), rates in percent.
+MS, RATE, COUNT, PERCENT = "%,.2f", "%,.0f", "%,d", "percent"
+
+
 def column_config() -> dict:
     """How the Runs table's columns (runs_index.DISPLAY_COLUMNS headers) are formatted."""
     number = st.column_config.NumberColumn
     return {
         "date (UTC)": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss"),
-        "KV tokens": number(format="localized"),
-        "TTFT mean (ms)": number(format="%.2f"),
-        "TTFT p99 (ms)": number(format="%.2f"),
-        "TPOT mean (ms)": number(format="%.2f"),
-        "TPOT p99 (ms)": number(format="%.2f"),
-        "req/s": number(format="%.2f"),
-        "output tok/s": number(format="%.0f"),
-        "cache hit rate": number(format="percent"),
+        "completed": number(format=COUNT),
+        "KV tokens": number(format=COUNT),
+        "TTFT mean (ms)": number(format=MS),
+        "TTFT p99 (ms)": number(format=MS),
+        "TPOT mean (ms)": number(format=MS),
+        "TPOT p99 (ms)": number(format=MS),
+        "req/s": number(format=MS),
+        "output tok/s": number(format=RATE),
+        "cache hit rate": number(format=PERCENT),
     }
 
 

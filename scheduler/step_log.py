@@ -49,3 +49,9 @@ class StepLog:
 
     def __len__(self) -> int:
         return len(self.cols["step"])
+
+    def columns(self, start: int, stop: int) -> dict[str, list | array]:
+        """Rows start..stop (copies, of whole rows only) as columns: what a run folder writes."""
+        # A KeyboardInterrupt can land between two columns' appends: keep only whole rows.
+        stop = min(stop, *(len(c) for c in self.cols.values()))
+        return {name: col[start:stop] for name, col in self.cols.items()}

@@ -107,6 +107,15 @@ def database_system_spec(system: str) -> HardwareSpec:
         raise HardwareConfigError(f"AIConfigurator system {system!r}: its YAML lacks a usable {e}") from None
 
 
+def hardware_of_device(device_name: str) -> str | None:
+    """The bundled spec of a device as torch names it: cpu for the CPU, h100, h200 or a100 for a
+    GPU whose name says so ("NVIDIA H100 80GB HBM3"); None for another GPU."""
+    low = device_name.lower()
+    if low == "cpu":
+        return "cpu"
+    return next((n for n in bundled_hardware_names() if n != "cpu" and n in low), None)
+
+
 def load_hardware(name_or_path: str | Path) -> HardwareSpec:
     """A bundled name (case-insensitive: h100, h200, a100, cpu), one of AIConfigurator's system
     names (h100_sxm, ...; with its database installed), or a path to a JSON spec."""

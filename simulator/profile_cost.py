@@ -7,6 +7,7 @@ in beside the roofline through the same CostModel protocol.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -93,3 +94,26 @@ class ProfileCostModel:
 
     def cpu_time(self, stage: str, num_reqs: int, num_tokens: int) -> float:
         return self.cpu.time(stage, num_reqs, num_tokens)
+
+
+def engine_defaults(path: str | Path) -> dict:
+    """What a replay with this profile defaults to, from the engine it measured: "hardware" (the
+    spec it was calibrated on) and "overlap" (the real engine's default there: off on a CPU),
+    each where the profile says; {} for a file that is not a readable profile (loading it says why)."""
+    try:
+        return _engine_defaults(str(path), Path(path).stat().st_mtime_ns)
+    except OSError:
+        return {}
+
+
+@functools.lru_cache(maxsize=16)
+def _engine_defaults(path: str, mtime_ns: int) -> dict:
+    try:
+        profile = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(profile, dict):
+        return {}
+    engine = profile.get("engine") if isinstance(profile.get("engine"), dict) else {}
+    out = {"hardware": profile.get("hardware"), "overlap": engine.get("overlap")}
+    return {k: v for k, v in out.items() if v is not None}

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from scheduler.config import SchedulerConfig
 from scheduler.model_config import ModelConfig
 from testbed.errors import ConfigError
+from testbed.options import DEFAULT_HARDWARE
 
 
 @dataclass
@@ -30,7 +31,7 @@ def build_sim(opts, model: ModelConfig, make_config: Callable[[int], SchedulerCo
     from simulator.roofline import RooflineCostModel
     from simulator.sim_driver import SimDriver
 
-    hw = load_hardware(opts.hardware)
+    hw = load_hardware(opts.hardware or DEFAULT_HARDWARE)
     model.check_tp(opts.tp)
     profile = None
     if opts.profile is not None:
@@ -75,7 +76,6 @@ def build_real(opts, model: ModelConfig, make_config: Callable[[int], SchedulerC
     load_format = opts.load_format or ("auto" if folder else "dummy")
     if load_format == "auto" and not folder:
         raise ConfigError(f"--load-format auto: {model.name} is a bundled config without weights; use --load-format dummy or a model folder")
-    print(f"real engine: {choice.reason}; {load_format} weights", flush=True)
     engine_cfg = EngineConfig(
         load_format=load_format,
         seed=opts.seed,
@@ -98,6 +98,11 @@ def build_real(opts, model: ModelConfig, make_config: Callable[[int], SchedulerC
         "load_format": load_format,
     }
     return Backend(RealDriver(runner, opts.overlap), kv_tokens, model.vocab_size, meta), config
+
+
+def describe_engine(meta: dict) -> str:
+    """The line a real run or a calibration prints first: which device, dtype, backend, weights (from Backend.meta)."""
+    return f"real engine: {meta['device']}; {meta['load_format']} weights"
 
 
 def _gpu_name(device) -> str:

@@ -42,7 +42,7 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total)
 @dataclass
 class CalibrationConfig:
     model: str = "tiny-llama"
-    hardware: str | None = None  # a label for this machine; default: "cpu" or the GPU's name
+    hardware: str | None = None  # the hardware spec of this machine (as replay's --hardware); default: cpu or the GPU's
     load_format: str | None = None
     device: str = "auto"
     dtype: str = "auto"
@@ -349,8 +349,9 @@ def fit_profile(extend: list[dict], decode: list[dict], cpu: list[dict], insitu:
 
 
 def calibrate(cfg: CalibrationConfig, out: str | Path, progress: Progress | None = None) -> dict:
-    from testbed.backends import build_real
-    from testbed.options import ReplayOptions
+    from simulator.hardware import hardware_of_device
+    from testbed.backends import build_real, describe_engine
+    from testbed.options import ReplayOptions, default_overlap
     from testbed.replay import scheduler_config
 
     model = load_model_config(cfg.model)
@@ -358,6 +359,7 @@ def calibrate(cfg: CalibrationConfig, out: str | Path, progress: Progress | None
                          attention_backend=cfg.attention_backend, seed=cfg.seed)
     t0 = time.perf_counter()
     backend, _ = build_real(opts, model, lambda kv: scheduler_config(opts, model, kv))
+    print(describe_engine(backend.meta), flush=True)  # once: the replays below run on the same engine
     runner = backend.driver.runner
     backend_hardware = backend.meta["hardware"]
     # The KV pool a default real run of this model gets here: what a sim with this profile uses.
@@ -374,8 +376,9 @@ def calibrate(cfg: CalibrationConfig, out: str | Path, progress: Progress | None
         "format": PROFILE_FORMAT,
         "version": PROFILE_VERSION,
         "model": model.name,
-        "hardware": cfg.hardware or backend_hardware,
-        "engine": {"kv_tokens": engine_kv_tokens},
+        "hardware": cfg.hardware or hardware_of_device(backend_hardware) or backend_hardware,
+        # What a default real run here gets: a sim with this profile defaults to the same.
+        "engine": {"kv_tokens": engine_kv_tokens, "overlap": default_overlap(opts)},
         "calibration": asdict(cfg),
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "wall_s": round(time.perf_counter() - t0, 1),

@@ -4,77 +4,112 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
 
+from testbed.backends import describe_engine
+from testbed.cli_parser import CliParser
 from testbed.errors import EXIT_INTERRUPTED, EXIT_USAGE, USER_ERRORS, ConfigError
-from testbed.options import add_replay_options, check_options, default_overlap, options_from_args, positive_int
-from testbed.replay import replay
-from testbed.runs.summary_table import format_summary
+from testbed.interrupts import ignore_stop_signals, sigterm_as_sigint
+from testbed.options import add_replay_options, options_from_args, positive_int
+from testbed.progress import progress_bar
+from testbed.replay import default_run_dir, replay
+from testbed.runs.folder import interrupted_message
+from testbed.runs.summary_table import format_rejections, format_summary, run_title
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
+    since = time.time()
     opts = options_from_args(args)
-    check_options(opts)
-    overlap = default_overlap(opts)
-    bar = tqdm(total=None, unit="req", desc=f"replay {opts.mode}", disable=args.quiet, dynamic_ncols=True)
+    out = Path(args.out) if args.out is not None else default_run_dir(args.trace, opts)
+    bars = []  # made at the first report: after the trace, the model and the options are checked
+
+    def started(meta: dict) -> None:
+        if meta.get("mode") == "real":
+            print(describe_engine(meta), flush=True)
 
     def progress(done: int, total: int) -> None:
-        if bar.total != total:
-            bar.total = total
-        if done != bar.n:
-            bar.update(done - bar.n)
+        if not bars:
+            bars.append(progress_bar(f"replay {opts.mode}", "req", total, disable=args.quiet))
+        bars[0].update(done - bars[0].n)
 
     try:
-        result = replay(args.trace, opts, out=args.out, progress=progress)
+        result = replay(args.trace, opts, out=out, progress=progress, started=started)
     except KeyboardInterrupt:
-        print("\ninterrupted: the run folder is marked incomplete", file=sys.stderr)
+        for bar in bars:
+            bar.close()
+        print(interrupted_message(out, since), file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
-        bar.close()
-    print(format_summary(result.summary, title=f"{args.trace} ({opts.mode}, {opts.policy}, overlap {'on' if overlap else 'off'})"))
+        for bar in bars:
+            bar.close()
+    s = result.summary
+    if s["rejected"] and not s["completed"] and not s["unfinished"]:
+        print(f"testbed: error: every request was rejected: {format_rejections(result.rejections)}; run folder {result.run_dir}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    print(format_summary(s, title=run_title(args.trace, result.meta)))
+    if result.rejections:
+        print(f"rejected: {format_rejections(result.rejections)}")
     print(f"run folder: {result.run_dir}   (wall {result.wall_s:.1f} s)")
     return 0
 
 
-def cmd_calibrate(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+CALIBRATION_PHASES = {  # calibrate's progress phase -> (label, unit)
+    "forward": ("forward sweep", "points"),
+    "replay": ("real replay (CPU stages, forwards in place)", "requests"),
+    "replay overlap": ("real replay with overlap", "requests"),
+}
 
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.source == "aiconfigurator":
         return cmd_calibrate_kernels(args)
     if args.system or args.backend_version or args.tp != 1:
         raise ConfigError("--system, --backend-version and --tp are for --source aiconfigurator")
+    from simulator.hardware import load_hardware
     from testbed.calibrate import CalibrationConfig, calibrate
+    from testbed.options import ReplayOptions, default_hardware
 
-    bars: dict[str, tqdm] = {}
+    if args.refit and args.out is None:
+        raise ConfigError("--refit: give the profile to fit again with --out FILE")
+    hardware = args.hardware or (None if args.refit else default_hardware(ReplayOptions(mode="real", device=args.device)))
+    if hardware is None and not args.refit:
+        raise ConfigError("--hardware: this GPU matches no bundled spec; give its spec (h100, h200, a100 or a JSON file)")
+    if hardware is not None:
+        load_hardware(hardware)  # one meaning of --hardware: a spec, checked before anything is measured
+    model = args.model or "tiny-llama"
+    out = args.out or str(Path("runs") / "profiles" / f"{Path(model.rstrip('/')).name}-{Path(str(hardware)).stem}.json")
+    bars: dict = {}
 
     def progress(phase: str, done: int, total: int) -> None:
-        if args.quiet:
-            return
         bar = bars.get(phase)
         if bar is None:
-            label = "forward sweep" if phase == "forward" else "real replay (CPU stages, forwards in place)"
-            bar = bars[phase] = tqdm(total=total, desc=label, dynamic_ncols=True)
-        bar.total = total
+            label, unit = CALIBRATION_PHASES.get(phase, (phase, "steps"))
+            bar = bars[phase] = progress_bar(label, unit, total, disable=args.quiet)
         bar.update(done - bar.n)
 
-    cfg = CalibrationConfig(model=args.model or "tiny-llama", hardware=args.hardware, load_format=args.load_format, device=args.device, reps=args.reps)
+    cfg = CalibrationConfig(model=model, hardware=hardware, load_format=args.load_format, device=args.device, reps=args.reps)
     if args.refit:
         from simulator.profile_cost import ProfileError
         from testbed.calibrate import refit
 
         try:
-            profile = refit(args.out)
+            profile = refit(out)
         except ProfileError as e:
             raise ConfigError(str(e)) from None
     else:
         try:
-            profile = calibrate(cfg, args.out, progress)
+            profile = calibrate(cfg, out, progress)
+        except KeyboardInterrupt:
+            print(f"interrupted: nothing was written to {out} (a profile is written when calibration ends)", file=sys.stderr)
+            return EXIT_INTERRUPTED
         finally:
             for bar in bars.values():
                 bar.close()
     h = profile["holdout"]
-    print(f"profile {args.out}: {profile['model']} on {profile['hardware']}, {len(profile['measurements']['extend'])} extend "
+    print(f"profile {out}: {profile['model']} on {profile['hardware']}, {len(profile['measurements']['extend'])} extend "
           f"+ {len(profile['measurements']['decode'])} decode points, {profile['wall_s']} s")
     for kind in ("extend", "decode"):
         e = h[kind]
@@ -85,7 +120,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             print(f"    on the replay's {r['points']} {kind} forwards: median error {r['median_rel_err'] * 100:.1f}%, "
                   f"total {r['total_rel_err'] * 100:+.1f}% ({r['outliers']} starved outliers left out of the fit)")
     for stage in ("schedule", "launch", "process"):
-        print(f"  CPU {stage}: {profile['fit']['cpu'][stage]}")
+        c = profile["fit"]["cpu"][stage]
+        print(f"  CPU {stage}: {c['base_s'] * 1e6:.1f} us + {c['per_req_s'] * 1e6:.2f} us a request + {c['per_token_s'] * 1e6:.3f} us a token")
     ov = profile["fit"].get("overlap_forward")
     if ov:
         print("  with overlap, a forward takes longer by " + " and ".join(
@@ -94,21 +130,25 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate_kernels(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+    from testbed.calibrate_kernels import DEFAULT_MODEL, calibrate_kernels, summary_lines
 
-    from testbed.calibrate_kernels import calibrate_kernels, summary_lines
-
-    bar = tqdm(total=None, desc="kernels", disable=args.quiet, dynamic_ncols=True)
+    if args.hardware:
+        raise ConfigError("--hardware: with --source aiconfigurator the hardware is the --system's")
+    model = args.model or DEFAULT_MODEL
+    out = args.out or str(Path("runs") / "profiles" / f"{args.system}-{args.backend}-{Path(model.rstrip('/')).name}-tp{args.tp}.json")
+    bars: list = []
 
     def progress(phase: str, done: int, total: int) -> None:
-        bar.total, bar.desc = total, f"kernels ({phase})"
-        bar.update(done - bar.n)
+        if not bars:
+            bars.append(progress_bar("kernels", "queries", total, disable=args.quiet))
+        bars[0].update(done - bars[0].n)
 
     try:
-        profile = calibrate_kernels(args.system, args.backend, args.backend_version, args.model, args.tp, args.out, progress)
+        profile = calibrate_kernels(args.system, args.backend, args.backend_version, model, args.tp, out, progress)
     finally:
-        bar.close()
-    print("\n".join(summary_lines(profile, args.out)))
+        for bar in bars:
+            bar.close()
+    print("\n".join(summary_lines(profile, out)))
     return 0
 
 
@@ -120,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     from testbed.studies import cli as studies_cli
     from testbed.traces import cli as traces_cli
 
-    parser = argparse.ArgumentParser(prog="testbed", description="LLM-serving scheduler testbed: replay traces in simulation or on a real engine")
+    parser = CliParser(prog="testbed", description="LLM-serving scheduler testbed: replay traces in simulation or on a real engine")
+    parser.add_argument("--version", action="version", version=f"testbed {version('testbed')}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("replay", help="replay a trace and write a run folder")
     p.add_argument("trace", help="trace file: native JSON/JSONL, Mooncake JSONL, Azure CSV or ShareGPT-length CSV")
@@ -135,8 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     studies_cli.register(sub)
     p = sub.add_parser("calibrate", help="measure the real engine here (or take AIConfigurator's GPU kernels) and make a profile for the simulator")
     p.add_argument("--model", default=None, help="bundled config or local HF folder (default tiny-llama; llama-3.1-8b with --source aiconfigurator)")
-    p.add_argument("--hardware", default=None, help="a name for this machine in the profile (default: cpu or the GPU's name)")
-    p.add_argument("--out", required=True, help="profile file to write, e.g. profiles/cpu-tiny-llama.json")
+    p.add_argument("--hardware", default=None, help="hardware spec of this machine, as replay's --hardware (h100, h200, a100, cpu, or a "
+                   "JSON file); a sim with the profile defaults to it (default: cpu, or the GPU's spec; with --source aiconfigurator: the --system)")
+    p.add_argument("--out", default=None, help="profile file to write (default runs/profiles/<model>-<hardware>.json; "
+                   "with --source aiconfigurator runs/profiles/<system>-<backend>-<model>-tp<N>.json)")
     p.add_argument("--load-format", choices=("auto", "dummy"), default=None)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--reps", type=positive_int, default=5, help="timed repetitions per grid point (default %(default)s)")
@@ -154,13 +197,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    sigterm_as_sigint()  # `kill` stops a replay as Ctrl-C does, leaving its folder readable
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except USER_ERRORS as e:
         print(f"testbed: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # the commands that write something say what they left
+        print("testbed: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # `testbed ... | head`: the reader left; not an error of ours.
         sys.stderr.close()
@@ -168,4 +214,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    ignore_stop_signals()  # done: the exit code stands
+    sys.exit(code)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 from testbed.errors import EXIT_USAGE
 
 DEFAULT_PORT = 8501
+DEFAULT_RUNS = "runs"
 SHUTDOWN_TIMEOUT_S = 10
 
 
@@ -34,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Start the Streamlit dashboard on a directory of run folders: the Runs table, one Run in "
         "depth, Compare (sim against real), What-if simulations. Ctrl-C stops it.",
     )
-    p.add_argument("--runs", default="runs", help="directory of run folders (default %(default)s)")
+    p.add_argument("--runs", default=None, help=f"directory of run folders (default {DEFAULT_RUNS}, which may not exist yet)")
     p.add_argument("--port", type=_port, default=DEFAULT_PORT, help="local port to serve on (default %(default)s)")
     p.set_defaults(func=cmd_dashboard)
 
@@ -58,12 +60,29 @@ def streamlit_command(runs: Path, port: int) -> list[str]:
     ]  # fmt: skip
 
 
+def port_in_use(port: int) -> bool:
+    """Something listens on localhost:port already (Streamlit would fail after printing a page of log)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does: only a listener is in the way
+        try:
+            s.bind(("localhost", port))
+        except OSError:
+            return True
+    return False
+
+
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    runs = Path(args.runs).resolve()
+    runs = Path(args.runs or DEFAULT_RUNS).resolve()
     if runs.exists() and not runs.is_dir():
-        print(f"testbed dashboard: error: --runs {args.runs}: not a directory", file=sys.stderr)
+        print(f"testbed: error: --runs {args.runs}: not a directory", file=sys.stderr)
         return EXIT_USAGE
-    print(f"dashboard: http://localhost:{args.port} (runs: {args.runs})", flush=True)
+    if args.runs is not None and not runs.exists():  # the default may not exist yet: the app says how to fill it
+        print(f"testbed: error: --runs {args.runs}: no such folder", file=sys.stderr)
+        return EXIT_USAGE
+    if port_in_use(args.port):
+        print(f"testbed: error: --port {args.port}: the port is in use (another dashboard?); choose another with --port", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"dashboard: http://localhost:{args.port} (runs: {args.runs or DEFAULT_RUNS})", flush=True)
     child = subprocess.Popen(streamlit_command(runs, args.port))
     try:
         return child.wait()

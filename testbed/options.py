@@ -11,6 +11,7 @@ import argparse
 import functools
 import typing
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 # The --model and --policy choices; the dashboard offers the same ones through this module.
@@ -43,7 +44,9 @@ class ReplayOptions:
     disable_radix_cache: bool = False
     max_running_requests: int | None = None
     model: str | None = None  # None: llama-3.1-8b, or tiny-llama for --mode real on a CPU
-    hardware: str = DEFAULT_HARDWARE  # the simulator's hardware spec
+    # A hardware spec (simulator/hardware.py). None: h100 (or a profile's own) for the simulator,
+    # the spec of the device it runs on for the real engine (cpu, or the GPU's). See default_hardware.
+    hardware: str | None = None
     time_scale: float = 1.0  # arrival times are multiplied by this: 2 = half the load
     max_requests: int | None = None
     seed: int = 0
@@ -71,14 +74,48 @@ OPTION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ReplayOptions))
 # --- defaults that depend on the machine ------------------------------------------------------
 
 
+def _real_on_cuda(opts: ReplayOptions) -> bool:
+    if opts.device != "auto":
+        return opts.device == "cuda"
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def default_overlap(opts: ReplayOptions) -> bool:
+    """On, but for the real engine on a CPU; a simulation from a profile takes the default of the
+    engine it measured (a CPU profile: off), so that it replays what a real run there does."""
     if opts.overlap is not None:
         return opts.overlap
-    if opts.mode == "real" and opts.device != "cuda":
+    if opts.mode == "real":
+        return _real_on_cuda(opts)
+    if opts.profile is not None:
+        from simulator.profile_cost import engine_defaults
+
+        return bool(engine_defaults(opts.profile).get("overlap", True))
+    return True
+
+
+def default_hardware(opts: ReplayOptions) -> str | None:
+    """The real engine: the spec of its device (cpu; h100, h200, a100 by the GPU's name; None for
+    another GPU). The simulator: the spec a profile was calibrated on, else h100."""
+    if opts.hardware is not None:
+        return opts.hardware
+    from simulator.hardware import bundled_hardware_names, hardware_of_device
+
+    if opts.mode == "real":
+        if not _real_on_cuda(opts):
+            return "cpu"
         import torch
 
-        return opts.device == "auto" and torch.cuda.is_available()
-    return True
+        return hardware_of_device(torch.cuda.get_device_name(0))
+    if opts.profile is not None:
+        from simulator.profile_cost import engine_defaults
+
+        calibrated_on = engine_defaults(opts.profile).get("hardware")
+        if calibrated_on in bundled_hardware_names() or (isinstance(calibrated_on, str) and Path(calibrated_on).is_file()):
+            return calibrated_on
+    return DEFAULT_HARDWARE
 
 
 def default_model(mode: str) -> str:
@@ -91,7 +128,9 @@ def default_model(mode: str) -> str:
 
 def resolved_options(opts: ReplayOptions) -> ReplayOptions:
     """The options with their defaults resolved: what ran, as run.json records it."""
-    return with_scheduler_defaults(replace(opts, model=opts.model or default_model(opts.mode), overlap=default_overlap(opts)))
+    return with_scheduler_defaults(
+        replace(opts, model=opts.model or default_model(opts.mode), overlap=default_overlap(opts), hardware=default_hardware(opts))
+    )
 
 
 def with_scheduler_defaults(opts: ReplayOptions) -> ReplayOptions:
@@ -179,11 +218,12 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-size", type=positive_int, default=None, help="KV page size in tokens (default 1; 16 with --scheduler vllm, its block size)")
     p.add_argument("--kv-tokens", type=positive_int, default=None, help="KV pool size in tokens (default: from the model and the device memory)")
     p.add_argument("--mem-fraction-static", type=float, default=d.mem_fraction_static, help="device memory share for weights and KV (default %(default)s)")
-    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None, help="overlap scheduling with the forward (default on; off for the real engine on a CPU)")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None, help="overlap scheduling with the forward (default on; off for the real engine on a CPU, and for a simulation from a CPU --profile)")
     p.add_argument("--disable-radix-cache", action="store_true", help="no prefix cache")
     p.add_argument("--max-running-requests", type=positive_int, default=None, help="cap on the running batch (default: from the KV pool)")
     p.add_argument("--model", default=None, help=f"bundled config ({', '.join(bundled_model_names())}) or a local HF folder / config.json (default llama-3.1-8b; tiny-llama for --mode real on a CPU)")
-    p.add_argument("--hardware", default=d.hardware, help="hardware spec: h100, h200, a100, cpu, one of AIConfigurator's systems (h100_sxm, rtx_pro_6000_server, ...; with its database installed), or a JSON file (default %(default)s)")
+    p.add_argument("--hardware", default=None, help="hardware spec: h100, h200, a100, cpu, one of AIConfigurator's systems (h100_sxm, rtx_pro_6000_server, ...; with its database installed), or a JSON file (default: h100 for the simulator, "
+                   "or the one a --profile was made for; for --mode real, the spec of its device)")
     p.add_argument("--time-scale", type=positive_float, default=d.time_scale, help="multiply arrival times: 2 stretches them (half the load), 0.5 compresses (default %(default)s)")
     p.add_argument("--max-requests", type=positive_int, default=None, help="replay only the first N requests")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of every random choice (default %(default)s)")

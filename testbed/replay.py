@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -15,22 +15,13 @@ from scheduler.protocol import SchedulerCore
 from scheduler.req import Req
 from scheduler.sampling import SamplingParams
 from scheduler.scheduler import Scheduler
+from testbed.interrupts import deferred_interrupts, interrupt_once
 from scheduler.vllm_config import VllmSchedulerConfig
 from scheduler.vllm_scheduler import VllmScheduler
 from testbed.options import ReplayOptions, check_options, resolved_options, with_scheduler_defaults
 from testbed.runs import metrics
-from testbed.runs.folder import (
-    REQUESTS_FILE,
-    RUN_FILE,
-    STEPS_FILE,
-    WALL_FILE,
-    RunLoadError,
-    read_run_meta,
-    steps_frame,
-    versions,
-    write_json,
-    write_parquet,
-)
+from testbed.runs.folder import REQUESTS_FILE, STEPS_FILE, RunLoadError, read_run_meta, steps_frame, versions
+from testbed.runs.writer import RunWriter
 from testbed.traces.formats import load_trace
 from testbed.traces.schema import Trace, materialize_input_ids
 
@@ -41,6 +32,8 @@ class ReplayResult:
     status: str
     summary: dict
     wall_s: float
+    meta: dict = field(default_factory=dict)  # run.json
+    rejections: dict[str, int] = field(default_factory=dict)  # reason -> requests (metrics.rejection_counts)
 
 
 def finished_run_meta(run_dir: Path, trace_sha256: str, opts: ReplayOptions) -> dict | None:
@@ -117,19 +110,26 @@ def replay(
     opts: ReplayOptions,
     out: str | Path | None = None,
     progress: Callable[[int, int], None] | None = None,
+    started: Callable[[dict], None] | None = None,
 ) -> ReplayResult:
-    """Replay a trace and write its run folder. progress(done, total) is called as requests finish.
+    """Replay a trace and write its run folder. started(run.json) is called once the folder is
+    made (every input checked), progress(done, total) as requests finish.
 
-    A KeyboardInterrupt leaves the folder marked "incomplete" (with every request
-    so far) and is raised again.
+    A KeyboardInterrupt (Ctrl-C, or SIGTERM in the CLI) leaves the folder marked "incomplete"
+    (with every request so far) and is raised again; a second one meanwhile is ignored.
     """
+    with interrupt_once():
+        return _replay(trace_path, opts, out, progress, started)
+
+
+def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
     check_options(opts)
     from testbed.backends import build_real, build_sim
 
     wall_start = time.perf_counter()
     opts = resolved_options(opts)  # run.json records what ran
     model = load_model_config(opts.model)
-    trace = load_trace(trace_path, opts.format, rate=opts.rate, seed=opts.seed)
+    trace = load_trace(trace_path, opts.format, rate=opts.rate, seed=opts.seed, time_scale=opts.time_scale)
     if opts.max_requests is not None:
         trace.requests = trace.requests[: opts.max_requests]
     build = build_sim if opts.mode == "sim" else build_real
@@ -137,9 +137,6 @@ def replay(
     kv_tokens = backend.kv_tokens
 
     run_dir = Path(out) if out is not None else default_run_dir(trace_path, opts)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for stale in (REQUESTS_FILE, STEPS_FILE):
-        (run_dir / stale).unlink(missing_ok=True)
     meta = {
         "status": "running",
         "mode": opts.mode,
@@ -156,15 +153,22 @@ def replay(
         "versions": versions(),
         "summary": None,
     }
-    write_json(run_dir / RUN_FILE, meta)
+    writer = RunWriter(run_dir, meta)
+    if started is not None:
+        started(meta)
 
     scheduler = new_scheduler(config)
     driver = backend.driver
     total = len(trace)
-    report = (lambda done: progress(done, total)) if progress is not None else None
-    if report is not None:
-        report(0)
-    loop = EventLoop(scheduler, make_requests(trace, opts, model, backend.vocab_size), driver.clock, opts.overlap, report)
+
+    def after_step(done: int) -> None:
+        writer.after_step(loop.steps, scheduler.done)
+        if progress is not None:
+            progress(done, total)
+
+    if progress is not None:
+        progress(0, total)
+    loop = EventLoop(scheduler, make_requests(trace, opts, model, backend.vocab_size), driver.clock, opts.overlap, after_step)
     status = "incomplete"  # until the loop ends: Ctrl-C leaves it so
     try:
         driver.run(loop)
@@ -175,20 +179,11 @@ def replay(
         meta["error"] = f"{type(e).__name__}: {e}"
         raise
     finally:
-        # Every request received: finished, rejected, or (interrupted) still unfinished.
-        df = metrics.requests_frame(loop.received)
-        write_parquet(run_dir / REQUESTS_FILE, df)
-        write_parquet(run_dir / STEPS_FILE, steps_frame(loop.steps.cols))
-        meta["status"] = status
-        meta["summary"] = metrics.summarize(df) | {
-            "num_steps": len(loop.steps),
-            "simulated_s": driver.clock(),
-            "kv_tokens": kv_tokens,
-        }
-        write_json(run_dir / RUN_FILE, meta)
-        wall_s = time.perf_counter() - wall_start
-        write_json(
-            run_dir / WALL_FILE,
-            {"created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "wall_s": round(wall_s, 3)},
-        )
-    return ReplayResult(run_dir, status, meta["summary"], wall_s)
+        with deferred_interrupts():  # a second Ctrl-C waits for the tables
+            # Every request received: finished, rejected, or (interrupted) still unfinished.
+            df = metrics.requests_frame(loop.received)
+            meta["status"] = status
+            meta["summary"] = metrics.run_summary(df, len(loop.steps), driver.clock(), kv_tokens)
+            wall_s = time.perf_counter() - wall_start
+            writer.finish(meta, df, steps_frame(loop.steps.columns(0, len(loop.steps))), wall_s)
+    return ReplayResult(run_dir, status, meta["summary"], wall_s, meta, metrics.rejection_counts(df))

@@ -14,7 +14,7 @@ from simulator import profile_fit as pf
 from simulator.profile_cost import ProfileCostModel, ProfileError
 from testbed.calibrate import CalibrationConfig, calibrate, synthetic_plan
 from testbed.errors import ConfigError
-from testbed.options import ReplayOptions
+from testbed.options import ReplayOptions, resolved_options
 from testbed.replay import replay
 
 REPO = Path(__file__).resolve().parents[1]
@@ -152,3 +152,51 @@ def test_refit_fits_again_from_the_measurements_alone(profile_path, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "testbed.cli", "calibrate", "--refit", "--out", str(tmp_path / "none.json")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no measurements" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def test_calibrate_command_prints_the_engine_once_and_writes_a_profile_a_sim_defaults_to(tmp_path, monkeypatch, capsys):
+    """`testbed calibrate` with its defaults (a smaller grid, so that the test is quick): the profile goes
+    to runs/profiles/, never over the bundled one; its hardware is a spec and its engine's overlap is
+    what a default real run here has, which a sim with the profile then takes."""
+    import functools
+
+    import testbed.calibrate
+    from testbed.cli import main
+
+    bundled = (REPO / "profiles" / "cpu-tiny-llama.json").read_bytes()
+    small = functools.partial(CalibrationConfig, extend_tokens=[16, 128], extend_prefixes=[0], extend_batches=[1],
+                              decode_batches=[1, 4], decode_lens=[32], cpu_trace_requests=20)
+    monkeypatch.setattr(testbed.calibrate, "CalibrationConfig", small)
+    monkeypatch.chdir(tmp_path)
+    assert main(["calibrate", "--model", "tiny-llama", "--reps", "1", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("real engine:") == 1, out
+    cpu_lines = [line for line in out.splitlines() if line.strip().startswith("CPU ")]
+    assert len(cpu_lines) == 3 and all(" us a request + " in line and "{" not in line for line in cpu_lines), out
+    path = tmp_path / "runs" / "profiles" / "tiny-llama-cpu.json"
+    profile = json.loads(path.read_text())
+    assert profile["hardware"] == "cpu" and profile["engine"]["overlap"] is False
+    assert (REPO / "profiles" / "cpu-tiny-llama.json").read_bytes() == bundled
+    opts = resolved_options(ReplayOptions(model="tiny-llama", profile=str(path)))
+    assert (opts.overlap, opts.hardware) == (False, "cpu")
+    assert resolved_options(ReplayOptions(model="tiny-llama", profile=str(path), overlap=True)).overlap is True
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--hardware", "cpu-2core"], "cpu-2core"),  # a free label is not a spec: one meaning of --hardware
+    (["--refit"], "--refit"),
+])
+def test_calibrate_refuses_before_measuring(args, needle):
+    from cli_helpers import assert_clean_error
+
+    proc = subprocess.run([sys.executable, "-m", "testbed", "calibrate", *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert_clean_error(proc, needle)
+
+
+def test_the_bundled_profile_sims_what_a_default_real_cpu_run_does():
+    opts = resolved_options(ReplayOptions(model="tiny-llama", profile=str(REPO / "profiles" / "cpu-tiny-llama.json")))
+    real = resolved_options(ReplayOptions(mode="real", device="cpu"))
+    assert (opts.overlap, opts.hardware) == (real.overlap, real.hardware) == (False, "cpu")

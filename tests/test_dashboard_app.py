@@ -14,7 +14,8 @@ import pytest
 from dashboard_helpers import BROKEN, INCOMPLETE, NOT_A_RUN, RETRACT, RUNS, make_runs, make_trace, status, summary
 from streamlit.testing.v1 import AppTest
 
-from testbed.runs.cli import fmt_rel_err
+from dashboard.runs_index import comparable_pair, loadable, scan_runs
+from testbed.runs.cli import fmt_metric, fmt_rel_err
 from testbed.runs.compare import STATS, compare_runs
 from testbed.runs.folder import load_run
 from testbed.runs.metrics import LATENCIES
@@ -154,6 +155,14 @@ def test_run_page_keeps_its_run_across_page_switches(monkeypatch, runs):
     assert _by_label(at.selectbox, "Run").value == "sim-lpm"
 
 
+def test_run_page_without_retractions_draws_no_empty_retraction_chart(monkeypatch, runs):
+    at = _app(monkeypatch, runs["sim-fcfs"].parent, "views/run.py")
+    _by_label(at.selectbox, "Run").set_value("sim-fcfs").run()
+    assert summary(runs["sim-fcfs"])["num_retractions"] == 0
+    assert "Retractions" not in _chart_titles(at)
+    assert any("No request was retracted" in c.value for c in at.caption)
+
+
 def test_run_page_marks_an_incomplete_run(monkeypatch, runs):
     at = _app(monkeypatch, runs["sim-fcfs"].parent, "views/run.py")
     _by_label(at.selectbox, "Run").set_value(INCOMPLETE).run()
@@ -172,14 +181,42 @@ def test_compare_page_overlays_runs_with_testbed_compare_errors(monkeypatch, run
     for name in ("sim-no-overlap", "sim-lpm"):
         rows = compare_runs(a, load_run(runs[name]))
         assert table[f"rel. err {name}"].tolist() == [fmt_rel_err(r.rel_err) for r in rows]
-        assert table[name].tolist() == [r.b for r in rows]
-    assert table["sim-fcfs"].tolist() == [r.a for r in rows]
+        # As `testbed compare` prints them: 1,654.4, 44.70%, 300.
+        assert table[name].tolist() == [fmt_metric(r.b, percent=r.name == "cache_hit_rate") for r in rows]
+    assert table["sim-fcfs"].tolist() == [fmt_metric(r.a, percent=r.name == "cache_hit_rate") for r in rows]
+    assert table.loc[table["metric"] == "cache hit rate", "sim-fcfs"].item().endswith("%")
+    assert "." not in table.loc[table["metric"] == "completed requests", "sim-fcfs"].item()
     assert _chart_titles(at) == ["Latency CDFs", "Latency percentiles"]
     # Different options are compared anyway, and said.
     warnings = [w.value for w in at.warning]
     assert any("sim-lpm" in w and "policy: A fcfs, B lpm" in w for w in warnings)
     assert any("sim-no-overlap" in w and "overlap: A True, B False" in w for w in warnings)
     assert any("rel. err" in c.value for c in at.code)  # the CLI's own table
+
+
+def test_compare_page_opens_on_two_complete_runs_of_one_workload(monkeypatch, runs):
+    at = _app(monkeypatch, runs["sim-fcfs"].parent, "views/compare.py")
+    chosen = _by_label(at.multiselect, "Runs (the first is the reference A)").value
+    assert chosen == comparable_pair(loadable(scan_runs(runs["sim-fcfs"].parent)))
+    assert all(status(runs[name]) == "complete" for name in chosen) and INCOMPLETE not in chosen
+
+
+# --- tables as the CLI prints numbers ----------------------------------------------------------
+
+
+def _formats(element) -> dict[str, str]:
+    """Column -> the number format the browser applies (what AppTest can see of it)."""
+    config = json.loads(element.proto.columns)
+    return {name: c.get("type_config", {}).get("format") for name, c in config.items()}
+
+
+def test_tables_show_thousands_separators_and_percentages(monkeypatch, runs):
+    at = _app(monkeypatch, runs["sim-fcfs"].parent)
+    f = _formats(at.dataframe[0])
+    assert f["TTFT mean (ms)"] == f["TPOT p99 (ms)"] == "%,.2f" and f["output tok/s"] == "%,.0f"
+    assert f["KV tokens"] == f["completed"] == "%,d" and f["cache hit rate"] == "percent"
+    at.switch_page("views/run.py").run()
+    assert set(_formats(at.dataframe[0]).values()) == {"%,.2f"}
 
 
 # --- What-if --------------------------------------------------------------------------------

@@ -32,6 +32,10 @@ import pytest
 from dashboard_helpers import make_runs, make_trace, summary
 from websockets.sync.client import connect
 
+from testbed.options import ReplayOptions
+from testbed.replay import replay
+from testbed.traces.gen import GenConfig, generate_trace
+
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = (
@@ -51,6 +55,13 @@ START_TIMEOUT_S = 60
 RENDER_TIMEOUT_S = 60
 CHART_JS = "document.querySelectorAll('.js-plotly-plot .main-svg').length"
 TRACES_JS = "document.querySelectorAll('.js-plotly-plot g.trace').length"
+# The KV chart's two stacked series as the browser holds them (plotly keeps figure data on the div).
+KV_JS = """(() => {
+  const gd = [...document.querySelectorAll('.js-plotly-plot')].find(g => (g.layout.title.text || '').includes('KV cache'));
+  if (!gd) return null;
+  const y = name => Array.from(gd._fullData.find(t => t.name === name).y);  // decoded (data may hold base64)
+  return {used: y('KV used'), cached: y('KV evictable cache')};
+})()"""
 
 
 def free_port() -> int:
@@ -190,15 +201,29 @@ def png_size(png: bytes) -> tuple[int, int]:
     return struct.unpack(">II", png[16:24])
 
 
+LONG = "sim-long"
+
+
+def _long_run_on_a_full_pool(tmp_path: Path) -> Path:
+    """~15k steps (the charts bin them) on a 3,000-token KV pool the prefix cache keeps full."""
+    cfg = GenConfig(num_requests=150, rate=1.0, input_len="uniform:50,300", output_len="uniform:60,160", system_prompts=4,
+                    shared_fraction=0.9, seed=7)
+    generate_trace(cfg).write(tmp_path / "long.json")
+    opts = ReplayOptions(kv_tokens=3000, model="tiny-llama", hardware="cpu")
+    return replay(str(tmp_path / "long.json"), opts, out=tmp_path / "runs" / LONG).run_dir
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (Debian package `chromium`; .ci/run installs it)")
 def test_dashboard_renders_charts_in_chromium(tmp_path):
     runs = make_runs(tmp_path / "runs", make_trace(tmp_path / "trace.json"))
+    long_run = _long_run_on_a_full_pool(tmp_path)
     port = free_port()
     with dashboard(tmp_path / "runs", port) as proc, chromium() as devtools:
         open_page(devtools, f"http://localhost:{port}/run?run=sim-fcfs", charts=6)
         assert devtools.eval(CHART_JS) >= 6
         titles = devtools.eval("[...document.querySelectorAll('.js-plotly-plot .gtitle')].map(t => t.textContent)")
         assert "Latency CDFs" in titles and "Step timeline: CPU and device" in titles
+        assert summary(runs["sim-fcfs"])["num_retractions"] == 0 and "Retractions" not in titles  # no empty panel
         png = devtools.screenshot()
         assert png_size(png) == (WIDTH, HEIGHT)
         assert len(png) > 30_000, "a blank page compresses to a few kB"
@@ -212,6 +237,11 @@ def test_dashboard_renders_charts_in_chromium(tmp_path):
         wait_until("the Perfetto download", lambda: done.is_file() and not list(downloads.glob("*.crdownload")), RENDER_TIMEOUT_S)
         events = [e for e in json.loads(done.read_text())["traceEvents"] if e["ph"] == "X"]
         assert len(events) == 4 * summary(runs["sim-fcfs"])["num_steps"]
+        # A long run (binned) on a full KV pool: used and evictable, as drawn, stack to at most the pool.
+        open_page(devtools, f"http://localhost:{port}/run?run={LONG}", charts=5)
+        kv = devtools.eval(KV_JS)
+        assert kv and 0 < len(kv["used"]) == len(kv["cached"]) < summary(long_run)["num_steps"]
+        assert max(u + c for u, c in zip(kv["used"], kv["cached"])) == summary(long_run)["kv_tokens"]
         # The Runs page shows the runs and the broken folder's error.
         devtools.send("Page.navigate", url=f"http://localhost:{port}/")
         text = wait_until("the Runs page", lambda: (t := devtools.eval("document.body ? document.body.innerText : ''")) and "does not load" in t and t, RENDER_TIMEOUT_S)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -36,3 +37,14 @@ def test_refuses_a_file_as_runs_dir_and_a_bad_port(tmp_path):
     assert p.returncode == 2 and "not a directory" in p.stderr and "Traceback" not in p.stderr
     p = _testbed("dashboard", "--port", "70000")
     assert p.returncode == 2 and "port" in p.stderr
+
+
+def test_a_missing_runs_folder_and_a_busy_port_are_one_line_errors(tmp_path):
+    from cli_helpers import assert_clean_error
+
+    assert_clean_error(_testbed("dashboard", "--runs", str(tmp_path / "nope")), "--runs", "no such folder")
+    with socket.socket() as listener:
+        listener.bind(("localhost", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert_clean_error(_testbed("dashboard", "--runs", str(tmp_path), "--port", str(port)), f"--port {port}", "in use")

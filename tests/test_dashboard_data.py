@@ -13,9 +13,9 @@ from dashboard_helpers import BROKEN, INCOMPLETE, NOT_A_RUN, RETRACT, RUNS, make
 
 from dashboard import charts
 from dashboard.compare_table import compare_frame, rel_err_column
-from dashboard.downsample import cdf_points, step_series
+from dashboard.downsample import MAX_POINTS, cdf_points, step_series
 from dashboard.latency import latencies_ms, latency_cdfs
-from dashboard.runs_index import ERROR_STATUS, HEADLINE_KEYS, display_frame, filter_runs, scan_runs
+from dashboard.runs_index import ERROR_STATUS, HEADLINE_KEYS, comparable_pair, display_frame, filter_runs, scan_runs
 from dashboard.timeline import INTERVALS, intervals, overlap_stats, trace_events, trace_json
 from dashboard.whatif import WhatIfGrid, parse_values, run_variants, variants
 from testbed.options import ReplayOptions
@@ -136,6 +136,25 @@ def test_step_series_bins_long_runs_and_keeps_peaks():
     assert out["time"].is_monotonic_increasing
     short = step_series(df.iloc[:100], "t", {"queue": "max"}, max_points=2000)
     assert short["time"].tolist() == t[:100].tolist()
+
+
+def test_kv_chart_never_stacks_above_the_pool_on_a_long_run():
+    """A long run's KV chart is binned: used and evictable come from the same step (the one whose
+    sum peaks in the bin), so the stack is a pool state that happened, never more than the pool."""
+    pool, n = 10_000, 50_000
+    rng = np.random.default_rng(2)
+    used = rng.integers(0, pool, n)
+    cached = rng.integers(0, pool - used + 1)  # every step: used + cached <= pool, each swinging over it all
+    steps = pd.DataFrame({"schedule_start": np.arange(n) * 0.01, "kv_used_tokens": used, "kv_cached_tokens": cached,
+                          "mode": "decode", "num_tokens": 1, "cache_hit_tokens": 0})
+    fig = charts.kv_figure(steps, pool)
+    stacked = {t.name: np.asarray(t.y, dtype=float) for t in fig.data if t.name in ("KV used", "KV evictable cache")}
+    assert 0 < len(stacked["KV used"]) <= MAX_POINTS
+    assert (stacked["KV used"] + stacked["KV evictable cache"]).max() <= pool
+    # Each drawn pair is a step of the run, the fullest of its bin.
+    pairs = set(zip(used.tolist(), cached.tolist()))
+    assert all((u, c) in pairs for u, c in zip(stacked["KV used"], stacked["KV evictable cache"]))
+    assert (stacked["KV used"] + stacked["KV evictable cache"]).max() == (used + cached).max()
 
 
 # --- figures --------------------------------------------------------------------------------
@@ -259,3 +278,23 @@ def test_whatif_runs_land_as_run_folders(tmp_path, runs):
         assert status(r.run_dir) == "complete" and summary(r.run_dir)["completed"] == 20
         assert index.loc[str(r.run_dir), "policy"] == r.variant.opts.policy
     assert {i for i, *_ in calls} >= {0, 2} and all(n == 4 and total == 20 for _, n, _, total in calls)
+
+
+def test_compare_opens_on_the_newest_complete_real_run_and_a_sim_of_the_same_workload():
+    def row(name, mode, status="complete", model="tiny-llama", policy="fcfs", trace="t1"):
+        return {"name": name, "mode": mode, "status": status, "model": model, "policy": policy, "trace_sha256": trace,
+                "overlap": False, "chunked_prefill_size": 8192, "page_size": 1, "kv_tokens": 4096, "time_scale": 1.0,
+                "max_requests": None}
+
+    index = pd.DataFrame([  # newest first, as scan_runs sorts it
+        row("real-killed", "real", status="incomplete"),
+        row("sim-other-model", "sim", model="llama-3.1-8b"),
+        row("sim-other-policy", "sim", policy="lpm"),
+        row("sim-other-trace", "sim", trace="t2"),
+        row("real-ok", "real"),
+        row("sim-same", "sim"),
+        row("sim-same-older", "sim"),
+    ])
+    assert comparable_pair(index) == ["real-ok", "sim-same"]
+    # No sim of the same workload: the two newest complete runs.
+    assert comparable_pair(index[~index["name"].str.startswith("sim-same")]) == ["sim-other-model", "sim-other-policy"]

@@ -29,6 +29,7 @@ from dashboard import charts
 from dashboard.runs_index import scan_runs
 from dashboard.sweep_view import (
     MEAN,
+    RATE_AXIS,
     SweepLoadError,
     axis_labels,
     find_sweeps,
@@ -64,13 +65,16 @@ def made(tmp_path_factory) -> dict[str, Path]:
     trace = d / "trace.json"
     generate_trace(TRACE).write(trace)
     out = {"runs": d / "runs", "main": d / "runs" / "sweep-main", "failing": d / "runs" / "group" / "sweep-failing",
-           "one": d / "elsewhere" / "sweep-one", "broken": d / "runs" / "sweep-broken"}  # fmt: skip
+           "one": d / "elsewhere" / "sweep-one", "broken": d / "runs" / "sweep-broken",
+           "capacity": d / "elsewhere" / "capacity"}  # fmt: skip
     grid = [a for name, values in MAIN_AXES.items() for a in ("--grid", f"{name}={','.join(values)}")]
     proc = _testbed("sweep", trace, *grid, *BASE, "--out", out["main"])
     assert proc.returncode == 0, proc.stderr
     proc = _testbed("sweep", trace, "--grid", "model=tiny-llama,no-such-model", "--grid", "overlap=on,off", *BASE, "--out", out["failing"])
     assert proc.returncode == 1, proc.stderr  # some points failed
     proc = _testbed("sweep", trace, "--grid", "kv_tokens=none,40000", *BASE, "--out", out["one"])
+    assert proc.returncode == 0, proc.stderr
+    proc = _testbed("capacity", trace, "--slo", "p90_ttft_ms=2000", *BASE, "--out", out["capacity"])
     assert proc.returncode == 0, proc.stderr
     out["broken"].mkdir()
     (out["broken"] / "sweep.parquet").write_bytes(b"PAR1 this is not a parquet file")
@@ -115,7 +119,9 @@ def test_points_table_lists_every_point_axes_first_with_links_to_their_runs(made
     sweep = open_sweep(made["main"])
     df, _ = load_sweep(made["main"])
     table = points_table(sweep, made["runs"])
-    assert list(table.columns[:5]) == ["policy", "time_scale", "overlap", "status", "error"]
+    # No point failed: no error column full of None (the failing sweep's table has one).
+    assert list(table.columns[:4]) == ["policy", "time_scale", "overlap", "status"]
+    assert "error" not in table.columns and "error" in points_table(open_sweep(made["failing"])).columns
     assert len(table) == 12 and list(table["point"]) == list(df["point"])
     assert table[LATENCY].tolist() == df[LATENCY].tolist()
     # Each link opens the point's run: its name in the runs index of the Run page.
@@ -162,6 +168,17 @@ def test_pending_points_of_an_interrupted_sweep_are_listed_but_not_drawn(made, t
     assert shown.loc[shown["status"] == "pending", "run"].isna().all()
     assert list(metric_grid(sweep, LATENCY, "time_scale", "policy").columns) == ["1", "2"]
     assert 0.5 not in set(pareto_front(sweep, THROUGHPUT, LATENCY)["time_scale"])
+
+
+def test_a_capacity_search_shows_its_load_as_rounded_request_rates(made):
+    sweep = open_sweep(made["capacity"])
+    report = json.loads((made["capacity"] / "capacity.json").read_text())
+    assert sweep.axes == [RATE_AXIS]  # not time_scale 0.17677669529663687
+    labels = axis_labels(sweep, RATE_AXIS)
+    assert len(labels) >= 3 and all(len(label.replace(".", "").strip("0")) <= 3 for label in labels), labels  # 3 significant digits
+    for scale, rate in zip(sweep.points["time_scale"], sweep.points[RATE_AXIS]):
+        assert rate == pytest.approx(report["trace_rate"] / scale, rel=5e-3)
+    assert list(points_table(sweep).columns[:2]) == [RATE_AXIS, "status"]
 
 
 # --- a metric over two axes -----------------------------------------------------------------
@@ -336,3 +353,28 @@ def test_a_point_link_opens_its_run_on_the_run_page(monkeypatch, made, where):
     assert _by_label(at.selectbox, "Run").value == name
     summary = json.loads((sweep_dir / "points" / point / "run.json").read_text())["summary"]
     assert {m.label: m.value for m in at.metric}["completed"] == f"{summary['completed']:,}"
+
+
+def test_the_sweep_picker_follows_what_was_typed(monkeypatch, made):
+    at = _app(monkeypatch, made["runs"])
+    _by_label(at.text_input, "or another sweep folder").set_value(str(made["one"])).run()
+    assert _by_label(at.selectbox, "Sweep").value == str(made["one"])  # the picker names the sweep shown
+    assert any(str(made["one"]) in m.value for m in at.markdown)
+    _by_label(at.selectbox, "Sweep").set_value(str(made["main"])).run()
+    assert _by_label(at.text_input, "or another sweep folder").value == ""  # no stale path beside it
+    assert any(str(made["main"]) in m.value for m in at.markdown)
+    assert str(made["one"]) in _by_label(at.selectbox, "Sweep").options  # still a click away
+
+
+def test_runs_page_groups_the_points_of_a_sweep_under_it(monkeypatch, made):
+    at = _app(monkeypatch, made["runs"], "views/runs.py")
+    assert at.dataframe[0].value.empty  # no run outside the sweeps in this folder
+    studies = at.dataframe[1].value.set_index("study")
+    assert studies.loc["sweep-main", "points"] == studies.loc["sweep-main", "complete"] == 12
+    assert studies.loc["group/sweep-failing", "points"] == 2  # its failed points never made a run folder
+    assert (studies["kind"] == "sweep").all()
+    (toggle,) = at.toggle
+    toggle.set_value(True).run()
+    listed = at.dataframe[0].value["run"]
+    assert len(listed) == 14 and listed.str.startswith(("sweep-main/points/", "group/sweep-failing/points/")).all()
+    assert len(at.dataframe) == 1  # the studies' table gives way to their points

@@ -74,7 +74,7 @@ def test_real_replay_exits_0_and_prints_the_summary(runs):
     proc = procs["real"]
     _assert_ok(proc)
     assert "real engine:" in proc.stdout and "auto weights" in proc.stdout
-    assert "(real, fcfs, overlap off)" in proc.stdout
+    assert ", fcfs, overlap off)" in proc.stdout and "(real, " in proc.stdout and " on cpu, " in proc.stdout  # model on device
     assert "9 completed, 1 rejected, 0 unfinished" in proc.stdout
     for row in ("TTFT", "TPOT", "ITL", "E2E"):
         assert row in proc.stdout
@@ -141,7 +141,7 @@ def test_bundled_config_with_dummy_weights_runs(setup, tmp_path):
         "--no-overlap", "--kv-tokens", KV_TOKENS, "--out", out, "-q",
     )  # fmt: skip
     _assert_ok(proc)
-    assert "dummy weights" in proc.stdout and "(real, fcfs, overlap off)" in proc.stdout
+    assert "dummy weights" in proc.stdout and "(real, tiny-llama on cpu, fcfs, overlap off)" in proc.stdout
     r = load_run(out)
     assert r.status == "complete" and r.meta["load_format"] == "dummy" and r.meta["model"] == "tiny-llama"
     # tiny-llama's context is 4096: the long request runs too.

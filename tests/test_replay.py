@@ -79,10 +79,11 @@ def test_run_json_records_status_options_versions_and_trace(run):
     assert result.status == "complete" and r.status == "complete"
     meta = json.loads((r.path / "run.json").read_text())
     assert meta["status"] == "complete"
-    # run.json records the options that ran: a default model is resolved to its name.
-    assert meta["options"] == json.loads(json.dumps(asdict(opts) | {"model": opts.model or "llama-3.1-8b"}))
+    # run.json records the options that ran: a default model and hardware are resolved to their names.
+    resolved = {"model": opts.model or "llama-3.1-8b", "hardware": opts.hardware or "h100"}
+    assert meta["options"] == json.loads(json.dumps(asdict(opts) | resolved))
     assert meta["mode"] == "sim"
-    assert meta["model"] == (opts.model or "llama-3.1-8b") and meta["hardware"] == opts.hardware
+    assert meta["model"] == resolved["model"] and meta["hardware"] == resolved["hardware"]
     sched = meta["scheduler"]
     assert sched["page_size"] == 16 and sched["chunked_prefill_size"] == 256 and sched["overlap"] == opts.overlap
     assert sched["kv_tokens"] == r.summary["kv_tokens"] > 0

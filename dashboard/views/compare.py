@@ -6,25 +6,14 @@ this page is for: a real run as A and the simulation of the same trace as B.
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from dashboard import cache, charts, ui
-from dashboard.compare_table import compare_frame, rel_err_column
-from dashboard.runs_index import loadable
+from dashboard.compare_table import as_printed, compare_frame
+from dashboard.runs_index import comparable_pair, loadable
 from testbed.runs.cli import format_compare
 from testbed.runs.compare import compare_runs, differences
 from testbed.runs.folder import RunLoadError
-
-
-def default_selection(runs: pd.DataFrame) -> list[str]:
-    """The newest real run and the newest sim run of the same trace, else the two newest runs."""
-    for _, real in runs[runs["mode"] == "real"].iterrows():
-        sims = runs[(runs["mode"] == "sim") & (runs["trace_sha256"] == real["trace_sha256"])]
-        if len(sims):
-            return [real["name"], sims["name"].iloc[0]]
-    return list(runs["name"].iloc[:2])
-
 
 st.title("Compare")
 runs = loadable(ui.index())
@@ -34,9 +23,9 @@ if len(runs) < 2:
         ui.no_runs_message()
     st.stop()
 names = list(runs["name"])
-# ?runs=A,B,... opens those runs (a link to a comparison); else default_selection.
+# ?runs=A,B,... opens those runs (a link to a comparison); else the newest comparable real and sim pair.
 linked = [n for n in st.query_params.get("runs", "").split(",") if n in names]
-ui.keep_valid(ui.COMPARE_KEY, names, linked if len(linked) >= 2 else default_selection(runs))
+ui.keep_valid(ui.COMPARE_KEY, names, linked if len(linked) >= 2 else comparable_pair(runs))
 chosen = st.multiselect("Runs (the first is the reference A)", names, key=ui.COMPARE_KEY)
 if len(chosen) < 2:
     st.info("Pick two or more runs.")
@@ -60,14 +49,8 @@ for label, run in zip(labels[1:], others):
 
 st.header("Relative error against A")
 st.caption(f"A = **{labels[0]}**; rel. err = (B - A) / A, as `testbed compare A B` prints it.")
-table = compare_frame(reference, others, labels)
-st.dataframe(
-    table,
-    hide_index=True,
-    height="content",
-    column_config={label: st.column_config.NumberColumn(format="%.2f") for label in labels}
-    | {rel_err_column(label): st.column_config.TextColumn() for label in labels[1:]},
-)
+table = as_printed(compare_frame(reference, others, labels), labels)
+st.dataframe(table, hide_index=True, height="content")
 with st.expander("As `testbed compare` prints it"):
     for run in others:
         st.code(format_compare(reference, run, compare_runs(reference, run), differences(reference, run)), language=None)

@@ -53,7 +53,7 @@ percentiles = pd.DataFrame(
     {stat: [s.get(f"{stat}_{m}_ms") for m in LATENCIES] for stat in STATS},
     index=pd.Index([f"{LABELS[m]} (ms)" for m in LATENCIES], name="latency"),
 )
-st.dataframe(percentiles, column_config={stat: st.column_config.NumberColumn(format="%.2f") for stat in STATS})
+st.dataframe(percentiles, column_config={stat: st.column_config.NumberColumn(format=ui.MS) for stat in STATS})
 figures = cache.run_figures(row["path"], name)
 st.plotly_chart(figures["latency"])
 
@@ -66,8 +66,9 @@ if steps.empty:
 st.plotly_chart(figures["throughput"])
 st.plotly_chart(figures["batch"])
 st.plotly_chart(figures["kv"])
-st.plotly_chart(figures["retractions"])
-if s.get("num_retractions", 0) == 0:
+if s.get("num_retractions", 0):
+    st.plotly_chart(figures["retractions"])
+else:  # nothing to draw
     st.caption("No request was retracted: the KV pool never ran out.")
 
 

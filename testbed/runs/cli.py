@@ -93,7 +93,8 @@ def to_json(a: Run, b: Run, rows: list[MetricRow], diffs: list[str], forced: boo
     }
 
 
-def _fmt(v, percent: bool = False) -> str:
+def fmt_metric(v, percent: bool = False) -> str:
+    """A metric as the compare table prints it: 1,234.5 or 12.34; 44.70% with percent; "-" if missing."""
     if v is None:
         return "-"
     if percent:
@@ -126,7 +127,7 @@ def format_compare(a: Run, b: Run, rows: list[MetricRow], diffs: list[str] | Non
     body: list[tuple[str, str, str, str]] = []  # label, A, B, rel. err; a group title has empty cells
 
     def add(label: str, r: MetricRow, percent: bool = False) -> None:
-        body.append((label, _fmt(r.a, percent), _fmt(r.b, percent), fmt_rel_err(r.rel_err)))
+        body.append((label, fmt_metric(r.a, percent), fmt_metric(r.b, percent), fmt_rel_err(r.rel_err)))
 
     for name in LATENCIES:
         body.append((f"{name.upper()} (ms)", "", "", ""))

@@ -7,9 +7,19 @@
 
 run.json, requests.parquet and steps.parquet depend only on the trace, the
 options and the seed (a simulated run is reproducible file for file); wall.json
-holds what differs between two runs of the same thing. run.json is written
-first with status "running", so an interrupted run is a folder marked
-"incomplete" (or still "running" if the process died) that still loads.
+holds what differs between two runs of the same thing.
+
+While the run goes (testbed.runs.writer): run.json says "running", and its steps and
+finished requests reach two journals (testbed.runs.journal) every second or so:
+
+    steps.journal.arrows     the steps so far
+    requests.journal.arrows  the requests finished (or rejected) so far
+
+The writer holds a lock on the steps journal. At the end the parquet files are written
+and the journals removed; Ctrl-C or SIGTERM ends the same way with status "incomplete".
+A folder whose writer died without finishing (SIGKILL, a crash, the machine) still says
+"running" but nobody holds the lock: load_run reads it from the journals, as
+"incomplete", with every row up to the last flush.
 """
 
 from __future__ import annotations
@@ -21,13 +31,29 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 
-from scheduler.step_log import STEP_COLUMNS
+from scheduler.step_log import FLOAT_COLUMNS, STEP_COLUMNS
+from testbed.runs.journal import is_locked, read_journal
+from testbed.runs.metrics import REQUESTS_SCHEMA, run_summary
 
 RUN_FILE = "run.json"
 REQUESTS_FILE = "requests.parquet"
 STEPS_FILE = "steps.parquet"
 WALL_FILE = "wall.json"
+REQUESTS_JOURNAL = "requests.journal.arrows"
+STEPS_JOURNAL = "steps.journal.arrows"
+JOURNALS = {REQUESTS_FILE: REQUESTS_JOURNAL, STEPS_FILE: STEPS_JOURNAL}
+# What a killed run says about itself (run.json still says "running").
+DIED_ERROR = "the process ended without finishing the run (killed?): the tables hold what it wrote until then"
+
+# The steps journal's columns (steps.parquet has the same names and types).
+STEP_SCHEMA = pa.schema(
+    [
+        (name, pa.string() if name == "mode" else pa.float64() if name.endswith(("_start", "_end")) or name in FLOAT_COLUMNS else pa.int64())
+        for name in STEP_COLUMNS
+    ]
+)
 
 
 def _write_atomic(path: Path, write) -> None:
@@ -57,9 +83,8 @@ def versions() -> dict:
 
 
 def steps_frame(cols: dict) -> pd.DataFrame:
-    # Ctrl-C can land between two columns' appends: keep only whole rows.
-    n = min(len(cols[name]) for name in STEP_COLUMNS)
-    return pd.DataFrame({name: cols[name][:n] for name in STEP_COLUMNS})
+    """The steps table of StepLog.columns(...)."""
+    return pd.DataFrame({name: cols[name] for name in STEP_COLUMNS})
 
 
 @dataclass
@@ -102,14 +127,73 @@ def read_run_meta(path: Path) -> dict:
     return meta
 
 
+def writer_alive(path: Path) -> bool:
+    """A replay is writing this folder now (it holds the steps journal's lock)."""
+    return is_locked(Path(path) / STEPS_JOURNAL)
+
+
+def effective_status(path: Path, meta: dict) -> str:
+    """run.json's status, but "incomplete" for a run that says "running" and has no writer left."""
+    status = str(meta.get("status", "unknown"))
+    return "incomplete" if status == "running" and not writer_alive(path) else status
+
+
+def interrupted_message(path: Path, since: float) -> str:
+    """The one line a command stopped by Ctrl-C or SIGTERM prints about the run folder it was
+    writing: what is there now. `since`: when the command started (an older run.json in the
+    folder is not this run's)."""
+    try:
+        if (Path(path) / RUN_FILE).stat().st_mtime < since - 1.0:  # file times are a coarser clock
+            raise FileNotFoundError
+        status = effective_status(Path(path), read_run_meta(Path(path)))
+    except (OSError, RunLoadError):
+        return f"interrupted before the run started: nothing was written to {path}"
+    if status == "complete":
+        return f"interrupted after the run finished: {path} is complete"
+    # "running": this process is the writer, and it is leaving without finishing.
+    return f"interrupted: {path} is marked {'incomplete' if status == 'running' else status}; it loads with what it has"
+
+
+def folder_stamp(path: str | os.PathLike) -> tuple:
+    """Changes whenever what load_run returns may change: run.json and the journals' sizes and
+    times, and whether a writer holds the folder (a cache key of a run)."""
+    path = Path(path)
+    stamp: list = [(path / RUN_FILE).stat().st_mtime_ns]
+    for name in (REQUESTS_JOURNAL, STEPS_JOURNAL):
+        try:
+            st = (path / name).stat()
+            stamp.append((st.st_mtime_ns, st.st_size))
+        except FileNotFoundError:
+            stamp.append(None)
+    return (*stamp, writer_alive(path))
+
+
+def _read_table(path: Path, name: str) -> pd.DataFrame:
+    """A table of the folder: its parquet file, else its journal (a run still going, or killed)."""
+    f = path / name
+    if f.is_file():
+        return pd.read_parquet(f)
+    journal = path / JOURNALS[name]
+    if not journal.is_file():
+        return pd.DataFrame()
+    table = read_journal(journal, REQUESTS_SCHEMA if name == REQUESTS_FILE else STEP_SCHEMA).to_pandas()
+    # Requests reach the journal in the order they finish; the table is in trace order.
+    return table.sort_values("index", ignore_index=True) if name == REQUESTS_FILE else table
+
+
 def load_run(path: str | os.PathLike) -> Run:
-    """Load a run folder; an incomplete run loads with whatever tables it has."""
+    """Load a run folder; an incomplete run loads with whatever tables it has, a run still going
+    or killed from its journals (with a summary of what they hold)."""
     path = Path(path)
     meta = read_run_meta(path)
-    tables = {}
-    for name in (REQUESTS_FILE, STEPS_FILE):
-        f = path / name
-        tables[name] = pd.read_parquet(f) if f.is_file() else pd.DataFrame()
+    requests, steps = _read_table(path, REQUESTS_FILE), _read_table(path, STEPS_FILE)
+    status = effective_status(path, meta)
+    if status != meta.get("status"):
+        meta = meta | {"status": status, "error": meta.get("error") or DIED_ERROR}
+    if meta.get("summary") is None and "status" in requests.columns:
+        simulated_s = float(steps["process_end"].max()) if len(steps) else 0.0
+        kv_tokens = (meta.get("scheduler") or {}).get("kv_tokens")
+        meta = meta | {"summary": run_summary(requests, len(steps), simulated_s, kv_tokens)}
     wall_file = path / WALL_FILE
     wall = json.loads(wall_file.read_text()) if wall_file.is_file() else {}
-    return Run(path, meta, tables[REQUESTS_FILE], tables[STEPS_FILE], wall)
+    return Run(path, meta, requests, steps, wall)

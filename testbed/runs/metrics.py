@@ -7,10 +7,12 @@ consecutive tokens of a request. E2E: finish - arrival.
 
 from __future__ import annotations
 
-from typing import Iterable
+import re
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from scheduler.req import FinishReason, Req
 
@@ -24,34 +26,45 @@ def status_of(req: Req) -> str:
     return "finished" if req.finished() else "unfinished"
 
 
+# The columns of requests_frame, as a run's requests journal holds them (testbed.runs.writer).
+REQUESTS_SCHEMA = pa.schema(
+    [("rid", pa.string()), ("index", pa.int64())]
+    + [(c, pa.float64()) for c in ("arrival", "scheduled", "first_token", "finish")]
+    + [(c, pa.int64()) for c in ("input_tokens", "output_tokens", "max_new_tokens", "cached_tokens", "prefill_tokens", "num_retractions", "priority")]
+    + [("status", pa.string()), ("reason", pa.string()), ("token_times", pa.list_(pa.float64()))]
+)
+
+
 def requests_frame(reqs: Iterable[Req]) -> pd.DataFrame:
     """One row per request, in trace order."""
-    rows = sorted(reqs, key=lambda r: r.index)
+    return pd.DataFrame(requests_columns(sorted(reqs, key=lambda r: r.index)))
+
+
+def requests_columns(rows: Sequence[Req]) -> dict[str, Any]:
+    """The columns of requests_frame, rows in the order given (numpy arrays and lists)."""
     nan = float("nan")
 
     def t(x: float | None) -> float:
         return nan if x is None else x
 
-    return pd.DataFrame(
-        {
-            "rid": [r.rid for r in rows],
-            "index": np.array([r.index for r in rows], dtype=np.int64),
-            "arrival": np.array([r.arrival_time for r in rows], dtype=np.float64),
-            "scheduled": np.array([t(r.scheduled_time) for r in rows], dtype=np.float64),
-            "first_token": np.array([t(r.first_token_time) for r in rows], dtype=np.float64),
-            "finish": np.array([t(r.finish_time) for r in rows], dtype=np.float64),
-            "input_tokens": np.array([r.input_len for r in rows], dtype=np.int64),
-            "output_tokens": np.array([len(r.output_ids) for r in rows], dtype=np.int64),
-            "max_new_tokens": np.array([r.max_new_tokens for r in rows], dtype=np.int64),
-            "cached_tokens": np.array([r.cached_tokens for r in rows], dtype=np.int64),
-            "prefill_tokens": np.array([r.prefill_tokens for r in rows], dtype=np.int64),
-            "num_retractions": np.array([r.num_retractions for r in rows], dtype=np.int64),
-            "priority": np.array([r.priority for r in rows], dtype=np.int64),
-            "status": [status_of(r) for r in rows],
-            "reason": [r.reject_reason or (r.finished_reason.value if r.finished_reason else "") for r in rows],
-            "token_times": [np.frombuffer(r.token_times, dtype=np.float64) if len(r.token_times) else np.empty(0) for r in rows],
-        }
-    )
+    return {
+        "rid": [r.rid for r in rows],
+        "index": np.array([r.index for r in rows], dtype=np.int64),
+        "arrival": np.array([r.arrival_time for r in rows], dtype=np.float64),
+        "scheduled": np.array([t(r.scheduled_time) for r in rows], dtype=np.float64),
+        "first_token": np.array([t(r.first_token_time) for r in rows], dtype=np.float64),
+        "finish": np.array([t(r.finish_time) for r in rows], dtype=np.float64),
+        "input_tokens": np.array([r.input_len for r in rows], dtype=np.int64),
+        "output_tokens": np.array([len(r.output_ids) for r in rows], dtype=np.int64),
+        "max_new_tokens": np.array([r.max_new_tokens for r in rows], dtype=np.int64),
+        "cached_tokens": np.array([r.cached_tokens for r in rows], dtype=np.int64),
+        "prefill_tokens": np.array([r.prefill_tokens for r in rows], dtype=np.int64),
+        "num_retractions": np.array([r.num_retractions for r in rows], dtype=np.int64),
+        "priority": np.array([r.priority for r in rows], dtype=np.int64),
+        "status": [status_of(r) for r in rows],
+        "reason": [r.reject_reason or (r.finished_reason.value if r.finished_reason else "") for r in rows],
+        "token_times": [np.frombuffer(r.token_times, dtype=np.float64) if len(r.token_times) else np.empty(0) for r in rows],
+    }
 
 
 def _stats(name: str, values_s: np.ndarray, out: dict) -> None:
@@ -98,3 +111,19 @@ def summarize(df: pd.DataFrame) -> dict:
     out["cache_hit_rate"] = float(df["cached_tokens"].sum() / prefill) if prefill else 0.0
     out["num_retractions"] = int(df["num_retractions"].sum())
     return out
+
+
+def rejection_reason(reason: str) -> str:
+    """A reject reason without the request's own lengths: "exceed the context length 8192"."""
+    return re.sub(r"^input \d+ \+ output \d+ tokens ", "", reason)
+
+
+def rejection_counts(requests: pd.DataFrame) -> dict[str, int]:
+    """How many requests were rejected for each reason, most frequent first."""
+    reasons = requests.loc[requests["status"] == "rejected", "reason"].map(rejection_reason)
+    return {str(k): int(v) for k, v in reasons.value_counts().items()}
+
+
+def run_summary(requests: pd.DataFrame, num_steps: int, simulated_s: float, kv_tokens: int | None) -> dict:
+    """run.json's summary: summarize() and what the run itself knows."""
+    return summarize(requests) | {"num_steps": num_steps, "simulated_s": simulated_s, "kv_tokens": kv_tokens}

@@ -13,6 +13,18 @@ def _fmt(v) -> str:
     return f"{v:,}"
 
 
+def run_title(trace: str, meta: dict) -> str:
+    """trace (mode, model on hardware, policy, overlap): what ran, from run.json."""
+    opts = meta.get("options") or {}
+    overlap = "on" if opts.get("overlap") else "off"
+    return f"{trace} ({meta.get('mode')}, {meta.get('model')} on {meta.get('hardware')}, {opts.get('policy')}, overlap {overlap})"
+
+
+def format_rejections(counts: dict[str, int]) -> str:
+    """'280 exceed the context length 8192, 20 do not fit the KV pool of ...' (metrics.rejection_counts)."""
+    return ", ".join(f"{n:,} {reason}" for reason, n in counts.items())
+
+
 def format_summary(s: dict, title: str = "") -> str:
     lines = []
     if title:
@@ -27,10 +39,13 @@ def format_summary(s: dict, title: str = "") -> str:
         f"{s.get('input_throughput', 0):,.0f} input tok/s   cache hit rate {'-' if hit is None else f'{hit * 100:.1f}%'}"
         f"   retractions {s.get('num_retractions', 0)}"
     )
-    header = f"{'latency (ms)':<14}{'mean':>12}{'p50':>12}{'p90':>12}{'p99':>12}"
+    stats = ("mean", "p50", "p90", "p99")
+    cells = {name: [_fmt(s.get(f"{k}_{name}_ms")) for k in stats] for name in LATENCIES}
+    # Columns as wide as the widest number and two spaces: a 50-minute TTFT (3,046,054.4) stays apart.
+    width = max(12, 2 + max(len(c) for row in cells.values() for c in row))
+    header = f"{'latency (ms)':<14}" + "".join(f"{k:>{width}}" for k in stats)
     lines.append(header)
     lines.append("-" * len(header))
     for name in LATENCIES:
-        row = [s.get(f"{k}_{name}_ms") for k in ("mean", "p50", "p90", "p99")]
-        lines.append(f"{name.upper():<14}" + "".join(f"{_fmt(v):>12}" for v in row))
+        lines.append(f"{name.upper():<14}" + "".join(f"{c:>{width}}" for c in cells[name]))
     return "\n".join(lines)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from testbed.errors import ConfigError
+from testbed.interrupts import deferred_interrupts
 from testbed.options import ReplayOptions
 from testbed.runs.folder import write_json
 from testbed.runs.metrics import LATENCIES
@@ -27,6 +28,8 @@ from testbed.studies.runners import Runner
 from testbed.studies.sweep import (
     POINTS_DIR,
     SWEEP_FILE,
+    TABLE_EVERY_S,
+    Every,
     GridAxis,
     Sweep,
     check_out_dir,
@@ -292,6 +295,14 @@ def run_capacity(
     # (round, config, point, result): the table lists them in this order, not in the order
     # parallel points happened to finish, so that the same search writes the same table.
     tested: list[tuple[int, int, SweepPoint, PointResult]] = []
+    every = Every(TABLE_EVERY_S)
+
+    def write_table() -> None:
+        if tested:
+            ordered = sorted(tested, key=lambda t: t[:2])
+            with deferred_interrupts():
+                write_sweep_table(sweep.out_dir / SWEEP_FILE, sweep, [t[2] for t in ordered], [t[3] for t in ordered])
+
     try:
         for round_no in itertools.count():
             # One round: the next rate of every search not done, in parallel.
@@ -305,12 +316,12 @@ def run_capacity(
                 tested.append((round_no, config, point, result))
                 if on_probe is not None:
                     on_probe(search.result(), search.probes[-1])
+                if every.due():
+                    write_table()
 
             run_points(sweep, [p for _, _, p in batch.values()], runner, resume, record)
     finally:
-        if tested:
-            tested.sort(key=lambda t: t[:2])
-            write_sweep_table(sweep.out_dir / SWEEP_FILE, sweep, [t[2] for t in tested], [t[3] for t in tested])
+        write_table()
     report = CapacityReport(
         sweep.trace, sweep.trace_info.requests, sweep.trace_info.rate, list(slos), resolution,
         rank([s.result() for s in searches]), sweep.out_dir,

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from testbed.errors import EXIT_INTERRUPTED
 from testbed.options import add_replay_options, options_from_args, positive_int
+from testbed.progress import progress_bar
 from testbed.runs.summary_table import format_summary
 from testbed.studies.capacity import (
     DEFAULT_RESOLUTION,
@@ -166,8 +167,6 @@ def _axes_text(sweep: Sweep) -> str:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     axes = parse_grid(args.grid)
     sweep = plan_sweep(args.trace, options_from_args(args), axes, args.out or _default_out("sweep", args.trace))
     check_out_dir(sweep.out_dir, args.resume)  # before starting processes or Ray
@@ -175,7 +174,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"sweep of {args.trace} ({sweep.trace_info.requests} requests): {len(sweep.points)} points ({_axes_text(sweep)}) "
               f"on {runner.description} -> {sweep.out_dir}", flush=True)
-    bar = tqdm(total=len(sweep.points), unit="point", desc="sweep", disable=args.quiet, dynamic_ncols=True)
+    bar = progress_bar("sweep", "points", len(sweep.points), disable=args.quiet)
     counts = {"failed": 0, "resumed": 0}
 
     def on_result(point: SweepPoint, result: PointResult) -> None:
@@ -255,8 +254,6 @@ def format_capacity(report: CapacityReport) -> str:
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     slos = parse_slos(args.slo)
     axes = parse_grid(args.grid, forbidden={"time_scale": SCALES_ITSELF})
     sweep = plan_capacity(args.trace, options_from_args(args), axes, args.out or _default_out("capacity", args.trace), args.resolution)
@@ -267,7 +264,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         slo_text = ", ".join(f"{s.key} <= {s.limit:g}" for s in slos)
         print(f"capacity of {args.trace} ({sweep.trace_info.requests} requests at {sweep.trace_info.rate:.4g} req/s) under {slo_text}: "
               f"{configs} config{'s' if configs > 1 else ''} on {runner.description} -> {sweep.out_dir}", flush=True)
-    bar = tqdm(total=None, unit="sim", desc="capacity", disable=args.quiet, dynamic_ncols=True)
+    bar = progress_bar("capacity", "sims", disable=args.quiet)
 
     def on_probe(result: CapacityResult, probe: Probe) -> None:
         bar.update(1)

@@ -6,6 +6,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Protocol, Sequence
 
+from testbed.interrupts import ignore_stop_signals
 from testbed.studies.points import OnResult, PointResult, SweepPoint, run_point
 
 
@@ -32,19 +33,32 @@ class LocalRunner:
         if not points:
             return
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=self.workers)
+            # A worker between points ignores Ctrl-C and SIGTERM (it would die printing a traceback);
+            # during a point, replay's own handlers stop the replay, leaving its folder incomplete.
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, initializer=ignore_stop_signals)
         futures = {self._pool.submit(run_point, trace_path, p): p for p in points}
         broken = False
-        for future in as_completed(futures):
-            point = futures[future]
-            try:
-                result = future.result()
-            except Exception as e:  # noqa: BLE001 - BrokenProcessPool: a worker died (killed, out of memory)
-                broken = True
-                result = PointResult(point.name, "failed", None, f"{type(e).__name__}: {e}")
-            on_result(point, result)
+        try:
+            for future in as_completed(futures):
+                point = futures[future]
+                try:
+                    result = future.result()
+                except Exception as e:  # noqa: BLE001 - BrokenProcessPool: a worker died (killed, out of memory)
+                    broken = True
+                    result = PointResult(point.name, "failed", None, f"{type(e).__name__}: {e}")
+                on_result(point, result)
+        except KeyboardInterrupt:
+            self._stop_workers()
+            raise
         if broken:  # a broken pool takes no more work
             self.close()
+
+    def _stop_workers(self) -> None:
+        """Ctrl-C in a terminal reaches the workers too; a SIGTERM to this process alone does not:
+        send it on, so that their replays stop as this one does (folders marked incomplete)."""
+        for process in list((getattr(self._pool, "_processes", None) or {}).values()):
+            if process.is_alive():
+                process.terminate()  # SIGTERM: replay's handler stops the point running there
 
     def close(self) -> None:
         if self._pool is not None:

@@ -20,6 +20,7 @@ import itertools
 import json
 import os
 import re
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -29,7 +30,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from testbed.errors import ConfigError
-from testbed.options import OPTION_FIELDS, ReplayOptions, check_options, parse_option_value, resolved_options
+from testbed.interrupts import deferred_interrupts
+from testbed.options import (
+    OPTION_FIELDS,
+    ReplayOptions,
+    check_options,
+    parse_option_value,
+    resolved_options,
+)
 from testbed.studies.points import OnResult, PointResult, SweepPoint, finished_result
 from testbed.studies.runners import Runner
 from testbed.traces.formats import load_trace
@@ -139,7 +147,7 @@ class TraceInfo:
 
 def trace_info(trace_path: str, opts: ReplayOptions) -> TraceInfo:
     """The trace as a replay with these options sees it (format, generated arrivals, --max-requests)."""
-    trace = load_trace(trace_path, opts.format, rate=opts.rate, seed=opts.seed)
+    trace = load_trace(trace_path, opts.format, rate=opts.rate, seed=opts.seed, time_scale=opts.time_scale)
     requests = trace.requests[: opts.max_requests] if opts.max_requests is not None else trace.requests
     span = requests[-1].arrival_s - requests[0].arrival_s
     return TraceInfo(trace.sha256(), len(requests), (len(requests) - 1) / span if span > 0 else float("inf"))
@@ -182,28 +190,59 @@ def run_points(sweep: Sweep, points: Sequence[SweepPoint], runner: Runner, resum
     runner.run(sweep.trace, todo, on_result)
 
 
+class Every:
+    """due() is True the first time and then at most once per interval: a table rewritten as
+    results come, without rewriting it for every one of thousands of points."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._next = 0.0
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + self.seconds
+        return True
+
+
+TABLE_EVERY_S = 1.0  # sweep.parquet is rewritten at most this often while points finish
+
+
 def run_sweep(
     sweep: Sweep,
     runner: Runner,
     resume: bool = False,
     on_result: OnResult | None = None,
 ) -> list[PointResult]:
-    """Run every point (skipping finished ones with resume) and write sweep.parquet, also when
-    interrupted (points not run are rows with status "pending")."""
+    """Run every point (skipping finished ones with resume) and write sweep.parquet as points
+    finish and at the end, also when interrupted (points not run are rows with status "pending").
+    A sweep killed outright leaves its finished points' folders and the table as last written;
+    --resume goes on from them."""
     check_out_dir(sweep.out_dir, resume)
     results: dict[str, PointResult] = {}
+    every = Every(TABLE_EVERY_S)
+
+    def write_table(final: bool = False) -> None:
+        ordered = [results.get(p.name) or PointResult(p.name, "pending") for p in sweep.points]
+        if final:  # interrupted: a point may have finished on disk without its result reaching us
+            ordered = [finished_result(p, sweep.trace_info.sha256) or r if r.status == "pending" else r
+                       for p, r in zip(sweep.points, ordered)]
+        with deferred_interrupts():  # never half a table
+            write_sweep_table(sweep.out_dir / SWEEP_FILE, sweep, sweep.points, ordered)
 
     def record(point: SweepPoint, result: PointResult) -> None:
         results[point.name] = result
         if on_result is not None:
             on_result(point, result)
+        if every.due():
+            write_table()
 
     try:
         run_points(sweep, sweep.points, runner, resume, record)
     finally:
-        ordered = [results.get(p.name) or PointResult(p.name, "pending") for p in sweep.points]
-        write_sweep_table(sweep.out_dir / SWEEP_FILE, sweep, sweep.points, ordered)
-    return ordered
+        write_table(final=True)
+    return [results.get(p.name) or PointResult(p.name, "pending") for p in sweep.points]
 
 
 # --- sweep.parquet --------------------------------------------------------------------------

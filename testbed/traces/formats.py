@@ -4,7 +4,9 @@ Every loader validates as it reads and raises TraceError naming the file, the 1-
 line and the field, so that a user can fix a hand-written or converted trace quickly.
 
 Formats (see docs/trace-format.md):
-  native    JSON object {"format": "testbed-trace", "version": 1, "requests": [...]} or JSONL
+  native    JSON object {"format": "testbed-trace", "version": 1, "requests": [...]} (the format and
+            version keys may be left out), a bare JSON array, JSONL, or CSV with the native keys
+            as its header (arrival,input_len,output_len[,id,priority])
   mooncake  JSONL: timestamp (ms), input_length, output_length, hash_ids (512-token blocks)
   azure     CSV: TIMESTAMP (wall clock), ContextTokens, GeneratedTokens
   sharegpt  CSV: num_prefill_tokens, num_decode_tokens, ...; no arrivals, so Poisson at --rate
@@ -22,13 +24,15 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from testbed.errors import TraceError
+from testbed.errors import ConfigError, TraceError
 from testbed.traces.gen import poisson_arrivals
 from testbed.traces.schema import DEFAULT_BLOCK_SIZE, NATIVE_FORMAT_TAG, NATIVE_VERSION, Trace, TraceRequest
 
 FORMATS = ("native", "mooncake", "azure", "sharegpt")
 MOONCAKE_BLOCK_SIZE = 512
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+NATIVE_CSV_COLUMNS = ("arrival", "input_len", "output_len")  # the native keys as a CSV header
+NATIVE_CSV_OPTIONAL = ("id", "priority")
 SHAREGPT_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
 
 
@@ -41,14 +45,17 @@ def _fail(where: tuple[str, int | None], field: str | None, message: str) -> Tra
     return TraceError(where[0], where[1], field, message)
 
 
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # lengths and priorities are int64 columns of a run
+
+
 def _int(value: Any, field: str, where: tuple[str, int | None], minimum: int) -> int:
     # bool is an int in Python but never a length; integral floats (5.0) are accepted
     # because some JSON writers emit them.
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= INT64_MAX:
         kind = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
-        raise _fail(where, field, f"must be {kind}, got {value!r}")
+        raise _fail(where, field, f"must be {kind} of at most 2**63 - 1, got {value!r}")
     return value
 
 
@@ -74,9 +81,27 @@ def _require(obj: dict, key: str, where: tuple[str, int | None]) -> Any:
     return obj[key]
 
 
-def _check_sorted(prev: float | None, arrival: float, field: str, where: tuple[str, int | None]) -> None:
-    if prev is not None and arrival < prev:
-        raise _fail(where, field, f"arrival times must be non-decreasing, got {arrival!r} after {prev!r}")
+class _Arrivals:
+    """Each arrival as it is read: not before the previous one, and a finite time once a replay
+    makes it (arrival - first arrival) * --time-scale, so that a bad one is found here, by line."""
+
+    def __init__(self, time_scale: float) -> None:
+        self.time_scale = time_scale
+        self.first: float | None = None
+        self.prev: float | None = None
+
+    def check(self, arrival: float, field: str, where: tuple[str, int | None]) -> float:
+        if self.prev is not None and arrival < self.prev:
+            raise _fail(where, field, f"arrival times must be non-decreasing, got {arrival!r} after {self.prev!r}")
+        return self.scaled(arrival, field, where)
+
+    def scaled(self, arrival: float, field: str, where: tuple[str, int | None]) -> float:
+        if self.first is None:
+            self.first = arrival
+        if not math.isfinite((arrival - self.first) * self.time_scale):
+            raise _fail(where, field, f"{arrival!r} is not a finite time once --time-scale {self.time_scale:g} multiplies it")
+        self.prev = arrival
+        return arrival
 
 
 def _check_hashes(hashes: list[int], input_len: int, block_size: int, exact: bool, field: str, where) -> None:
@@ -129,6 +154,8 @@ def detect_format(path: str | os.PathLike) -> str:
     cols = {c.strip() for c in header}
     if set(AZURE_COLUMNS) <= cols:
         return "azure"
+    if set(NATIVE_CSV_COLUMNS) <= cols:
+        return "native"
     if set(SHAREGPT_COLUMNS) <= cols:
         return "sharegpt"
     expected = f"JSON/JSONL (native, mooncake) or CSV with {','.join(AZURE_COLUMNS)} (azure)"
@@ -137,16 +164,18 @@ def detect_format(path: str | os.PathLike) -> str:
 
 
 def load_trace(
-    path: str | os.PathLike, format: str | None = None, *, rate: float | None = None, seed: int = 0
+    path: str | os.PathLike, format: str | None = None, *, rate: float | None = None, seed: int = 0, time_scale: float = 1.0
 ) -> Trace:
     """Load and validate a trace. `format` forces a format instead of detecting it;
-    `rate` (req/s) and `seed` make Poisson arrivals for formats that have none (sharegpt)."""
+    `rate` (req/s) and `seed` make Poisson arrivals for formats that have none (sharegpt), and
+    are refused for the others; every arrival must stay finite under `time_scale`."""
     path = str(path)
     fmt = format or detect_format(path)
     if fmt not in FORMATS:
         raise TraceError(path, None, None, f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    arrivals = _Arrivals(time_scale)
     try:
-        requests = _load_sharegpt(path, rate, seed) if fmt == "sharegpt" else _LOADERS[fmt](path)
+        requests = _load_sharegpt(path, rate, seed, arrivals) if fmt == "sharegpt" else _LOADERS[fmt](path, arrivals)
     except UnicodeDecodeError as e:
         message = f"not UTF-8 text ({e.reason} at byte {e.start}); is it a {fmt} trace?"
         raise TraceError(path, None, None, message) from None
@@ -154,17 +183,19 @@ def load_trace(
         raise TraceError(path, None, None, f"cannot read: {e.strerror or e}") from None
     if not requests:
         raise TraceError(path, None, None, "the trace has no requests")
+    if rate is not None and fmt != "sharegpt":
+        raise ConfigError(f"--rate {rate:g}: {path} has its own arrival times ({fmt} trace); --rate is for traces "
+                          "without them (sharegpt). --time-scale changes the load")
     return Trace(requests=requests, path=path, format=fmt)
 
 
 # --- native ----------------------------------------------------------------------------
 
 
-def _native_request(obj: Any, where: tuple[str, int | None], prev: float | None) -> TraceRequest:
+def _native_request(obj: Any, where: tuple[str, int | None], arrivals: _Arrivals) -> TraceRequest:
     if not isinstance(obj, dict):
         raise _fail(where, None, f"a request must be a JSON object, got {type(obj).__name__}")
-    arrival = _time(_require(obj, "arrival", where), "arrival", where)
-    _check_sorted(prev, arrival, "arrival", where)
+    arrival = arrivals.check(_time(_require(obj, "arrival", where), "arrival", where), "arrival", where)
     input_ids = None
     if "input_ids" in obj:
         input_ids = _int_list(obj["input_ids"], "input_ids", where, minimum=0)
@@ -188,13 +219,13 @@ def _native_request(obj: Any, where: tuple[str, int | None], prev: float | None)
     if rid is not None and not isinstance(rid, str):
         raise _fail(where, "id", f"must be a string, got {rid!r}")
     priority = obj.get("priority", 0)
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        raise _fail(where, "priority", f"must be an integer, got {priority!r}")
+    if not isinstance(priority, int) or isinstance(priority, bool) or not INT64_MIN <= priority <= INT64_MAX:
+        raise _fail(where, "priority", f"must be an integer in [-2**63, 2**63 - 1], got {priority!r}")
     return TraceRequest(arrival, input_len, output_len, input_ids, hashes, block_size, rid, priority)
 
 
 def _check_header(obj: dict, where: tuple[str, int | None]) -> None:
-    if obj.get("format") != NATIVE_FORMAT_TAG:
+    if "format" in obj and obj["format"] != NATIVE_FORMAT_TAG:  # {"requests": [...]} alone is native too
         raise _fail(where, "format", f"must be {NATIVE_FORMAT_TAG!r}, got {obj.get('format')!r}")
     version = obj.get("version", NATIVE_VERSION)
     if version != NATIVE_VERSION:
@@ -213,21 +244,22 @@ def _jsonl_objects(path: str) -> Iterator[tuple[int, Any]]:
                 raise TraceError(path, lineno, None, f"invalid JSON: {e.msg} (column {e.colno})") from None
 
 
-def _load_native(path: str) -> list[TraceRequest]:
+def _load_native(path: str, arrivals: _Arrivals) -> list[TraceRequest]:
     # JSONL when the first line is a complete JSON object on its own (a request or the
     # header); the JSON form's first line opens the document and does not parse alone
-    # (or, written on one line, holds the "requests" list itself).
+    # (or, written on one line, holds the "requests" list itself). CSV when it is no JSON.
     _, line, _ = _first_line(path)
+    if not line.startswith(("{", "[")):
+        return _load_native_csv(path, arrivals)
     try:
         jsonl = line.startswith("{") and "requests" not in json.loads(line)
     except json.JSONDecodeError:
         jsonl = False
-    return _load_native_jsonl(path) if jsonl else _load_native_json(path)
+    return _load_native_jsonl(path, arrivals) if jsonl else _load_native_json(path, arrivals)
 
 
-def _load_native_jsonl(path: str) -> list[TraceRequest]:
+def _load_native_jsonl(path: str, arrivals: _Arrivals) -> list[TraceRequest]:
     requests: list[TraceRequest] = []
-    prev = None
     for lineno, obj in _jsonl_objects(path):
         where = (path, lineno)
         if isinstance(obj, dict) and "format" in obj:
@@ -235,13 +267,11 @@ def _load_native_jsonl(path: str) -> list[TraceRequest]:
                 raise _fail(where, "format", "a header object is only allowed on the first line")
             _check_header(obj, where)
             continue
-        req = _native_request(obj, where, prev)
-        prev = req.arrival_s
-        requests.append(req)
+        requests.append(_native_request(obj, where, arrivals))
     return requests
 
 
-def _load_native_json(path: str) -> list[TraceRequest]:
+def _load_native_json(path: str, arrivals: _Arrivals) -> list[TraceRequest]:
     with open(path, encoding="utf-8-sig") as f:
         text = f.read()
     try:
@@ -258,17 +288,33 @@ def _load_native_json(path: str) -> list[TraceRequest]:
     else:
         raise TraceError(path, 1, None, "expected a JSON object with a 'requests' list")
     requests: list[TraceRequest] = []
-    prev = None
     for i, obj in enumerate(items):
         try:
-            req = _native_request(obj, (path, None), prev)
+            requests.append(_native_request(obj, (path, None), arrivals))
         except TraceError as e:
             # Parsing the whole document at once is fast; only on an error do we find out
             # which line the offending request starts on.
             e.line = _json_element_lines(text)[i]
             raise
-        prev = req.arrival_s
-        requests.append(req)
+    return requests
+
+
+def _csv_value(text: str) -> Any:
+    """A CSV cell as JSON would have it: an int, a float, else the text."""
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _load_native_csv(path: str, arrivals: _Arrivals) -> list[TraceRequest]:
+    """The native keys as CSV columns (arrival,input_len,output_len[,id,priority]), checked as JSON is."""
+    requests: list[TraceRequest] = []
+    for lineno, row in _csv_rows(path, NATIVE_CSV_COLUMNS, NATIVE_CSV_OPTIONAL):
+        obj = {k: (v if k == "id" else _csv_value(v)) for k, v in row.items() if v != ""}
+        requests.append(_native_request(obj, (path, lineno), arrivals))
     return requests
 
 
@@ -306,36 +352,35 @@ def _json_element_lines(text: str) -> list[int]:
 # --- mooncake --------------------------------------------------------------------------
 
 
-def _load_mooncake(path: str) -> list[TraceRequest]:
+def _load_mooncake(path: str, arrivals: _Arrivals) -> list[TraceRequest]:
     requests: list[TraceRequest] = []
-    prev = None
     for lineno, obj in _jsonl_objects(path):
         where = (path, lineno)
         if not isinstance(obj, dict):
             raise _fail(where, None, f"a request must be a JSON object, got {type(obj).__name__}")
         arrival = _time(_require(obj, "timestamp", where), "timestamp", where) / 1000.0  # ms -> s
-        _check_sorted(prev, arrival, "timestamp", where)
+        arrivals.check(arrival, "timestamp", where)
         input_len = _int(_require(obj, "input_length", where), "input_length", where, 1)
         output_len = _int(_require(obj, "output_length", where), "output_length", where, 1)
         hashes = _int_list(_require(obj, "hash_ids", where), "hash_ids", where, minimum=None)
         _check_hashes(hashes, input_len, MOONCAKE_BLOCK_SIZE, True, "hash_ids", where)
         requests.append(TraceRequest(arrival, input_len, output_len, None, hashes, MOONCAKE_BLOCK_SIZE))
-        prev = arrival
     return requests
 
 
 # --- CSV formats -----------------------------------------------------------------------
 
 
-def _csv_rows(path: str, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
-    """(line number, {column: text}) for each data row; checks the header has the columns."""
+def _csv_rows(path: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> Iterator[tuple[int, dict[str, str]]]:
+    """(line number, {column: text}) for each data row, of the required columns and the optional
+    ones the header has; checks the header has the required ones."""
     with open(path, encoding="utf-8-sig", newline="") as f:  # newline='' lets csv handle CRLF
         reader = csv.reader(f)
         header = [c.strip() for c in next(reader, [])]
         missing = [c for c in required if c not in header]
         if missing:
             raise TraceError(path, 1, missing[0], f"missing column (header has {header!r})")
-        idx = {c: header.index(c) for c in required}
+        idx = {c: header.index(c) for c in (*required, *optional) if c in header}
         lineno = reader.line_num
         for row in reader:
             start, lineno = lineno + 1, reader.line_num  # a quoted field may span lines
@@ -376,7 +421,7 @@ def _parse_timestamp(text: str, where: tuple[str, int | None]) -> tuple[datetime
     return dt, int(frac)
 
 
-def _load_azure(path: str) -> list[TraceRequest]:
+def _load_azure(path: str, arrivals: _Arrivals) -> list[TraceRequest]:
     requests: list[TraceRequest] = []
     t0: tuple[datetime, int] | None = None
     prev = None
@@ -391,6 +436,7 @@ def _load_azure(path: str) -> list[TraceRequest]:
         if prev is not None and arrival < prev:
             message = f"must be non-decreasing: {row['TIMESTAMP']} is {prev - arrival:.7f} s before the previous row"
             raise _fail(where, "TIMESTAMP", message)
+        arrivals.scaled(arrival, "TIMESTAMP", where)
         input_len = _csv_int(row["ContextTokens"], "ContextTokens", where, 1)
         output_len = _csv_int(row["GeneratedTokens"], "GeneratedTokens", where, 1)
         requests.append(TraceRequest(arrival, input_len, output_len))
@@ -398,7 +444,7 @@ def _load_azure(path: str) -> list[TraceRequest]:
     return requests
 
 
-def _load_sharegpt(path: str, rate: float | None, seed: int) -> list[TraceRequest]:
+def _load_sharegpt(path: str, rate: float | None, seed: int, arrivals: _Arrivals) -> list[TraceRequest]:
     if rate is None or not (rate > 0 and math.isfinite(rate)):
         got = "" if rate is None else f", got {rate!r}"
         message = f"a sharegpt trace has no arrival times: --rate R (req/s, > 0) is needed{got}"
@@ -410,8 +456,11 @@ def _load_sharegpt(path: str, rate: float | None, seed: int) -> list[TraceReques
             _csv_int(row["num_prefill_tokens"], "num_prefill_tokens", where, 1),
             _csv_int(row["num_decode_tokens"], "num_decode_tokens", where, 1),
         ))
-    arrivals = poisson_arrivals(len(lengths), rate, np.random.default_rng(seed)) if lengths else []
-    return [TraceRequest(a, i, o) for a, (i, o) in zip(arrivals, lengths)]
+    times = poisson_arrivals(len(lengths), rate, np.random.default_rng(seed)) if lengths else []
+    if len(times):
+        arrivals.scaled(times[0], None, (path, None))
+        arrivals.scaled(times[-1], None, (path, None))  # the latest: if it stays finite, all do
+    return [TraceRequest(a, i, o) for a, (i, o) in zip(times, lengths)]
 
 
 # Loaders that need nothing but the path (sharegpt also needs the rate and seed).

@@ -1,0 +1,81 @@
+"""RunWriter: a run folder written as the run goes, so that a crash leaves it readable.
+
+It opens the folder (run.json with status "running", and the journals, see folder.py),
+appends the new steps and the newly finished requests to the journals about once a
+second (checked after every step: a clock read), and at the end writes the parquet
+tables and run.json's status and summary from memory and removes the journals.
+
+Flushing by time keeps the cost flat whatever the run's pace: a simulation makes ~15k
+steps a second, so one flush appends a batch of ~15k rows (a few ms); a real engine makes
+tens of steps a second, and a flush is then a few rows. A SIGKILL loses at most the last
+interval.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from scheduler.req import Req
+from scheduler.step_log import StepLog
+from testbed.interrupts import deferred_interrupts
+from testbed.runs import metrics
+from testbed.runs.folder import (
+    REQUESTS_FILE,
+    REQUESTS_JOURNAL,
+    RUN_FILE,
+    STEP_SCHEMA,
+    STEPS_FILE,
+    STEPS_JOURNAL,
+    WALL_FILE,
+    write_json,
+    write_parquet,
+)
+from testbed.runs.journal import TableJournal
+
+FLUSH_INTERVAL_S = 1.0
+
+
+class RunWriter:
+    def __init__(self, run_dir: Path, meta: dict, flush_interval_s: float = FLUSH_INTERVAL_S) -> None:
+        """Empty run_dir of an earlier run's files and start this one: journals, then run.json."""
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in (REQUESTS_FILE, STEPS_FILE, WALL_FILE, REQUESTS_JOURNAL, STEPS_JOURNAL):
+            (self.run_dir / stale).unlink(missing_ok=True)
+        self.flush_interval_s = flush_interval_s
+        # The steps journal first: its lock says "a writer is alive" from before run.json says "running".
+        self.steps = TableJournal(self.run_dir / STEPS_JOURNAL, STEP_SCHEMA)
+        self.requests = TableJournal(self.run_dir / REQUESTS_JOURNAL, metrics.REQUESTS_SCHEMA)
+        write_json(self.run_dir / RUN_FILE, meta)
+        self._next_flush = time.monotonic() + flush_interval_s
+
+    def after_step(self, steps: StepLog, done: Sequence[Req]) -> None:
+        """Called after every step: flushes when the interval has passed."""
+        if time.monotonic() >= self._next_flush:
+            self.flush(steps, done)
+
+    def flush(self, steps: StepLog, done: Sequence[Req]) -> None:
+        """Append the steps and the finished (or rejected) requests not in the journals yet."""
+        with deferred_interrupts():  # a batch is written whole or not at all
+            if len(steps) > self.steps.rows:
+                self.steps.append(steps.columns(self.steps.rows, len(steps)))
+            if len(done) > self.requests.rows:
+                self.requests.append(metrics.requests_columns(done[self.requests.rows :]))
+        self._next_flush = time.monotonic() + self.flush_interval_s
+
+    def finish(self, meta: dict, requests: pd.DataFrame, steps: pd.DataFrame, wall_s: float) -> None:
+        """The final tables, run.json (its status and summary) and wall.json; the journals go.
+        A second Ctrl-C meanwhile waits until all is written."""
+        with deferred_interrupts():
+            write_parquet(self.run_dir / REQUESTS_FILE, requests)
+            write_parquet(self.run_dir / STEPS_FILE, steps)
+            write_json(self.run_dir / RUN_FILE, meta)
+            created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            write_json(self.run_dir / WALL_FILE, {"created_at": created, "wall_s": round(wall_s, 3)})
+            self.requests.close(remove=True)
+            self.steps.close(remove=True)  # last: its lock is the writer's
