@@ -65,6 +65,12 @@ WAYS: dict[str, Way] = {
     ".venv/bin/python benchmarks/engine_throughput.py": Way(append=("-n", "2", "--lo", "8", "--hi", "16")),
     ".venv/bin/python benchmarks/fidelity.py": Way(skip="about 12 minutes of real runs and calibration"),
     ".venv/bin/python benchmarks/sweep_speed.py": Way(append=("--max-requests", "30", "--workers", "1")),
+    "testbed replay traces/a.json --mode real --scheduler vllm": Way(append=FEWER),
+    "pip install -e '.[aiconfigurator]'": Way(skip="installs into the environment this suite runs in; the test extra includes it"),
+    # Writes to runs/ here: as written it makes the bundled profile again (the same tables, a new date).
+    "testbed calibrate --source aiconfigurator --system h100_sxm --backend sglang --model llama-3.1-8b --tp 1 "
+    "--out profiles/h100_sxm-sglang-llama-3.1-8b-tp1.json": Way(replace=(("--out profiles/", "--out runs/"),)),
+    ".venv/bin/python benchmarks/gpu_profile.py": Way(append=("--max-requests", "200", "--repeat", "1")),
 }
 # What the command's output must show beyond exit code 0 (the command as written -> text).
 EXPECT = {
