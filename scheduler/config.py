@@ -17,6 +17,13 @@ class SchedulerConfig:
     disable_radix_cache: bool = False
     overlap: bool = True
     schedule_conservativeness: float = 1.0
+    # Decode requests ride along in a prefill batch (a MIXED forward), as SGLang's --enable-mixed-chunk.
+    enable_mixed_chunk: bool = False
+    # SGLang's --enable-priority-scheduling: the waiting queue ordered by priority (larger first),
+    # and running requests preempted by a waiting one whose priority exceeds theirs by more
+    # than the threshold.
+    enable_priority_scheduling: bool = False
+    priority_scheduling_preemption_threshold: int = 10
     new_token_ratio_decay_steps: int = 600
     seed: int = 0
     # Journal ReqToTokenPool writes into each plan, for an executor that mirrors the table.

@@ -1,0 +1,52 @@
+"""Lockstep comparison of two runs of one scenario: the first step where they differ."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from conformance.decision import RunResult, StepDecision
+
+FIELDS = ("mode", "reqs", "retracted", "new_token_ratio", "kv_used", "num_waiting")
+
+
+@dataclass
+class Divergence:
+    step: int  # index of the first differing step (or len of the shorter run)
+    what: str  # the fields that differ, or "rejected", "outputs", "error", "length"
+    ours: object
+    sglang: object
+
+
+def first_divergence(ours: RunResult, sglang: RunResult) -> Divergence | None:
+    for i, (a, b) in enumerate(zip(ours.steps, sglang.steps)):
+        diff = [f for f in FIELDS if _norm(getattr(a, f)) != _norm(getattr(b, f))]
+        if diff:
+            return Divergence(i, ",".join(diff), a.to_dict(), b.to_dict())
+    n = min(len(ours.steps), len(sglang.steps))
+    if len(ours.steps) != len(sglang.steps):
+        extra = lambda r: r.steps[n].to_dict() if len(r.steps) > n else None  # noqa: E731
+        return Divergence(n, "length", extra(ours), extra(sglang))
+    if sorted(ours.rejected) != sorted(sglang.rejected):
+        return Divergence(n, "rejected", sorted(ours.rejected), sorted(sglang.rejected))
+    if ours.error != sglang.error:
+        return Divergence(n, "error", ours.error, sglang.error)
+    if ours.outputs != sglang.outputs:
+        diff = {k: (ours.outputs.get(k), sglang.outputs.get(k)) for k in set(ours.outputs) | set(sglang.outputs)
+                if ours.outputs.get(k) != sglang.outputs.get(k)}
+        return Divergence(n, "outputs", {k: v[0] for k, v in diff.items()}, {k: v[1] for k, v in diff.items()})
+    return None
+
+
+def _norm(v):
+    if isinstance(v, float):
+        return round(v, 6)
+    if isinstance(v, list):
+        return [tuple(x) if isinstance(x, (list, tuple)) else x for x in v]
+    return v
+
+
+def step_count(r: RunResult) -> int:
+    return len(r.steps)
+
+
+__all__ = ["Divergence", "first_divergence", "StepDecision"]
