@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from conformance.decision import RunResult, StepDecision
 
-FIELDS = ("mode", "reqs", "retracted", "new_token_ratio", "kv_used", "num_waiting")
+FIELDS = ("mode", "reqs", "retracted", "new_token_ratio", "kv_used", "kv_cached", "num_waiting")
 
 
 @dataclass
@@ -28,13 +28,18 @@ def first_divergence(ours: RunResult, sglang: RunResult) -> Divergence | None:
         return Divergence(n, "length", extra(ours), extra(sglang))
     if sorted(ours.rejected) != sorted(sglang.rejected):
         return Divergence(n, "rejected", sorted(ours.rejected), sorted(sglang.rejected))
-    if ours.error != sglang.error:
+    if _error_kind(ours.error) != _error_kind(sglang.error):
         return Divergence(n, "error", ours.error, sglang.error)
     if ours.outputs != sglang.outputs:
         diff = {k: (ours.outputs.get(k), sglang.outputs.get(k)) for k in set(ours.outputs) | set(sglang.outputs)
                 if ours.outputs.get(k) != sglang.outputs.get(k)}
         return Divergence(n, "outputs", {k: v[0] for k, v in diff.items()}, {k: v[1] for k, v in diff.items()})
     return None
+
+
+def _error_kind(error: str | None) -> str | None:
+    """Both stuck is agreement: the messages differ, the state does not."""
+    return None if error is None else error.split(":")[0]
 
 
 def _norm(v):

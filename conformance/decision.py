@@ -12,6 +12,7 @@ class StepDecision:
     retracted: list[str] = field(default_factory=list)  # retracted or preempted while scheduling it
     new_token_ratio: float = 0.0
     kv_used: int = 0  # KV slots held by requests or locked in the cache (not evictable, not free)
+    kv_cached: int = 0  # evictable slots in the prefix cache
     num_waiting: int = 0
 
     def to_dict(self) -> dict:

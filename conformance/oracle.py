@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 from array import array
 from collections import deque
 from types import SimpleNamespace
@@ -51,7 +52,6 @@ from conformance.scenario import EOS_TOKEN_ID, Scenario, ScenarioRequest, sample
 logging.getLogger("sglang").setLevel(logging.ERROR)
 
 SGLANG_VERSION = "0.5.23"
-MAX_IDLE_SPINS = 4  # loop iterations without a batch, nothing to wait for, before calling it stuck
 
 
 class _Null:
@@ -294,11 +294,11 @@ class OracleScheduler:
         """SGLang's event_loop_normal / event_loop_overlap on a logical clock: a launched batch
         advances it by one; with nothing to run it jumps to the next arrival."""
         s, sc = self.s, self.sc
+        random.seed(0)  # the random policy shuffles with the module's generator; ours is Random(seed=0)
         pending = deque(sorted(sc.requests, key=lambda r: r.arrival_step))
         steps: list[StepDecision] = []
         rejected: list[str] = []
         clock = 0
-        spins = 0
         error = None
         while len(steps) < max_steps:
             while pending and pending[0].arrival_step <= clock:
@@ -309,10 +309,12 @@ class OracleScheduler:
             plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
             s.running_batch = plan.running_batch
             batch = plan.batch_to_run
+            processed = False
             if sc.overlap:
                 disable_overlap = s.is_disable_overlap_for_batch(batch, last_batch=s.last_batch)
                 if disable_overlap:
                     self._pop_and_process()
+                    processed = True
                 if batch:
                     steps.append(self.record(batch, list(_RETRACTED)))
                     result = self.run_batch(batch)
@@ -320,6 +322,7 @@ class OracleScheduler:
                 if s.last_batch:
                     if not disable_overlap:
                         self._pop_and_process()
+                        processed = True
                 elif batch is None:
                     self.on_idle()
             else:
@@ -332,20 +335,17 @@ class OracleScheduler:
             s.last_batch = batch
             if batch:
                 clock += 1
-                spins = 0
                 continue
-            if s.is_fully_idle():
-                if not pending:
-                    break
-                clock = max(clock, pending[0].arrival_step)
-                continue
-            spins += 1
-            if spins > MAX_IDLE_SPINS:
-                if not pending:
+            if processed:
+                continue  # the next look sees that result
+            # Nothing ran and nothing was processed: SGLang's loop would spin through this
+            # same state (on_idle each time) until a request arrives.
+            if not pending:
+                if not s.is_fully_idle():
                     error = f"stuck: {len(s.waiting_queue)} waiting, {s.running_batch.batch_size()} running, nothing runs"
-                    break
-                clock = max(clock, pending[0].arrival_step)
-                spins = 0
+                break
+            self.on_idle()
+            clock = max(clock, pending[0].arrival_step)
         outputs = {rid: len(r.output_ids) for rid, r in self.reqs.items()}
         return RunResult(steps, rejected, outputs, error)
 
@@ -393,6 +393,7 @@ class OracleScheduler:
             retracted=sorted(retracted),
             new_token_ratio=round(s.new_token_ratio_tracker.current, 9),
             kv_used=kv_used,
+            kv_cached=cache.evictable_size(),
             num_waiting=len(s.waiting_queue),
         )
 

@@ -103,6 +103,7 @@ class LogicalClockDriver:
                 retracted=sorted(retracted),
                 new_token_ratio=round(sched.new_token_ratio, 9),
                 kv_used=sched.kv_used_tokens(),
+                kv_cached=sched.tree_cache.evictable_size(),
                 num_waiting=len(sched.waiting_queue),
             )
         )

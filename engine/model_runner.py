@@ -105,8 +105,9 @@ class ModelRunner:
         with torch.inference_mode():
             cache.apply_row_writes(plan)
             input_ids = ids_tensor(plan.input_ids, self.device)
-            if plan.mode is ForwardMode.DECODE:
-                # Tokens still on the device (overlap) come as -future index.
+            if plan.mode is not ForwardMode.EXTEND:
+                # Tokens still on the device (overlap) come as -future index (decode rows of
+                # a decode or mixed batch).
                 input_ids = torch.where(input_ids < 0, self.future[(-input_ids).clamp(min=0)], input_ids)
             batch = ForwardBatch.from_plan(plan, input_ids, self.device)
             if plan.mode is ForwardMode.DECODE:

@@ -48,10 +48,9 @@ class SchedulerConfig:
 
     @property
     def effective_max_running_requests(self) -> int:
-        if self.max_running_requests is not None:
-            return self.max_running_requests
-        # SGLang: enough request slots for the pool, within [2048, 4096].
-        return min(max(int(self.kv_tokens / self.context_len * 512), 2048), 4096)
+        # SGLang: enough request slots for the pool, within [2048, 4096]; at most one per two KV slots.
+        estimated = min(max(int(self.kv_tokens / self.context_len * 512), 2048), 4096)
+        return min(self.max_running_requests or estimated, self.kv_tokens // 2)
 
     def __post_init__(self) -> None:
         if self.kv_tokens < self.page_size:

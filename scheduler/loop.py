@@ -114,11 +114,6 @@ class EventLoop:
         t0 = self.clock()
         self.recv_requests(t0)
         batch = sched.get_next_batch_to_run()
-        if batch is None and not sched.is_idle():
-            # Finished requests leave the running batch only in the decode branch, after the
-            # prefill branch gave up on a batch that looked full: look once more, as
-            # SGLang's loop does by spinning.
-            batch = sched.get_next_batch_to_run()
         if batch is None:
             return None
         plan = batch.plan

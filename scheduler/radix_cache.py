@@ -47,8 +47,10 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def finished_kv_len(req: Req) -> int:
-    """Tokens of a finished request that have KV: the prompt and all outputs but the last."""
-    return min(req.seq_len, req.input_len + len(req.output_ids) - 1)
+    """Tokens of a finished request whose KV is (or, in flight, will be) written: the prompt and
+    its outputs but the last, or with overlap after an EOS stop, the last too (the step
+    scheduled before the stop was seen computes it; SGLang's owned_kv_len)."""
+    return min(req.seq_len, req.input_len + len(req.output_ids))
 
 
 class RadixCache:
@@ -113,6 +115,10 @@ class RadixCache:
             value.extend(child.value)
             node, pos = child, pos + n
         return value, node
+
+    def touch_prefix(self, key: Sequence[int]) -> None:
+        """Refresh the LRU stamps of key's cached prefix (a match whose result is not kept)."""
+        self.match_prefix(key)
 
     def insert(self, key: Sequence[int], value: Sequence[int]) -> int:
         """Insert key -> value; return how many leading tokens were already cached.
@@ -235,8 +241,6 @@ class RadixCache:
     # -- requests ---------------------------------------------------------
     def cache_finished_req(self, req: Req) -> None:
         """Put a finished (or retracted) request's tokens in the tree and release its slot."""
-        # The last sampled token was never fed to the model, so it has no KV. (With
-        # overlap, a slot for it may exist: the caller frees that one.)
         kv_len = finished_kv_len(req)
         prompt = req.origin_input_ids
         token_ids = prompt[:kv_len] if kv_len <= len(prompt) else prompt + ids(req.output_ids[: kv_len - len(prompt)])
