@@ -109,5 +109,8 @@ def random_scenario(rng: random.Random, index: int, overlap: bool | None = None)
         overlap=rng.random() < 0.5 if overlap is None else overlap,
         max_running_requests=rng.choice((None, None, 4, 16)),
         schedule_conservativeness=rng.choice((1.0, 1.0, 0.3, 1.5)),
+        enable_mixed_chunk=chunk is not None and rng.random() < 0.3,
+        enable_priority_scheduling=rng.random() < 0.25,
+        priority_preemption_threshold=rng.choice((0, 5, 10)),
         requests=reqs,
     )

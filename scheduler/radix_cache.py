@@ -257,6 +257,25 @@ class RadixCache:
         already = self.insert(token_ids, kv)
         # Slots of the part another request cached first are duplicates: free ours.
         self.allocator.free(kv[len(req.prefix_indices) : already])
+        self._split_at_prompt(req, kv)
+
+    def _split_at_prompt(self, req: Req, kv: array) -> None:
+        """Insert the prompt again so that its node ends where the outputs begin: eviction
+        can then drop a request's output KV and keep its prompt (SGLang's checkpoint)."""
+        n = req.input_len - req.input_len % self.page_size
+        if 0 < n < len(kv) - len(kv) % self.page_size:
+            self._insert(req.origin_input_ids[:n], kv[:n])
+
+    def _path_values(self, node: TreeNode) -> array:
+        """The slots from the root down to node (no LRU touch, unlike a match)."""
+        parts = []
+        while node is not None and node is not self.root:
+            parts.append(node.value)
+            node = node.parent
+        out = ids()
+        for v in reversed(parts):
+            out.extend(v)
+        return out
 
     def cache_unfinished_req(self, req: Req) -> None:
         """Cache the tokens a request has prefilled so far; it keeps running on the tree's slots."""
@@ -274,9 +293,10 @@ class RadixCache:
             # so that page goes too: rewrite the row from the page start.
             start = num_prefix - num_prefix % self.page_size
             self.allocator.free(kv[num_prefix:already])
-            new_indices, new_last_node = self.match_prefix(token_ids[:aligned])
+            new_indices = self._path_values(new_last_node)
             assert len(new_indices) == aligned
             self.req_to_token_pool.write(req.req_pool_idx, start, new_indices[start:])
+        self._split_at_prompt(req, kv)
         self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(new_last_node)
         # The unaligned tail stays the request's own.
