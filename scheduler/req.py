@@ -34,8 +34,10 @@ class Req:
     pending_token: int | None = None
     finished_reason: FinishReason | None = None
     reject_reason: str | None = None
-    # Set when admission cut max_new_tokens to what the context and the KV pool allow (as SGLang does).
+    # Set when admission cut max_new_tokens to what the context and the KV pool allow (as SGLang
+    # does): the requested length and why.
     truncated_from: int | None = None
+    truncate_reason: str | None = None
 
     # Set by the scheduler while the request holds memory.
     req_pool_idx: int | None = None

@@ -87,10 +87,15 @@ class Scheduler:
                               f"({limit} {self.max_req_len + 1} less {INPUT_LEN_MARGIN + 1})")
             return
         ps = self.allocator.page_size
-        fits = min(self.max_req_len - n - 1, self.allocator.size - (-(-n // ps) * ps) - ps - 1)
+        by_context = self.max_req_len - n - 1
+        by_pool = self.allocator.size - (-(-n // ps) * ps) - ps - 1
+        fits = max(0, min(by_context, by_pool))
         if req.max_new_tokens > fits:
+            by_ctx = self.config.context_len < self.allocator.size and by_context < by_pool
+            limit = f"the context length {self.config.context_len}" if by_ctx else f"the KV pool of {self.allocator.size} tokens"
+            req.truncate_reason = f"output truncated from {req.max_new_tokens} to {fits} tokens to fit {limit}"
             req.truncated_from = req.max_new_tokens
-            req.max_new_tokens = max(0, fits)
+            req.max_new_tokens = fits
         self._enqueue(req)
 
     def _enqueue(self, req: Req) -> None:
