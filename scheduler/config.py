@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+# The SGLang release whose scheduler this core follows step for step (make conformance checks it).
+SGLANG_RELEASE = "0.5.23"
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:

@@ -16,6 +16,7 @@ from typing import Any
 # The --model and --policy choices; the dashboard offers the same ones through this module.
 from scheduler.model_config import bundled_model_names
 from scheduler.policy import POLICIES
+from scheduler.server_defaults import default_chunked_prefill_size, default_mem_fraction_static
 from testbed.errors import ConfigError
 from testbed.traces.formats import FORMATS
 
@@ -29,11 +30,11 @@ MODES = ("sim", "real")
 class ReplayOptions:
     mode: str = "sim"
     policy: str = "fcfs"
-    chunked_prefill_size: int = 8192
+    chunked_prefill_size: int | None = None  # None: SGLang's default for the device memory
     max_prefill_tokens: int = 16384
     page_size: int = 1
     kv_tokens: int | None = None  # None: from the model and the device memory
-    mem_fraction_static: float = 0.88
+    mem_fraction_static: float | None = None  # None: SGLang's default for the device memory
     # None: on, except for the real engine on a CPU, where the forward on a worker thread
     # competes with the loop for the cores (the example trace's TPOT was 3.8x worse).
     overlap: bool | None = None
@@ -54,6 +55,11 @@ class ReplayOptions:
     kv_memory_gb: float = 1.0  # CPU: KV cache budget when --kv-tokens is not given
     # The simulator: a calibrated profile (testbed calibrate) instead of the roofline.
     profile: str | None = None
+    # Issue 12: SGLang's scheduling options, as SGLang names them.
+    enable_mixed_chunk: bool = False  # decodes ride along in a prefill batch
+    enable_priority_scheduling: bool = False  # waiting queue by priority; preemption of running requests
+    priority_scheduling_preemption_threshold: int = 10  # priority gap a preemption needs
+    schedule_conservativeness: float = 1.0  # scales the decode estimate (new_token_ratio)
 
 
 OPTION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ReplayOptions))
@@ -80,9 +86,38 @@ def default_model(mode: str) -> str:
     return DEFAULT_MODEL
 
 
+def device_memory_bytes(opts: ReplayOptions) -> int | None:
+    """The memory of the device the replay runs on, which SGLang's defaults follow: the
+    hardware spec's (sim), the GPU's, or the host's on a CPU (as SGLang on a CPU device)."""
+    if opts.mode == "sim":
+        from simulator.hardware import HardwareConfigError, load_hardware
+
+        try:
+            return load_hardware(opts.hardware).memory_bytes
+        except HardwareConfigError:
+            return None  # the replay reports it
+    import torch
+
+    if opts.device != "cpu" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def resolved_options(opts: ReplayOptions) -> ReplayOptions:
     """The options with their defaults resolved: what ran, as run.json records it."""
-    return replace(opts, model=opts.model or default_model(opts.mode), overlap=default_overlap(opts))
+    opts = replace(opts, model=opts.model or default_model(opts.mode), overlap=default_overlap(opts))
+    if opts.chunked_prefill_size is None or opts.mem_fraction_static is None:
+        memory = device_memory_bytes(opts)
+        chunk = opts.chunked_prefill_size
+        if chunk is None:
+            chunk = default_chunked_prefill_size(memory)
+        fraction = opts.mem_fraction_static
+        if fraction is None:
+            fraction = default_mem_fraction_static(memory, chunk, opts.max_prefill_tokens, opts.max_running_requests)
+        opts = replace(opts, chunked_prefill_size=chunk, mem_fraction_static=fraction)
+    return opts
 
 
 def check_options(opts: ReplayOptions) -> None:
@@ -91,8 +126,10 @@ def check_options(opts: ReplayOptions) -> None:
         raise ConfigError(f"--mode {opts.mode}: choose one of {', '.join(MODES)}")
     if opts.load_format not in (None, "auto", "dummy"):
         raise ConfigError(f"--load-format {opts.load_format}: choose auto or dummy")
-    if not 0 < opts.mem_fraction_static <= 1:
+    if opts.mem_fraction_static is not None and not 0 < opts.mem_fraction_static <= 1:
         raise ConfigError(f"--mem-fraction-static must be in (0, 1], got {opts.mem_fraction_static}")
+    if not opts.schedule_conservativeness > 0:
+        raise ConfigError(f"--schedule-conservativeness must be positive, got {opts.schedule_conservativeness}")
 
 
 # --- flags ------------------------------------------------------------------------------------
@@ -117,11 +154,11 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     d = ReplayOptions()
     p.add_argument("--mode", choices=MODES, default=d.mode, help="simulate, or run the real engine")
     p.add_argument("--policy", choices=POLICIES, default=d.policy, help="waiting-queue order (default %(default)s)")
-    p.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size, help="prefill chunk in tokens; <= 0 disables chunking (default %(default)s)")
+    p.add_argument("--chunked-prefill-size", type=int, default=None, help="prefill chunk in tokens; <= 0 disables chunking (default: SGLang's for the device memory, 8192 on an H100)")
     p.add_argument("--max-prefill-tokens", type=positive_int, default=d.max_prefill_tokens, help="new tokens per prefill batch (default %(default)s)")
     p.add_argument("--page-size", type=positive_int, default=d.page_size, help="KV page size in tokens (default %(default)s)")
     p.add_argument("--kv-tokens", type=positive_int, default=None, help="KV pool size in tokens (default: from the model and the device memory)")
-    p.add_argument("--mem-fraction-static", type=float, default=d.mem_fraction_static, help="device memory share for weights and KV (default %(default)s)")
+    p.add_argument("--mem-fraction-static", type=float, default=None, help="device memory share for weights and KV (default: SGLang's for the device memory and chunk size, 0.83 on an H100)")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None, help="overlap scheduling with the forward (default on; off for the real engine on a CPU)")
     p.add_argument("--disable-radix-cache", action="store_true", help="no prefix cache")
     p.add_argument("--max-running-requests", type=positive_int, default=None, help="cap on the running batch (default: from the KV pool)")
@@ -133,6 +170,10 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=FORMATS, default=None, help="trace format (default: detected from the content)")
     p.add_argument("--rate", type=positive_float, default=None, help="request rate for traces without arrival times (ShareGPT lengths)")
     p.add_argument("--profile", default=None, help="sim: cost every forward and CPU stage from a calibrated profile (testbed calibrate) instead of the roofline")
+    p.add_argument("--enable-mixed-chunk", action="store_true", help="running requests decode inside a prefill batch (a mixed forward), as SGLang's flag")
+    p.add_argument("--enable-priority-scheduling", action="store_true", help="order the waiting queue by request priority (larger first) and preempt running requests of lower priority")
+    p.add_argument("--priority-scheduling-preemption-threshold", type=int, default=d.priority_scheduling_preemption_threshold, help="priority gap a waiting request needs over a running one to preempt it (default %(default)s)")
+    p.add_argument("--schedule-conservativeness", type=positive_float, default=d.schedule_conservativeness, help="scale of the decode estimate that admission reserves (new_token_ratio); > 1 admits fewer (default %(default)s)")
     g = p.add_argument_group("real engine (--mode real)")
     g.add_argument("--load-format", choices=("auto", "dummy"), default=None, help="weights from the model folder (auto) or random (dummy); default: auto for a folder, dummy for a bundled config")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device, help="default: CUDA if present, else the CPU")

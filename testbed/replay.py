@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator
 
-from scheduler.config import SchedulerConfig
+from scheduler.config import SGLANG_RELEASE, SchedulerConfig
 from scheduler.loop import EventLoop
 from scheduler.model_config import ModelConfig, load_model_config
 from scheduler.req import Req
@@ -87,6 +87,10 @@ def scheduler_config(opts: ReplayOptions, model: ModelConfig, kv_tokens: int) ->
         disable_radix_cache=opts.disable_radix_cache,
         overlap=opts.overlap,
         seed=opts.seed,
+        schedule_conservativeness=opts.schedule_conservativeness,
+        enable_mixed_chunk=opts.enable_mixed_chunk,
+        enable_priority_scheduling=opts.enable_priority_scheduling,
+        priority_scheduling_preemption_threshold=opts.priority_scheduling_preemption_threshold,
     )
 
 
@@ -130,7 +134,7 @@ def replay(
         "options": asdict(opts),
         "model": model.name,
         **backend.meta,
-        "scheduler": config.to_dict() | {"max_running_requests": config.effective_max_running_requests},
+        "scheduler": config.to_dict() | {"max_running_requests": config.effective_max_running_requests, "follows": f"sglang {SGLANG_RELEASE}"},
         "versions": versions(),
         "summary": None,
     }

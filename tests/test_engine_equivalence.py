@@ -164,11 +164,11 @@ MIXED_LENS = [10, 60, 25, 41, 17, 52]
 MIXED_OUTS = [5, 20, 12, 7, 16, 9]
 
 
-def _loop_run(env: Env, specs, overlap: bool, kv_tokens: int = 4096, **kw):
+def _loop_run(env: Env, specs, overlap: bool, kv_tokens: int = 4096, ignore_eos: bool = True, **kw):
     """Run requests [(prompt, max_new_tokens)] (all arriving at 0) through EventLoop + RealDriver."""
     config = scheduler_config(env.runner, kv_tokens=kv_tokens, overlap=overlap, **kw)
     sched = Scheduler(config)
-    reqs = [make_req(f"r{i}", p, n, index=i) for i, (p, n) in enumerate(specs)]
+    reqs = [make_req(f"r{i}", p, n, index=i, ignore_eos=ignore_eos) for i, (p, n) in enumerate(specs)]
     driver = RealDriver(env.runner, overlap)
     loop = EventLoop(sched, iter(reqs), driver.clock, overlap)
     driver.run(loop)
@@ -217,7 +217,9 @@ RETRACT_OUTS = [31, 28, 32, 34, 39, 19]
 def test_retraction_keeps_transformers_tokens(env, overlap):
     specs = [(prompt(40 + i, n), o) for i, (n, o) in enumerate(zip(RETRACT_LENS, RETRACT_OUTS))]
     kv_tokens = max(len(p) + n for p, n in specs) + 16  # room for one request and a bit
-    sched, reqs, loop = _loop_run(env, specs, overlap, kv_tokens=kv_tokens)
+    # Admitted on the decode estimate (they may stop at EOS; none is given), so the pool
+    # runs out: fixed-length requests would be reserved in full and never retracted.
+    sched, reqs, loop = _loop_run(env, specs, overlap, kv_tokens=kv_tokens, ignore_eos=False)
     assert sched.num_retractions > 0, "the tiny KV pool was meant to force a retraction"
     assert sum(loop.steps.cols["num_retracted"]) == sched.num_retractions
     assert any(r.num_retractions > 0 for r in reqs)
@@ -231,7 +233,7 @@ def test_retraction_logits_equal_transformers_after_the_re_prefill(env):
     specs = [(prompt(40 + i, n), o) for i, (n, o) in enumerate(zip(RETRACT_LENS, RETRACT_OUTS))]
     kv_tokens = max(len(p) + n for p, n in specs) + 16
     run = ManualRun(env.runner, scheduler_config(env.runner, kv_tokens=kv_tokens))
-    reqs = [run.add(make_req(f"r{i}", p, n, index=i)) for i, (p, n) in enumerate(specs)]
+    reqs = [run.add(make_req(f"r{i}", p, n, index=i, ignore_eos=False)) for i, (p, n) in enumerate(specs)]
     run.run()
     assert run.sched.num_retractions > 0
     retracted = [r for r in reqs if r.num_retractions]
