@@ -256,16 +256,21 @@ def qwen2_env(tmp_path_factory) -> Env:
 
 
 @pytest.mark.parametrize(
-    "page_size, chunk, overlap, disable_radix_cache, kv_tokens",
+    "page_size, chunk, overlap, disable_radix_cache, kv_tokens, mixed",
     [
-        (1, 16, True, False, 4096),  # chunks on top of radix hits, overlap
-        (4, 16, True, False, 120),  # pages of 4, chunks, a pool small enough to retract
-        (16, None, False, True, 160),  # pages of 16, no prefix cache, no overlap
+        (1, 16, True, False, 4096, False),  # chunks on top of radix hits, overlap
+        (4, 16, True, False, 120, False),  # pages of 4, chunks, a pool small enough to retract
+        (16, None, False, True, 160, False),  # pages of 16, no prefix cache, no overlap
+        # --enable-mixed-chunk: running requests decode inside the prefill forwards (MIXED
+        # plans through the extend path), with overlap (decode inputs still on the device) and without.
+        (1, 16, True, False, 4096, True),
+        (4, 16, False, False, 4096, True),
     ],
-    ids=["page1-chunk16-overlap", "page4-chunk16-overlap-small-pool", "page16-nocache-normal"],
+    ids=["page1-chunk16-overlap", "page4-chunk16-overlap-small-pool", "page16-nocache-normal",
+         "page1-chunk16-overlap-mixed", "page4-chunk16-normal-mixed"],
 )
 def test_pages_chunks_shared_prefixes_and_staggered_arrivals_keep_transformers_tokens(
-    qwen2_env, page_size, chunk, overlap, disable_radix_cache, kv_tokens
+    qwen2_env, page_size, chunk, overlap, disable_radix_cache, kv_tokens, mixed
 ):
     env = qwen2_env
     shared = prompt(99, 40)
@@ -273,7 +278,7 @@ def test_pages_chunks_shared_prefixes_and_staggered_arrivals_keep_transformers_t
     specs += [(shared + prompt(200 + i, 5 + 3 * i), 6 + i) for i in range(4)]
     config = scheduler_config(
         env.runner, kv_tokens=kv_tokens, overlap=overlap, page_size=page_size,
-        chunked_prefill_size=chunk, disable_radix_cache=disable_radix_cache,
+        chunked_prefill_size=chunk, disable_radix_cache=disable_radix_cache, enable_mixed_chunk=mixed,
     )  # fmt: skip
     sched = Scheduler(config)
     # The first of the prefix sharers comes with the rest, the others 0.1 s later: by then
@@ -286,5 +291,6 @@ def test_pages_chunks_shared_prefixes_and_staggered_arrivals_keep_transformers_t
     sched.check_invariants()
     if not disable_radix_cache:
         assert sum(r.cached_tokens for r in reqs) > 0
+    assert ("mixed" in loop.steps.cols["mode"]) == mixed
     for r, (p, n) in zip(reqs, specs):
         assert r.output_ids == env.generate(p, n), f"request {r.rid} (prompt {len(p)}, {n} tokens)"
