@@ -16,13 +16,11 @@ Runs only in the oracle environment (make conformance builds it): it imports sgl
 from __future__ import annotations
 
 import logging
-import os
 import random
+import warnings
 from array import array
 from collections import deque
 from types import SimpleNamespace
-
-import warnings
 
 from conformance import stubs
 
@@ -31,12 +29,12 @@ stubs.install()
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
-from sglang.srt.managers import schedule_batch as sb  # noqa: E402
+from sglang.srt.disaggregation.utils import DisaggregationMode  # noqa: E402
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch  # noqa: E402
-from sglang.srt.managers.schedule_policy import PrefillAdder, SchedulePolicy  # noqa: E402
+from sglang.srt.managers.schedule_policy import SchedulePolicy  # noqa: E402
 from sglang.srt.managers.scheduler import Scheduler  # noqa: E402
-from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker  # noqa: E402
 from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor  # noqa: E402
+from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker  # noqa: E402
 from sglang.srt.managers.utils import GenerationBatchResult  # noqa: E402
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator  # noqa: E402
@@ -47,7 +45,6 @@ from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: 
 from sglang.srt.runtime_context import get_context  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
-from sglang.srt.disaggregation.utils import DisaggregationMode  # noqa: E402
 
 from conformance.decision import RunResult, StepDecision  # noqa: E402
 from conformance.scenario import EOS_TOKEN_ID, Scenario, ScenarioRequest, sampled_token  # noqa: E402
