@@ -32,6 +32,10 @@ WORKLOAD_OPTIONS = (
     "time_scale",
     "max_requests",
     "seed",
+    "enable_mixed_chunk",
+    "enable_priority_scheduling",
+    "priority_scheduling_preemption_threshold",
+    "schedule_conservativeness",
 )
 # Formats without arrival times: only for these does --rate shape the workload.
 FORMATS_WITHOUT_ARRIVALS = ("sharegpt",)
