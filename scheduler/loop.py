@@ -15,8 +15,9 @@ start), so the loop stamps every event in the time of whichever clock runs it.
 
 Normal mode: schedule -> launch -> wait -> process. Overlap mode (SGLang's
 zero-overhead scheduler): schedule and launch batch N+1, then process batch N
-while N+1 runs; a request's finish is seen one step late, and the token its
-extra step produced is dropped.
+while N+1 runs. A request whose in-flight step reaches its length gets no further
+step (the scheduler sees it in flight); a stop at EOS is seen one step late, and
+the token its extra step produced is dropped.
 """
 
 from __future__ import annotations
