@@ -28,7 +28,7 @@ class TreeNode:
     parent: TreeNode | None = None
     children: dict = field(default_factory=dict)
     lock_ref: int = 0
-    last_access: int = 0  # a logical clock, so eviction order is deterministic
+    last_access: float = 0.0  # a logical clock (SGLang's stamps), so eviction order is deterministic
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -98,13 +98,10 @@ class RadixCache:
         end = len(key) if max_len is None else min(max_len, len(key))
         end -= end % ps
         node, pos, value = self.root, 0, ids()
-        now = self._tick()
-        node.last_access = now
         while pos < end:
             child = node.children.get(self._child_key(key, pos))
             if child is None:
                 break
-            child.last_access = now
             n = self._match_len(child.key, key, pos, end)
             if n < len(child.key):
                 if n > 0:
@@ -114,6 +111,14 @@ class RadixCache:
                 break
             value.extend(child.value)
             node, pos = child, pos + n
+        # SGLang's stamps: the last matched node now, each ancestor a hair earlier (so a
+        # deeper node is the more recent), nodes beside the path untouched.
+        t = float(self._tick())
+        stamped = node
+        while stamped is not None:
+            stamped.last_access = t
+            t -= 1e-5
+            stamped = stamped.parent
         return value, node
 
     def touch_prefix(self, key: Sequence[int]) -> None:
@@ -132,12 +137,14 @@ class RadixCache:
         ps = self.page_size
         assert len(key) % ps == 0 and len(key) == len(value)
         node, pos = self.root, 0
-        now = self._tick()
+        # SGLang's stamps: every node walked gets a fresh tick, deeper ones later; a split
+        # stamps its upper part, then its lower part; a new leaf is the latest.
+        self.root.last_access = self._tick()
         while pos < len(key):
             child = node.children.get(self._child_key(key, pos))
             if child is None:
                 break
-            child.last_access = now
+            child.last_access = self._tick()
             n = self._match_len(child.key, key, pos)
             if n < len(child.key):
                 child = self._split_node(child, n)
@@ -145,7 +152,7 @@ class RadixCache:
             if n == 0:  # cannot happen: children are keyed by their first page
                 break
         if pos < len(key):
-            leaf = TreeNode(key=key[pos:], value=value[pos:], parent=node, last_access=now)
+            leaf = TreeNode(key=key[pos:], value=value[pos:], parent=node, last_access=self._tick())
             node.children[self._child_key(leaf.key)] = leaf
             self.evictable_leaves.pop(node, None)  # no longer a leaf
             self.evictable_leaves[leaf] = None
@@ -162,8 +169,9 @@ class RadixCache:
             value=child.value[:split_len],
             parent=parent,
             lock_ref=child.lock_ref,
-            last_access=child.last_access,
+            last_access=self._tick(),
         )
+        child.last_access = self._tick()
         child.key = child.key[split_len:]
         child.value = child.value[split_len:]
         child.parent = upper

@@ -197,9 +197,10 @@ class Scheduler:
             num_mixed_decode_tokens=running_bs if self.is_mixed_chunk else 0,
             priority_preemption_threshold=self.config.priority_scheduling_preemption_threshold,
         )
-        if self.chunked_req is not None:
-            self.chunked_req.init_next_round_input()
-            self.chunked_req = adder.add_chunked_req(self.chunked_req)
+        continued = self.chunked_req
+        if continued is not None:
+            continued.init_next_round_input()
+            self.chunked_req = adder.add_chunked_req(continued)
 
         for req in self.waiting_queue:
             if adder.budget_state() == AddReqResult.OTHER:
@@ -222,8 +223,9 @@ class Scheduler:
             for r in adder.preempt_list:
                 self._requeue_retracted(r)
             return None
-        admitted = set(map(id, can_run))
-        self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
+        # The admitted requests are a prefix of the (sorted) queue: admission stops at the
+        # first refusal. The continued chunk is not in the queue.
+        del self.waiting_queue[: len(can_run) - (1 if continued is not None else 0)]
         for r in adder.preempt_list:
             self._requeue_retracted(r)
         if adder.new_chunked_req is not None:
@@ -267,15 +269,19 @@ class Scheduler:
         further decode step (SGLang's skip-finishing-decode)."""
         if not self.config.overlap or not self.inflight:
             return []
+        near_end = [r for r in batch.reqs if r.next_output_finishes_by_length()]
+        if not near_end:
+            return near_end
         queued = set(map(id, self.inflight[0].reqs))
-        return [r for r in batch.reqs if id(r) in queued and r.next_output_finishes_by_length()]
+        return [r for r in near_end if id(r) in queued]
 
     def update_running_batch(self) -> ScheduleBatch | None:
         """Prepare the running batch's next decode step; None skips decoding this step."""
         batch = self.running_batch
         initial_bs = batch.batch_size()
         finishing = self._reqs_finishing_inflight(batch)
-        batch.filter_batch(exclude=tuple(finishing))
+        if finishing:  # (get_next_batch_to_run has just dropped finished and retracted ones)
+            batch.filter_batch(exclude=tuple(finishing))
         if batch.is_empty():
             batch.batch_is_full = False
             return None
