@@ -66,3 +66,14 @@ def step_count(r: RunResult) -> int:
 
 
 __all__ = ["Divergence", "first_divergence", "StepDecision"]
+
+
+def expected_reason(ours: RunResult, d: Divergence, priorities: dict[str, int]) -> str | None:
+    """The EXPECTED_DIFFERENCES entry a divergence follows from, if any: here, two running
+    requests of equal priority preempted in one step before it (their re-queue order differs)."""
+    for step in ours.steps[: d.step + 1]:
+        if step.mode != "decode" and len(step.retracted) > 1:
+            prios = [priorities[r] for r in step.retracted]
+            if len(set(prios)) < len(prios):
+                return "equal-priority requests preempted together re-queue in another order"
+    return None
