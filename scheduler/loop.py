@@ -168,7 +168,11 @@ class EventLoop:
         if nxt is None:
             if sched.is_idle():
                 return False
-            raise DeadlockError(f"{len(sched.waiting_queue)} requests wait but none can be scheduled")
+            waiting = ", ".join(r.rid for r in sched.waiting_queue[:5])
+            raise DeadlockError(
+                f"{len(sched.waiting_queue)} requests wait but none can ever be scheduled ({waiting}); "
+                "SGLang's admission rules refuse them on this KV pool (a larger --kv-tokens, or the radix cache on, admits them)"
+            )
         yield WaitForArrival(nxt)
         return True
 

@@ -298,3 +298,18 @@ def test_chunk_size_and_memory_fraction_follow_the_device_memory():
     assert default_mem_fraction_static(16 << 30, 2048, 16384) == round((16384 - (512 + 3072 + 128 + 16 + 8 * 42)) / 16384, 3)
     given = resolved_options(ReplayOptions(hardware="h100", chunked_prefill_size=512, mem_fraction_static=0.5))
     assert (given.chunked_prefill_size, given.mem_fraction_static) == (512, 0.5)
+
+
+def test_request_sglang_never_admits_is_a_one_line_error(tmp_path):
+    """Without a radix cache, a fixed-length request whose output was cut to the pool's limit
+    fails SGLang's ignore-EOS check forever (SGLang would wait): the replay stops with a
+    one-line error that says so, exit code 2."""
+    import subprocess
+    import sys
+
+    Trace([TraceRequest(0.0, 900, 200, rid="big")]).write(tmp_path / "t.json")
+    cmd = [sys.executable, "-m", "testbed.cli", "replay", str(tmp_path / "t.json"), "--kv-tokens", "1000",
+           "--disable-radix-cache", "--out", str(tmp_path / "run"), "-q"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "none can ever be scheduled (big)" in p.stderr
