@@ -31,6 +31,9 @@ class ChunkCache:
     def match_prefix(self, key: Sequence[int], max_len: int | None = None) -> tuple[array, None]:
         return ids(), None
 
+    def touch_prefix(self, key: Sequence[int]) -> None:
+        pass
+
     def insert(self, key: Sequence[int], value: Sequence[int]) -> int:
         return 0
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+# The SGLang release whose scheduler this core follows step for step (make conformance checks it).
+SGLANG_RELEASE = "0.5.23"
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -17,6 +20,13 @@ class SchedulerConfig:
     disable_radix_cache: bool = False
     overlap: bool = True
     schedule_conservativeness: float = 1.0
+    # Decode requests ride along in a prefill batch (a MIXED forward), as SGLang's --enable-mixed-chunk.
+    enable_mixed_chunk: bool = False
+    # SGLang's --enable-priority-scheduling: the waiting queue ordered by priority (larger first),
+    # and running requests preempted by a waiting one whose priority exceeds theirs by more
+    # than the threshold.
+    enable_priority_scheduling: bool = False
+    priority_scheduling_preemption_threshold: int = 10
     new_token_ratio_decay_steps: int = 600
     seed: int = 0
     # Journal ReqToTokenPool writes into each plan, for an executor that mirrors the table.
@@ -41,10 +51,9 @@ class SchedulerConfig:
 
     @property
     def effective_max_running_requests(self) -> int:
-        if self.max_running_requests is not None:
-            return self.max_running_requests
-        # SGLang: enough request slots for the pool, within [2048, 4096].
-        return min(max(int(self.kv_tokens / self.context_len * 512), 2048), 4096)
+        # SGLang: enough request slots for the pool, within [2048, 4096]; at most one per two KV slots.
+        estimated = min(max(int(self.kv_tokens / self.context_len * 512), 2048), 4096)
+        return min(self.max_running_requests or estimated, self.kv_tokens // 2)
 
     def __post_init__(self) -> None:
         if self.kv_tokens < self.page_size:
@@ -56,4 +65,4 @@ class SchedulerConfig:
             raise ValueError("max_prefill_tokens must be positive")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"name": "sglang", "follows": f"sglang {SGLANG_RELEASE}"} | asdict(self)

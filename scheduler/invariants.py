@@ -51,7 +51,7 @@ def check_end_of_run(
     for r in done:
         if r.finished_reason == FinishReason.REJECTED:
             continue
-        if r.sampling_params.ignore_eos and len(r.output_ids) != r.max_new_tokens:
+        if r.sampling_params.ignore_eos and len(r.output_ids) != max(r.max_new_tokens, 1):  # a cut to 0 still samples its prefill token
             errors.append(f"request {r.rid} produced {len(r.output_ids)} tokens, expected {r.max_new_tokens}")
             break
     if errors:

@@ -15,11 +15,14 @@ start), so the loop stamps every event in the time of whichever clock runs it.
 
 Normal mode: schedule -> launch -> wait -> process. Overlap mode (SGLang's
 zero-overhead scheduler): schedule and launch batch N+1, then process batch N
-while N+1 runs; a request's finish is seen one step late, and the token its
-extra step produced is dropped.
+while N+1 runs. A request whose in-flight step reaches its length gets no further
+step (the scheduler sees it in flight); a stop at EOS is seen one step late, and
+the token its extra step produced is dropped.
 """
 
 from __future__ import annotations
+
+import itertools
 
 from collections import deque
 from dataclasses import dataclass
@@ -114,11 +117,6 @@ class EventLoop:
         t0 = self.clock()
         self.recv_requests(t0)
         batch = sched.get_next_batch_to_run()
-        if batch is None and not sched.is_idle():
-            # Finished requests leave the running batch only in the decode branch, after the
-            # prefill branch gave up on a batch that looked full: look once more, as
-            # SGLang's loop does by spinning.
-            batch = sched.get_next_batch_to_run()
         if batch is None:
             return None
         plan = batch.plan
@@ -172,7 +170,11 @@ class EventLoop:
         if nxt is None:
             if sched.is_idle():
                 return False
-            raise DeadlockError(f"{len(sched.waiting_queue)} requests wait but none can be scheduled")
+            waiting = ", ".join(r.rid for r in itertools.islice(sched.waiting_queue, 5))
+            raise DeadlockError(
+                f"{len(sched.waiting_queue)} requests wait but none can ever be scheduled ({waiting}); "
+                "the scheduler's admission rules refuse them on this KV pool (a larger --kv-tokens, or the radix cache on, admits them)"
+            )
         yield WaitForArrival(nxt)
         return True
 

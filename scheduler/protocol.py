@@ -7,7 +7,7 @@ loop reads nothing else: the attributes below are what it records in each step's
 
 from __future__ import annotations
 
-from typing import Protocol, Sized
+from typing import Collection, Protocol
 
 from scheduler.forward_plan import ForwardPlan
 from scheduler.req import Req
@@ -36,7 +36,7 @@ class Launched(Protocol):
 
 
 class SchedulerCore(Protocol):
-    waiting_queue: Sized
+    waiting_queue: Collection[Req]
     running_batch: RunningSet
     tree_cache: PrefixCache
     done: list[Req]  # finished and rejected requests, in finishing order

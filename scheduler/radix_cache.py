@@ -28,7 +28,7 @@ class TreeNode:
     parent: TreeNode | None = None
     children: dict = field(default_factory=dict)
     lock_ref: int = 0
-    last_access: int = 0  # a logical clock, so eviction order is deterministic
+    last_access: float = 0.0  # a logical clock (SGLang's stamps), so eviction order is deterministic
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -47,8 +47,10 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def finished_kv_len(req: Req) -> int:
-    """Tokens of a finished request that have KV: the prompt and all outputs but the last."""
-    return min(req.seq_len, req.input_len + len(req.output_ids) - 1)
+    """Tokens of a finished request whose KV is (or, in flight, will be) written: the prompt and
+    its outputs but the last, or with overlap after an EOS stop, the last too (the step
+    scheduled before the stop was seen computes it; SGLang's owned_kv_len)."""
+    return min(req.seq_len, req.input_len + len(req.output_ids))
 
 
 class RadixCache:
@@ -96,13 +98,10 @@ class RadixCache:
         end = len(key) if max_len is None else min(max_len, len(key))
         end -= end % ps
         node, pos, value = self.root, 0, ids()
-        now = self._tick()
-        node.last_access = now
         while pos < end:
             child = node.children.get(self._child_key(key, pos))
             if child is None:
                 break
-            child.last_access = now
             n = self._match_len(child.key, key, pos, end)
             if n < len(child.key):
                 if n > 0:
@@ -112,7 +111,19 @@ class RadixCache:
                 break
             value.extend(child.value)
             node, pos = child, pos + n
+        # SGLang's stamps: the last matched node now, each ancestor a hair earlier (so a
+        # deeper node is the more recent), nodes beside the path untouched.
+        t = float(self._tick())
+        stamped = node
+        while stamped is not None:
+            stamped.last_access = t
+            t -= 1e-5
+            stamped = stamped.parent
         return value, node
+
+    def touch_prefix(self, key: Sequence[int]) -> None:
+        """Refresh the LRU stamps of key's cached prefix (a match whose result is not kept)."""
+        self.match_prefix(key)
 
     def insert(self, key: Sequence[int], value: Sequence[int]) -> int:
         """Insert key -> value; return how many leading tokens were already cached.
@@ -126,12 +137,14 @@ class RadixCache:
         ps = self.page_size
         assert len(key) % ps == 0 and len(key) == len(value)
         node, pos = self.root, 0
-        now = self._tick()
+        # SGLang's stamps: every node walked gets a fresh tick, deeper ones later; a split
+        # stamps its upper part, then its lower part; a new leaf is the latest.
+        self.root.last_access = self._tick()
         while pos < len(key):
             child = node.children.get(self._child_key(key, pos))
             if child is None:
                 break
-            child.last_access = now
+            child.last_access = self._tick()
             n = self._match_len(child.key, key, pos)
             if n < len(child.key):
                 child = self._split_node(child, n)
@@ -139,7 +152,7 @@ class RadixCache:
             if n == 0:  # cannot happen: children are keyed by their first page
                 break
         if pos < len(key):
-            leaf = TreeNode(key=key[pos:], value=value[pos:], parent=node, last_access=now)
+            leaf = TreeNode(key=key[pos:], value=value[pos:], parent=node, last_access=self._tick())
             node.children[self._child_key(leaf.key)] = leaf
             self.evictable_leaves.pop(node, None)  # no longer a leaf
             self.evictable_leaves[leaf] = None
@@ -156,8 +169,9 @@ class RadixCache:
             value=child.value[:split_len],
             parent=parent,
             lock_ref=child.lock_ref,
-            last_access=child.last_access,
+            last_access=self._tick(),
         )
+        child.last_access = self._tick()
         child.key = child.key[split_len:]
         child.value = child.value[split_len:]
         child.parent = upper
@@ -235,8 +249,6 @@ class RadixCache:
     # -- requests ---------------------------------------------------------
     def cache_finished_req(self, req: Req) -> None:
         """Put a finished (or retracted) request's tokens in the tree and release its slot."""
-        # The last sampled token was never fed to the model, so it has no KV. (With
-        # overlap, a slot for it may exist: the caller frees that one.)
         kv_len = finished_kv_len(req)
         prompt = req.origin_input_ids
         token_ids = prompt[:kv_len] if kv_len <= len(prompt) else prompt + ids(req.output_ids[: kv_len - len(prompt)])
@@ -253,6 +265,25 @@ class RadixCache:
         already = self.insert(token_ids, kv)
         # Slots of the part another request cached first are duplicates: free ours.
         self.allocator.free(kv[len(req.prefix_indices) : already])
+        self._split_at_prompt(req, kv)
+
+    def _split_at_prompt(self, req: Req, kv: array) -> None:
+        """Insert the prompt again so that its node ends where the outputs begin: eviction
+        can then drop a request's output KV and keep its prompt (SGLang's checkpoint)."""
+        n = req.input_len - req.input_len % self.page_size
+        if 0 < n < len(kv) - len(kv) % self.page_size:
+            self._insert(req.origin_input_ids[:n], kv[:n])
+
+    def _path_values(self, node: TreeNode) -> array:
+        """The slots from the root down to node (no LRU touch, unlike a match)."""
+        parts = []
+        while node is not None and node is not self.root:
+            parts.append(node.value)
+            node = node.parent
+        out = ids()
+        for v in reversed(parts):
+            out.extend(v)
+        return out
 
     def cache_unfinished_req(self, req: Req) -> None:
         """Cache the tokens a request has prefilled so far; it keeps running on the tree's slots."""
@@ -270,9 +301,10 @@ class RadixCache:
             # so that page goes too: rewrite the row from the page start.
             start = num_prefix - num_prefix % self.page_size
             self.allocator.free(kv[num_prefix:already])
-            new_indices, new_last_node = self.match_prefix(token_ids[:aligned])
+            new_indices = self._path_values(new_last_node)
             assert len(new_indices) == aligned
             self.req_to_token_pool.write(req.req_pool_idx, start, new_indices[start:])
+        self._split_at_prompt(req, kv)
         self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(new_last_node)
         # The unaligned tail stays the request's own.

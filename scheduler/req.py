@@ -34,12 +34,20 @@ class Req:
     pending_token: int | None = None
     finished_reason: FinishReason | None = None
     reject_reason: str | None = None
+    # Set when admission cut max_new_tokens to what the context and the KV pool allow (as SGLang
+    # does): the requested length and why.
+    truncated_from: int | None = None
+    truncate_reason: str | None = None
 
     # Set by the scheduler while the request holds memory.
     req_pool_idx: int | None = None
     prefix_indices: array = field(default_factory=ids)  # KV slots of the reused prefix
     last_node: Any = None  # radix node that locks prefix_indices
     fill_ids: array = field(default_factory=ids)  # the tokens this round extends to
+    # len(prompt + outputs) when the request was last matched for a round (SGLang's
+    # full_untruncated_fill_ids, which preemption reads before the round's own match).
+    full_fill_len: int = 0
+    queue_entry: int = 0  # when it last entered the waiting queue (a counter): priority ties go by it
     extend_input_len: int = 0
     seq_len: int = 0  # tokens whose KV is allocated (what the next forward attends to)
     is_chunked: int = 0  # > 0 while a chunk of its prefill is in flight
@@ -82,10 +90,20 @@ class Req:
     def init_next_round_input(self, tree_cache: Any | None = None) -> None:
         """Set fill_ids, and (with a cache) the longest cached prefix, for the next prefill."""
         self.fill_ids = self.origin_input_ids + ids(self.output_ids) if self.output_ids else self.origin_input_ids
+        self.full_fill_len = len(self.fill_ids)
         if tree_cache is not None:
             # At least one token must be computed to get logits of the next token.
             self.prefix_indices, self.last_node = tree_cache.match_prefix(self.fill_ids, len(self.fill_ids) - 1)
         self.extend_input_len = len(self.fill_ids) - len(self.prefix_indices)
+
+    def match_full_prefix(self, tree_cache: Any) -> None:
+        """Match prompt + outputs, all of it, against the cache (the queue policies' match:
+        SGLang's match_kv_cache without a length cap)."""
+        key = self.origin_input_ids + ids(self.output_ids) if self.output_ids else self.origin_input_ids
+        self.prefix_indices, self.last_node = tree_cache.match_prefix(key)
+
+    def next_output_finishes_by_length(self) -> bool:
+        return len(self.output_ids) + 1 >= self.max_new_tokens
 
     def check_finished(self) -> None:
         if len(self.output_ids) >= self.max_new_tokens:

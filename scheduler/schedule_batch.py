@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scheduler.forward_plan import ForwardMode, ForwardPlan
+from scheduler.ids import ids
 from scheduler.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 from scheduler.req import Req
 
@@ -34,6 +35,7 @@ class ScheduleBatch:
     # Filled when the batch runs: what the step record needs.
     num_retracted: int = 0
     cache_hit_tokens: int = 0
+    num_extend_reqs: int = 0  # a mixed batch: its first rows extend, the rest decode
 
     def batch_size(self) -> int:
         return len(self.reqs)
@@ -66,7 +68,8 @@ class ScheduleBatch:
                 pool.write(r.req_pool_idx, 0, r.prefix_indices)
             r.seq_len = prefix_len
         last_locs = [self._last_loc(r) for r in self.reqs] if alloc.page_size > 1 else []
-        self._evict_if_needed(sum(extend_lens) + len(self.reqs) * (alloc.page_size - 1))
+        # SGLang's demand: with pages, as if every request began a new page.
+        self._evict_if_needed(sum(extend_lens) + (len(self.reqs) * alloc.page_size if alloc.page_size > 1 else 0))
         out_cache_loc = alloc.alloc_extend(last_locs, prefix_lens, extend_lens)
         if out_cache_loc is None:
             raise OutOfKVMemory(f"prefill of {sum(extend_lens)} tokens does not fit the KV pool")
@@ -77,6 +80,7 @@ class ScheduleBatch:
             pos += n
             r.seq_len = prefix_len + n
             seq_lens.append(r.seq_len)
+        self.num_extend_reqs = len(self.reqs)
         sample = [r is not self.chunked_req for r in self.reqs]
         num_tokens, sum_seq, sum_prefix, pairs, longest = ForwardPlan.summarize(prefix_lens, extend_lens)
         self.plan = ForwardPlan(
@@ -125,17 +129,18 @@ class ScheduleBatch:
             first = False
             req = order.pop()
             retracted.append(req)
-            self._release_for_retract(req, remaining=len(order))
-        keep = set(map(id, order))
-        self.reqs = [r for r in self.reqs if id(r) in keep]
+            self.release_for_retract(req, remaining=len(order))
+        self.reqs = order  # in SGLang's keep order (filter_batch(keep_indices=sorted_indices))
         total_decoded = sum(len(r.output_ids) for r in self.reqs)
         total_max_new = sum(r.max_new_tokens for r in self.reqs)
-        ratio = min(1.0, (total_decoded + RETRACT_DECODE_STEPS * len(self.reqs)) / max(total_max_new, 1))
+        ratio = min(1.0, (total_decoded + RETRACT_DECODE_STEPS * len(self.reqs)) / (total_max_new + 1))
         self.num_retracted = len(retracted)
         return retracted, ratio
 
-    def _release_for_retract(self, req: Req, remaining: int) -> None:
-        # Free what the request computed beyond its cached prefix; the cache keeps the prefix.
+    def release_for_retract(self, req: Req, remaining: int) -> None:
+        """Free what the request computed beyond its cached prefix (the cache keeps the prefix),
+        make room for the remaining requests' next decode steps, and send it back to waiting.
+        Retraction and priority preemption both release a running request this way."""
         ps = self.allocator.page_size
         uncached_from = len(req.prefix_indices) // ps * ps if not self.tree_cache.disabled else 0
         self.allocator.free(self.req_to_token_pool.get(req.req_pool_idx, uncached_from, req.seq_len))
@@ -149,7 +154,10 @@ class ScheduleBatch:
         self.forward_mode = ForwardMode.DECODE
         reqs, pool = self.reqs, self.req_to_token_pool
         seq_lens_before = [r.seq_len for r in reqs]
-        last_locs = [self._last_loc(r) for r in reqs] if self.allocator.page_size > 1 else []
+        ps = self.allocator.page_size
+        last_locs = [self._last_loc(r) for r in reqs] if ps > 1 else []
+        # SGLang's demand: with pages, as if every request began a new page.
+        self._evict_if_needed(len(reqs) * ps)
         out_cache_loc = self.allocator.alloc_decode(last_locs, seq_lens_before)
         if out_cache_loc is None:
             raise OutOfKVMemory("decode does not fit the KV pool")
@@ -179,6 +187,44 @@ class ScheduleBatch:
             sum_prefix_len=sum_prefix,
             attention_pairs=float(sum_prefix + bs),
             max_seq_len=max(seq_lens),
+        )
+
+    # -- mixed --------------------------------------------------------------
+    def mix_with_running(self, running: ScheduleBatch) -> None:
+        """Append the running batch's decode step (prepared by prepare_for_decode) to this
+        prefill batch: a MIXED forward, each decode request a one-token extend on its
+        context (SGLang's mix_with_running). Rows keep that order: prefills, then decodes."""
+        ext, dec = self.plan, running.plan
+        assert ext is not None and dec is not None
+        # The decode slots were appended to the rows directly; an executor that mirrors the
+        # table learns them from the row writes, as it learns an extend's.
+        row_writes = None
+        if ext.row_writes is not None:
+            row_writes = ext.row_writes + (dec.row_writes or [])
+            row_writes += [(slot, pos, ids([loc])) for slot, pos, loc in zip(dec.req_pool_indices, dec.prefix_lens, dec.out_cache_loc)]
+        self.forward_mode = ForwardMode.MIXED
+        self.reqs = self.reqs + running.reqs
+        out_cache_loc = ext.out_cache_loc + dec.out_cache_loc
+        prefix_lens = ext.prefix_lens + dec.prefix_lens
+        extend_lens = ext.extend_lens + dec.extend_lens
+        num_tokens, sum_seq, sum_prefix, pairs, longest = ForwardPlan.summarize(prefix_lens, extend_lens)
+        self.plan = ForwardPlan(
+            mode=ForwardMode.MIXED,
+            req_pool_indices=ext.req_pool_indices + dec.req_pool_indices,
+            prefix_lens=prefix_lens,
+            extend_lens=extend_lens,
+            seq_lens=ext.seq_lens + dec.seq_lens,
+            sampling=ext.sampling + dec.sampling,
+            sample=ext.sample + dec.sample,
+            out_cache_loc=out_cache_loc,
+            row_writes=row_writes,
+            _input_ids=list(ext.input_ids) + list(dec.input_ids),
+            _positions=ext.positions + dec.positions,
+            num_tokens=num_tokens,
+            sum_seq_len=sum_seq,
+            sum_prefix_len=sum_prefix,
+            attention_pairs=pairs,
+            max_seq_len=longest,
         )
 
     # -- membership ---------------------------------------------------------

@@ -13,6 +13,8 @@ VLLM_POLICIES = ("fcfs", "priority")
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 DEFAULT_MAX_NUM_SEQS = 1024
 DEFAULT_BLOCK_SIZE = 16
+# vLLM's gpu_memory_utilization: the device memory share for weights, activations and KV.
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 
 
 @dataclass(frozen=True)

@@ -174,6 +174,20 @@ class VllmScheduler:
 
     # -- one step -----------------------------------------------------------------
     def get_next_batch_to_run(self) -> VllmBatch | None:
+        """One step's batch. A pass that only preempts schedules nothing (vLLM admits no
+        waiting request in a step that preempted); vLLM's engine then just schedules again,
+        with no forward between, and so does this."""
+        num_preempted = 0
+        while True:
+            batch, preempted = self._schedule_once()
+            num_preempted += preempted
+            if batch is not None:
+                batch.num_preempted = num_preempted
+                return batch
+            if not preempted:
+                return None
+
+    def _schedule_once(self) -> tuple[VllmBatch | None, int]:
         budget = self.config.max_num_batched_tokens
         scheduled: list[_Scheduled] = []
         num_preempted = 0
@@ -219,10 +233,10 @@ class VllmScheduler:
         hits = 0
         if not num_preempted:
             hits = self._schedule_waiting(scheduled, budget)
-        if not scheduled:
-            return None
         self.num_preemptions += num_preempted
-        return VllmBatch([s.req for s in scheduled], self._plan(scheduled), num_preempted, hits)
+        if not scheduled:
+            return None, num_preempted
+        return VllmBatch([s.req for s in scheduled], self._plan(scheduled), num_preempted, hits), num_preempted
 
     def _pick_victim(self) -> Req:
         """The request to preempt: the last admitted (FCFS), or the lowest priority, latest arrival."""
@@ -414,7 +428,9 @@ class VllmScheduler:
         for r in reqs:
             if r.scheduled_time is None:
                 r.scheduled_time = now
-        return LaunchedBatch(reqs, plan, None, batch.num_preempted, batch.cache_hit_tokens)
+        # num_extend_reqs is SGLang's row split of a mixed batch; this scheduler's results
+        # tell prefill from decode rows by the request's own progress, not by position.
+        return LaunchedBatch(reqs, plan, None, batch.num_preempted, batch.cache_hit_tokens, num_extend_reqs=0)
 
     def process_batch_result(self, launched: LaunchedBatch, next_token_ids: list[int], now: float) -> None:
         plan = launched.plan

@@ -86,11 +86,37 @@ class ProfileCostModel:
         if bs == 0:
             return 0.0
         if plan.mode is ForwardMode.DECODE:
-            padded = self._d_pad * bs * plan.max_seq_len
-            return self._d_fixed + self._d_req * bs + self._d_kv * plan.sum_seq_len + padded
+            return self._decode_time(bs, plan.sum_seq_len, plan.max_seq_len)
+        if plan.mode is ForwardMode.MIXED:
+            return self._mixed_time(plan)
+        return self._extend_time(plan.prefix_lens, plan.extend_lens)
+
+    def _decode_time(self, bs: int, sum_seq_len: int, max_seq_len: int) -> float:
+        return self._d_fixed + self._d_req * bs + self._d_kv * sum_seq_len + self._d_pad * bs * max_seq_len
+
+    def _extend_time(self, prefix_lens: list[int], extend_lens: list[int]) -> float:
         # Extend batches are few and small: the per-request features are worth a loop.
-        t = self.extend.predict(extend_features(plan.prefix_lens, plan.extend_lens, self.knee))
-        return t + self.extend_fixed + self.extend_per_req * bs
+        t = self.extend.predict(extend_features(prefix_lens, extend_lens, self.knee))
+        return t + self.extend_fixed + self.extend_per_req * len(extend_lens)
+
+    def _mixed_time(self, plan: ForwardPlan) -> float:
+        """A prefill with decodes riding along (--enable-mixed-chunk): the prefill rows as an
+        extend, the one-token rows as a decode step without its fixed part (the weights are
+        read once for both). The extend fit is not asked about many one-token rows on long
+        contexts, which the calibration never measured."""
+        ext_p, ext_e, dec_seq = [], [], []
+        for p, e in zip(plan.prefix_lens, plan.extend_lens):
+            if e == 1 and p > 0:
+                dec_seq.append(p + 1)
+            else:
+                ext_p.append(p)
+                ext_e.append(e)
+        if not ext_e:
+            return self._decode_time(len(dec_seq), sum(dec_seq), max(dec_seq))
+        t = self._extend_time(ext_p, ext_e)
+        if dec_seq:
+            t += self._decode_time(len(dec_seq), sum(dec_seq), max(dec_seq)) - self._d_fixed
+        return t
 
     def cpu_time(self, stage: str, num_reqs: int, num_tokens: int) -> float:
         return self.cpu.time(stage, num_reqs, num_tokens)
@@ -99,7 +125,7 @@ class ProfileCostModel:
 def engine_defaults(path: str | Path) -> dict:
     """What a replay with this profile defaults to, from the engine it measured: "hardware" (the
     spec it was calibrated on) and "overlap" (the real engine's default there: off on a CPU),
-    each where the profile says; {} for a file that is not a readable profile (loading it says why)."""
+    and "memory_bytes" (its device's memory, from a kernel profile), each where the profile says; {} for a file that is not a readable profile (loading it says why)."""
     try:
         return _engine_defaults(str(path), Path(path).stat().st_mtime_ns)
     except OSError:
@@ -115,5 +141,6 @@ def _engine_defaults(path: str, mtime_ns: int) -> dict:
     if not isinstance(profile, dict):
         return {}
     engine = profile.get("engine") if isinstance(profile.get("engine"), dict) else {}
-    out = {"hardware": profile.get("hardware"), "overlap": engine.get("overlap")}
+    spec = profile.get("hardware_spec") if isinstance(profile.get("hardware_spec"), dict) else {}
+    out = {"hardware": profile.get("hardware"), "overlap": engine.get("overlap"), "memory_bytes": spec.get("memory_bytes")}
     return {k: v for k, v in out.items() if v is not None}

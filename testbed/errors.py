@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from scheduler.loop import DeadlockError
 from scheduler.model_config import ModelConfigError
 from simulator.hardware import HardwareConfigError
 
@@ -43,4 +44,7 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     HardwareConfigError,
     FileNotFoundError,
     IsADirectoryError,
+    # Requests that SGLang's rules never admit (as SGLang, which would wait forever): e.g.
+    # without a radix cache, an output truncated to the pool's limit fails the ignore-EOS check.
+    DeadlockError,
 )

@@ -17,7 +17,15 @@ from typing import Any
 # The --model and --policy choices; the dashboard offers the same ones through this module.
 from scheduler.model_config import bundled_model_names
 from scheduler.policy import POLICIES
-from scheduler.vllm_config import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, VLLM_POLICIES, VLLM_RELEASE
+from scheduler.server_defaults import default_chunked_prefill_size, default_mem_fraction_static
+from scheduler.vllm_config import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    VLLM_POLICIES,
+    VLLM_RELEASE,
+)
 from testbed.errors import ConfigError
 from testbed.traces.formats import FORMATS
 
@@ -33,11 +41,11 @@ SGLANG_PAGE_SIZE = 1
 class ReplayOptions:
     mode: str = "sim"
     policy: str = "fcfs"
-    chunked_prefill_size: int = 8192
+    chunked_prefill_size: int | None = None  # None: SGLang's default for the device memory
     max_prefill_tokens: int = 16384
     page_size: int | None = None  # None: 1 for sglang, 16 for vllm (its block size)
     kv_tokens: int | None = None  # None: from the model and the device memory
-    mem_fraction_static: float = 0.88
+    mem_fraction_static: float | None = None  # None: SGLang's default for the device memory
     # None: on, except for the real engine on a CPU, where the forward on a worker thread
     # competes with the loop for the cores (the example trace's TPOT was 3.8x worse).
     overlap: bool | None = None
@@ -66,6 +74,11 @@ class ReplayOptions:
     scheduler: str = "sglang"
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    # Issue 12: SGLang's scheduling options, as SGLang names them.
+    enable_mixed_chunk: bool = False  # decodes ride along in a prefill batch
+    enable_priority_scheduling: bool = False  # waiting queue by priority; preemption of running requests
+    priority_scheduling_preemption_threshold: int = 10  # priority gap a preemption needs
+    schedule_conservativeness: float = 1.0  # scales the decode estimate (new_token_ratio)
 
 
 OPTION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ReplayOptions))
@@ -126,6 +139,32 @@ def default_model(mode: str) -> str:
     return DEFAULT_MODEL
 
 
+def device_memory_bytes(opts: ReplayOptions) -> int | None:
+    """The memory of the device the replay runs on, which SGLang's defaults follow: a kernel
+    profile's GPU or the hardware spec's (sim), the GPU's, or the host's on a CPU (as SGLang on
+    a CPU device)."""
+    if opts.mode == "sim":
+        from simulator.hardware import HardwareConfigError, load_hardware
+
+        if opts.profile is not None:
+            from simulator.profile_cost import engine_defaults
+
+            memory = engine_defaults(opts.profile).get("memory_bytes")
+            if isinstance(memory, int):
+                return memory
+        try:
+            return load_hardware(default_hardware(opts)).memory_bytes
+        except HardwareConfigError:
+            return None  # the replay reports it
+    import torch
+
+    if opts.device != "cpu" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def resolved_options(opts: ReplayOptions) -> ReplayOptions:
     """The options with their defaults resolved: what ran, as run.json records it."""
     return with_scheduler_defaults(
@@ -145,19 +184,33 @@ def with_scheduler_defaults(opts: ReplayOptions) -> ReplayOptions:
             page_size=unset(opts.page_size, DEFAULT_BLOCK_SIZE),
             max_num_seqs=unset(opts.max_num_seqs, DEFAULT_MAX_NUM_SEQS),
             max_num_batched_tokens=unset(opts.max_num_batched_tokens, DEFAULT_MAX_NUM_BATCHED_TOKENS),
+            mem_fraction_static=unset(opts.mem_fraction_static, DEFAULT_GPU_MEMORY_UTILIZATION),
         )
-    return replace(opts, page_size=unset(opts.page_size, SGLANG_PAGE_SIZE))
+    opts = replace(opts, page_size=unset(opts.page_size, SGLANG_PAGE_SIZE))
+    if opts.chunked_prefill_size is None or opts.mem_fraction_static is None:
+        # SGLang's server defaults follow the device memory.
+        memory = device_memory_bytes(opts)
+        chunk = unset(opts.chunked_prefill_size, default_chunked_prefill_size(memory))
+        fraction = opts.mem_fraction_static
+        if fraction is None:
+            fraction = default_mem_fraction_static(memory, chunk, opts.max_prefill_tokens, opts.max_running_requests, opts.tp)
+        opts = replace(opts, chunked_prefill_size=chunk, mem_fraction_static=fraction)
+    return opts
 
 
-# Options of one scheduler only: (field, what the other scheduler uses instead).
+# Options of one scheduler only: (field, what the other scheduler does instead).
 SGLANG_ONLY = {
-    "chunked_prefill_size": "--max-num-batched-tokens (prefills are chunked to the step's token budget)",
-    "max_prefill_tokens": "--max-num-batched-tokens",
-    "max_running_requests": "--max-num-seqs",
+    "chunked_prefill_size": "use --max-num-batched-tokens (prefills are chunked to the step's token budget)",
+    "max_prefill_tokens": "use --max-num-batched-tokens",
+    "max_running_requests": "use --max-num-seqs",
+    "enable_mixed_chunk": "decodes always run beside prefill chunks",
+    "enable_priority_scheduling": "use --policy priority",
+    "priority_scheduling_preemption_threshold": "use --policy priority (it preempts by priority alone)",
+    "schedule_conservativeness": "admission reserves no decode estimate (it preempts when the KV runs out)",
 }
 VLLM_ONLY = {
-    "max_num_seqs": "--max-running-requests",
-    "max_num_batched_tokens": "--chunked-prefill-size and --max-prefill-tokens",
+    "max_num_seqs": "use --max-running-requests",
+    "max_num_batched_tokens": "use --chunked-prefill-size and --max-prefill-tokens",
 }
 
 
@@ -169,11 +222,11 @@ def _check_scheduler_options(opts: ReplayOptions) -> None:
             raise ConfigError(f"--policy {opts.policy} is SGLang's; --scheduler vllm orders its queue by {' or '.join(VLLM_POLICIES)}")
         for name, instead in SGLANG_ONLY.items():
             if getattr(opts, name) != getattr(default, name):
-                raise ConfigError(f"{flag(name)} belongs to --scheduler sglang; with --scheduler vllm use {instead}")
+                raise ConfigError(f"{flag(name)} belongs to --scheduler sglang; with --scheduler vllm {instead}")
     else:
         for name, instead in VLLM_ONLY.items():
             if getattr(opts, name) is not None:
-                raise ConfigError(f"{flag(name)} belongs to --scheduler vllm; with --scheduler sglang use {instead}")
+                raise ConfigError(f"{flag(name)} belongs to --scheduler vllm; with --scheduler sglang {instead}")
 
 
 def check_options(opts: ReplayOptions) -> None:
@@ -182,13 +235,15 @@ def check_options(opts: ReplayOptions) -> None:
         raise ConfigError(f"--mode {opts.mode}: choose one of {', '.join(MODES)}")
     if opts.load_format not in (None, "auto", "dummy"):
         raise ConfigError(f"--load-format {opts.load_format}: choose auto or dummy")
-    if not 0 < opts.mem_fraction_static <= 1:
+    if opts.mem_fraction_static is not None and not 0 < opts.mem_fraction_static <= 1:
         raise ConfigError(f"--mem-fraction-static must be in (0, 1], got {opts.mem_fraction_static}")
     if opts.tp < 1 or (opts.mode == "real" and opts.tp != 1):
         raise ConfigError(f"--tp {opts.tp}: " + ("must be >= 1" if opts.tp < 1 else "the real engine runs on one device; --tp is for --mode sim"))
     if opts.scheduler not in SCHEDULERS:
         raise ConfigError(f"--scheduler {opts.scheduler}: choose one of {', '.join(SCHEDULERS)}")
     _check_scheduler_options(opts)
+    if not opts.schedule_conservativeness > 0:
+        raise ConfigError(f"--schedule-conservativeness must be positive, got {opts.schedule_conservativeness}")
 
 
 # --- flags ------------------------------------------------------------------------------------
@@ -213,12 +268,12 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     d = ReplayOptions()
     p.add_argument("--mode", choices=MODES, default=d.mode, help="simulate, or run the real engine")
     p.add_argument("--policy", choices=POLICIES, default=d.policy, help="waiting-queue order (default %(default)s)")
-    p.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size, help="prefill chunk in tokens; <= 0 disables chunking (default %(default)s)")
+    p.add_argument("--chunked-prefill-size", type=int, default=None, help="prefill chunk in tokens; <= 0 disables chunking (default: SGLang's for the device memory, 8192 on an H100)")
     p.add_argument("--max-prefill-tokens", type=positive_int, default=d.max_prefill_tokens, help="new tokens per prefill batch (default %(default)s)")
     p.add_argument("--page-size", type=positive_int, default=None, help="KV page size in tokens (default 1; 16 with --scheduler vllm, its block size)")
     p.add_argument("--kv-tokens", type=positive_int, default=None, help="KV pool size in tokens (default: from the model and the device memory)")
-    p.add_argument("--mem-fraction-static", type=float, default=d.mem_fraction_static, help="device memory share for weights and KV (default %(default)s)")
-    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None, help="overlap scheduling with the forward (default on; off for the real engine on a CPU, and for a simulation from a CPU --profile)")
+    p.add_argument("--mem-fraction-static", type=float, default=None, help="device memory share for weights and KV (default: SGLang's for the device memory and chunk size, 0.83 on an H100)")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None, help="overlap scheduling with the forward (default on; off for the real engine on a CPU)")
     p.add_argument("--disable-radix-cache", action="store_true", help="no prefix cache")
     p.add_argument("--max-running-requests", type=positive_int, default=None, help="cap on the running batch (default: from the KV pool)")
     p.add_argument("--model", default=None, help=f"bundled config ({', '.join(bundled_model_names())}) or a local HF folder / config.json (default llama-3.1-8b; tiny-llama for --mode real on a CPU)")
@@ -234,6 +289,10 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler", choices=SCHEDULERS, default=d.scheduler, help=f"SGLang's scheduler or vLLM's (v1, release {VLLM_RELEASE}) (default %(default)s)")
     p.add_argument("--max-num-seqs", type=positive_int, default=None, help=f"vllm: running requests at most (default {DEFAULT_MAX_NUM_SEQS})")
     p.add_argument("--max-num-batched-tokens", type=positive_int, default=None, help=f"vllm: tokens one step computes, decodes and prefill chunks together (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
+    p.add_argument("--enable-mixed-chunk", action="store_true", help="running requests decode inside a prefill batch (a mixed forward), as SGLang's flag")
+    p.add_argument("--enable-priority-scheduling", action="store_true", help="order the waiting queue by request priority (larger first) and preempt running requests of lower priority")
+    p.add_argument("--priority-scheduling-preemption-threshold", type=int, default=d.priority_scheduling_preemption_threshold, help="priority gap a waiting request needs over a running one to preempt it (default %(default)s)")
+    p.add_argument("--schedule-conservativeness", type=positive_float, default=d.schedule_conservativeness, help="scale of the decode estimate that admission reserves (new_token_ratio); > 1 admits fewer (default %(default)s)")
     g = p.add_argument_group("real engine (--mode real)")
     g.add_argument("--load-format", choices=("auto", "dummy"), default=None, help="weights from the model folder (auto) or random (dummy); default: auto for a folder, dummy for a bundled config")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device, help="default: CUDA if present, else the CPU")

@@ -98,6 +98,10 @@ def scheduler_config(opts: ReplayOptions, model: ModelConfig, kv_tokens: int) ->
         disable_radix_cache=opts.disable_radix_cache,
         overlap=opts.overlap,
         seed=opts.seed,
+        schedule_conservativeness=opts.schedule_conservativeness,
+        enable_mixed_chunk=opts.enable_mixed_chunk,
+        enable_priority_scheduling=opts.enable_priority_scheduling,
+        priority_scheduling_preemption_threshold=opts.priority_scheduling_preemption_threshold,
     )
 
 

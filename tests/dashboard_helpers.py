@@ -12,8 +12,9 @@ from testbed.traces.gen import GenConfig, generate_trace
 
 # Shared system prompts (a cache hit rate above 0), enough load to batch.
 TRACE = GenConfig(num_requests=50, rate=8.0, input_len="uniform:50,400", output_len="uniform:10,80", system_prompts=2, shared_fraction=0.8, seed=3)
-# Everything at once, long outputs, a KV pool just above the largest request: decode must retract.
-BURST = GenConfig(num_requests=30, rate=1000.0, input_len="uniform:10,60", output_len="uniform:100,450", seed=0)
+# Everything at once, outputs beyond the 4096 tokens admission reserves for each, a KV pool
+# that admits two at a time but cannot finish two: decode must retract.
+BURST = GenConfig(num_requests=6, rate=1000.0, input_len="uniform:10,60", output_len="uniform:4500,6000", seed=0)
 RUNS = {  # name -> options, replays of TRACE
     "sim-fcfs": ReplayOptions(),
     "sim-lpm": ReplayOptions(policy="lpm"),
@@ -38,7 +39,7 @@ def make_runs(runs_dir: Path, trace: Path) -> dict[str, Path]:
     burst = generate_trace(BURST)
     burst_path = trace.with_name("burst.json")
     burst.write(burst_path)
-    kv = max(r.input_len + r.output_len for r in burst.requests) + 32
+    kv = 2 * (max(r.input_len for r in burst.requests) + 1 + 4096) + 64
     out[RETRACT] = replay(str(burst_path), ReplayOptions(kv_tokens=kv), out=runs_dir / RETRACT).run_dir
 
     def interrupt(done: int, total: int) -> None:

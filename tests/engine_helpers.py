@@ -135,13 +135,15 @@ def prompt(seed: int, n: int, vocab: int = TINY["vocab_size"]) -> list[int]:
     return torch.randint(1, vocab, (n,), generator=g).tolist()
 
 
-def make_req(rid: str, ids: list[int], max_new_tokens: int, index: int = 0, arrival: float = 0.0) -> Req:
+def make_req(rid: str, ids: list[int], max_new_tokens: int, index: int = 0, arrival: float = 0.0, ignore_eos: bool = True) -> Req:
+    """ignore_eos=False with no EOS id given: the request still runs to its length, but the
+    scheduler admits it on the decode estimate (new_token_ratio) as one that may stop early."""
     ids = list(ids)
     return Req(
         rid,
         len(ids),
         lambda: ids,
-        SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True),
+        SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos),
         arrival,
         index=index,
     )

@@ -67,6 +67,17 @@ def test_profile_cost_model_prices_plans_like_the_measurements(profile_path):
     assert 0.5 < cost.forward_time(big) / meas["median_s"] < 2.0
 
 
+def test_profile_prices_a_mixed_plan_as_its_prefill_and_decodes_in_one_forward(profile_path):
+    """--enable-mixed-chunk plans: the extend fit prices the decode rows as one-token
+    extends on their contexts: more than the prefill alone, less than both forwards."""
+    cost = ProfileCostModel.load(profile_path)
+    prefill = synthetic_plan(ForwardMode.EXTEND, [0], [256], with_rows=False)
+    decode = synthetic_plan(ForwardMode.DECODE, [255] * 8, [1] * 8, with_rows=False)
+    mixed = synthetic_plan(ForwardMode.MIXED, [0] + [255] * 8, [256] + [1] * 8, with_rows=False)
+    t = cost.forward_time(mixed)
+    assert cost.forward_time(prefill) < t < cost.forward_time(prefill) + cost.forward_time(decode)
+
+
 def test_with_overlap_the_profile_prices_forwards_and_cpu_as_the_overlapped_replay_measured(profile_path):
     p = json.loads(profile_path.read_text())
     ov = p["fit"]["overlap_forward"]

@@ -164,11 +164,11 @@ MIXED_LENS = [10, 60, 25, 41, 17, 52]
 MIXED_OUTS = [5, 20, 12, 7, 16, 9]
 
 
-def _loop_run(env: Env, specs, overlap: bool, kv_tokens: int = 4096, **kw):
+def _loop_run(env: Env, specs, overlap: bool, kv_tokens: int = 4096, ignore_eos: bool = True, **kw):
     """Run requests [(prompt, max_new_tokens)] (all arriving at 0) through EventLoop + RealDriver."""
     config = scheduler_config(env.runner, kv_tokens=kv_tokens, overlap=overlap, **kw)
     sched = Scheduler(config)
-    reqs = [make_req(f"r{i}", p, n, index=i) for i, (p, n) in enumerate(specs)]
+    reqs = [make_req(f"r{i}", p, n, index=i, ignore_eos=ignore_eos) for i, (p, n) in enumerate(specs)]
     driver = RealDriver(env.runner, overlap)
     loop = EventLoop(sched, iter(reqs), driver.clock, overlap)
     driver.run(loop)
@@ -217,7 +217,9 @@ RETRACT_OUTS = [31, 28, 32, 34, 39, 19]
 def test_retraction_keeps_transformers_tokens(env, overlap):
     specs = [(prompt(40 + i, n), o) for i, (n, o) in enumerate(zip(RETRACT_LENS, RETRACT_OUTS))]
     kv_tokens = max(len(p) + n for p, n in specs) + 16  # room for one request and a bit
-    sched, reqs, loop = _loop_run(env, specs, overlap, kv_tokens=kv_tokens)
+    # Admitted on the decode estimate (they may stop at EOS; none is given), so the pool
+    # runs out: fixed-length requests would be reserved in full and never retracted.
+    sched, reqs, loop = _loop_run(env, specs, overlap, kv_tokens=kv_tokens, ignore_eos=False)
     assert sched.num_retractions > 0, "the tiny KV pool was meant to force a retraction"
     assert sum(loop.steps.cols["num_retracted"]) == sched.num_retractions
     assert any(r.num_retractions > 0 for r in reqs)
@@ -231,7 +233,7 @@ def test_retraction_logits_equal_transformers_after_the_re_prefill(env):
     specs = [(prompt(40 + i, n), o) for i, (n, o) in enumerate(zip(RETRACT_LENS, RETRACT_OUTS))]
     kv_tokens = max(len(p) + n for p, n in specs) + 16
     run = ManualRun(env.runner, scheduler_config(env.runner, kv_tokens=kv_tokens))
-    reqs = [run.add(make_req(f"r{i}", p, n, index=i)) for i, (p, n) in enumerate(specs)]
+    reqs = [run.add(make_req(f"r{i}", p, n, index=i, ignore_eos=False)) for i, (p, n) in enumerate(specs)]
     run.run()
     assert run.sched.num_retractions > 0
     retracted = [r for r in reqs if r.num_retractions]
@@ -254,16 +256,21 @@ def qwen2_env(tmp_path_factory) -> Env:
 
 
 @pytest.mark.parametrize(
-    "page_size, chunk, overlap, disable_radix_cache, kv_tokens",
+    "page_size, chunk, overlap, disable_radix_cache, kv_tokens, mixed",
     [
-        (1, 16, True, False, 4096),  # chunks on top of radix hits, overlap
-        (4, 16, True, False, 120),  # pages of 4, chunks, a pool small enough to retract
-        (16, None, False, True, 160),  # pages of 16, no prefix cache, no overlap
+        (1, 16, True, False, 4096, False),  # chunks on top of radix hits, overlap
+        (4, 16, True, False, 120, False),  # pages of 4, chunks, a pool small enough to retract
+        (16, None, False, True, 160, False),  # pages of 16, no prefix cache, no overlap
+        # --enable-mixed-chunk: running requests decode inside the prefill forwards (MIXED
+        # plans through the extend path), with overlap (decode inputs still on the device) and without.
+        (1, 16, True, False, 4096, True),
+        (4, 16, False, False, 4096, True),
     ],
-    ids=["page1-chunk16-overlap", "page4-chunk16-overlap-small-pool", "page16-nocache-normal"],
+    ids=["page1-chunk16-overlap", "page4-chunk16-overlap-small-pool", "page16-nocache-normal",
+         "page1-chunk16-overlap-mixed", "page4-chunk16-normal-mixed"],
 )
 def test_pages_chunks_shared_prefixes_and_staggered_arrivals_keep_transformers_tokens(
-    qwen2_env, page_size, chunk, overlap, disable_radix_cache, kv_tokens
+    qwen2_env, page_size, chunk, overlap, disable_radix_cache, kv_tokens, mixed
 ):
     env = qwen2_env
     shared = prompt(99, 40)
@@ -271,7 +278,7 @@ def test_pages_chunks_shared_prefixes_and_staggered_arrivals_keep_transformers_t
     specs += [(shared + prompt(200 + i, 5 + 3 * i), 6 + i) for i in range(4)]
     config = scheduler_config(
         env.runner, kv_tokens=kv_tokens, overlap=overlap, page_size=page_size,
-        chunked_prefill_size=chunk, disable_radix_cache=disable_radix_cache,
+        chunked_prefill_size=chunk, disable_radix_cache=disable_radix_cache, enable_mixed_chunk=mixed,
     )  # fmt: skip
     sched = Scheduler(config)
     # The first of the prefix sharers comes with the rest, the others 0.1 s later: by then
@@ -284,5 +291,6 @@ def test_pages_chunks_shared_prefixes_and_staggered_arrivals_keep_transformers_t
     sched.check_invariants()
     if not disable_radix_cache:
         assert sum(r.cached_tokens for r in reqs) > 0
+    assert ("mixed" in loop.steps.cols["mode"]) == mixed
     for r, (p, n) in zip(reqs, specs):
         assert r.output_ids == env.generate(p, n), f"request {r.rid} (prompt {len(p)}, {n} tokens)"

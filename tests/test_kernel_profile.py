@@ -12,6 +12,7 @@ from cli_helpers import assert_clean_error
 
 from scheduler.forward_plan import ForwardMode, ForwardPlan
 from scheduler.model_config import load_model_config
+from scheduler.server_defaults import default_chunked_prefill_size, default_mem_fraction_static
 from simulator.cuda_graphs import sglang_graphs, vllm_graphs
 from simulator.hardware import load_hardware
 from simulator.kernel_cost import KernelProfileCostModel
@@ -191,7 +192,12 @@ def test_a_replay_with_a_kernel_profile_sizes_kv_from_the_profiles_gpu(profiles,
         meta = json.loads((out / "run.json").read_text())
         system = BUILDS[key][0]
         assert result.status == "complete" and meta["hardware"] == system and meta["cost_model"] == f"profile:{key}.json"
-        assert meta["summary"]["kv_tokens"] == kv_capacity_tokens(model, load_hardware(system), 0.88, tp=tp)
+        # SGLang's memory fraction and chunk for that GPU's memory, not the default --hardware's.
+        spec = load_hardware(system)
+        chunk = default_chunked_prefill_size(spec.memory_bytes)
+        fraction = default_mem_fraction_static(spec.memory_bytes, chunk, ReplayOptions().max_prefill_tokens, None, tp)
+        assert meta["options"]["chunked_prefill_size"] == chunk and meta["options"]["mem_fraction_static"] == fraction
+        assert meta["summary"]["kv_tokens"] == kv_capacity_tokens(model, spec, fraction, tp=tp)
         assert meta["summary"]["mean_tpot_ms"] > 0
 
 

@@ -79,13 +79,15 @@ def test_run_json_records_status_options_versions_and_trace(run):
     assert result.status == "complete" and r.status == "complete"
     meta = json.loads((r.path / "run.json").read_text())
     assert meta["status"] == "complete"
-    # run.json records the options that ran: a default model and hardware are resolved to their names.
-    resolved = {"model": opts.model or "llama-3.1-8b", "hardware": opts.hardware or "h100"}
+    # run.json records the options that ran: a default model and hardware are resolved to their
+    # names, the memory fraction to SGLang's for the device (an H100 with 256-token chunks: 0.874).
+    resolved = {"model": opts.model or "llama-3.1-8b", "hardware": opts.hardware or "h100", "mem_fraction_static": 0.874}
     assert meta["options"] == json.loads(json.dumps(asdict(opts) | resolved))
     assert meta["mode"] == "sim"
     assert meta["model"] == resolved["model"] and meta["hardware"] == resolved["hardware"]
     sched = meta["scheduler"]
     assert sched["page_size"] == 16 and sched["chunked_prefill_size"] == 256 and sched["overlap"] == opts.overlap
+    assert sched["follows"] == "sglang 0.5.23"
     assert sched["kv_tokens"] == r.summary["kv_tokens"] > 0
     versions = meta["versions"]
     for pkg in ("python", "testbed", "simpy", "pandas"):

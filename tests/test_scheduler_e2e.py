@@ -93,16 +93,25 @@ def mixed(tmp_path_factory) -> tuple[Path, Trace]:
     return _write(trace, path), trace
 
 
-def _burst_trace(seed: int = 0, n: int = 30) -> Trace:
-    """Everything arrives at once; long outputs on short prompts: the decode estimate
-    (new_token_ratio) admits more than fits, so decode must retract."""
+def _burst_trace(seed: int = 0, n: int = 8) -> Trace:
+    """Everything arrives at once; outputs longer than the 4096 tokens that admission
+    reserves per request (CLIP_MAX_NEW_TOKENS) on short prompts: a pool that admits two
+    at a time cannot hold both to the end, so decode must retract. (Outputs of fixed
+    length within the clip are reserved in full, as SGLang does for ignore_eos: they
+    never retract.)"""
     return generate_trace(
-        GenConfig(num_requests=n, rate=1000.0, input_len="uniform:10,60", output_len="uniform:100,450", seed=seed)
+        GenConfig(num_requests=n, rate=1000.0, input_len="uniform:10,60", output_len="uniform:4500,6000", seed=seed)
     )
 
 
 def _max_need(trace: Trace) -> int:
     return max(r.input_len + r.output_len for r in trace.requests)
+
+
+def _two_at_a_time(trace: Trace) -> int:
+    """A pool that admits two requests of the burst (their clipped reservations and a page
+    each) but cannot finish them both: more than the largest request, less than any two."""
+    return 2 * (max(r.input_len for r in trace.requests) + 16 + 4096 + 16) + 64
 
 
 # --- the matrix: every policy x overlap x page size x chunking x cache ----------------
@@ -156,10 +165,17 @@ def test_matrix_completes_with_exact_outputs(mixed, tmp_path, policy, overlap, p
 def test_tiny_kv_pool_retracts_and_still_produces_every_token(tmp_path, overlap, page_size, radix):
     trace = _burst_trace()
     path = _write(trace, tmp_path / "burst.json")
-    kv = _max_need(trace) + 32  # just above the largest request (also after page rounding)
+    kv = _two_at_a_time(trace)
+    assert _max_need(trace) < kv < 2 * min(r.input_len + r.output_len for r in trace.requests)
     result, run = _run(
         path, tmp_path / "run", overlap=overlap, page_size=page_size, kv_tokens=kv, disable_radix_cache=not radix
     )
+    if not radix:
+        # Without a radix cache, admission of fixed-length requests simulates every running
+        # request to its end (SGLang's add_one_req_ignore_eos): nothing is ever retracted.
+        assert result.summary["num_retractions"] == 0
+        _assert_every_request_done(run, trace)
+        return
     assert result.summary["num_retractions"] > 0, "a pool this small must force decode retractions"
     assert run.requests["num_retractions"].sum() == result.summary["num_retractions"]
     assert run.steps["num_retracted"].sum() == result.summary["num_retractions"]
@@ -174,9 +190,9 @@ def test_tiny_kv_pool_retracts_and_still_produces_every_token(tmp_path, overlap,
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "normal"])
 @pytest.mark.parametrize("policy", ALL_POLICIES)
 def test_tiny_kv_pool_every_policy_completes(tmp_path, policy, overlap, page_size):
-    trace = _burst_trace(seed=1, n=24)
+    trace = _burst_trace(seed=1, n=6)
     path = _write(trace, tmp_path / "burst.json")
-    kv = _max_need(trace) + 32
+    kv = _two_at_a_time(trace)
     result, run = _run(path, tmp_path / "run", policy=policy, overlap=overlap, page_size=page_size, kv_tokens=kv)
     assert result.status == "complete"
     _assert_every_request_done(run, trace)
@@ -190,14 +206,16 @@ def test_tiny_kv_pool_every_policy_completes(tmp_path, policy, overlap, page_siz
 def test_lone_request_kv_grows_one_slot_per_decode_step(tmp_path, overlap, page_size):
     """A single request (40 prompt, 30 output tokens): each decode step attends to one more
     token than the last, the KV it holds grows to prompt + output - 1 tokens, and the
-    radix cache keeps them (page aligned) when it finishes. Overlap runs one extra decode."""
+    radix cache keeps them (page aligned) when it finishes. Overlap runs no extra decode:
+    the step after the in-flight one that reaches the length leaves the request out
+    (SGLang's skip-finishing-decode)."""
     n_in, n_out = 40, 30
     path = _write(Trace([TraceRequest(0.0, n_in, n_out, rid="solo")]), tmp_path / "solo.json")
     _, run = _run(path, tmp_path / "run", overlap=overlap, page_size=page_size, kv_tokens=5000)
     steps = run.steps
     extend, decode = steps[steps["mode"] == "extend"], steps[steps["mode"] == "decode"]
     assert len(extend) == 1 and extend["num_tokens"].iloc[0] == n_in
-    assert len(decode) == (n_out if overlap else n_out - 1), "overlap sees the finish one step late"
+    assert len(decode) == n_out - 1
     assert decode["prefix_tokens"].tolist() == list(range(n_in, n_in + len(decode)))
     with_kv = n_in + n_out - 1  # the last sampled token is never fed back
     held = (steps["kv_used_tokens"] + steps["kv_cached_tokens"]).max()
@@ -314,8 +332,8 @@ def test_kv_slots_never_shared_or_free_while_in_use(mixed, overlap, page_size, p
 @pytest.mark.parametrize("page_size", [1, 16], ids=["page1", "page16"])
 def test_kv_slots_consistent_through_retractions(policy, page_size):
     """The same checks on a pool barely larger than one request (overlap mode)."""
-    trace = _burst_trace(seed=4, n=20)
-    _run_checked(trace, kv_tokens=_max_need(trace) + 32, policy=policy, page_size=page_size, overlap=True)
+    trace = _burst_trace(seed=4, n=6)
+    _run_checked(trace, kv_tokens=_two_at_a_time(trace), policy=policy, page_size=page_size, overlap=True)
 
 
 # --- requests that can never run ---------------------------------------------------------
@@ -344,7 +362,9 @@ def test_request_longer_than_context_is_rejected_not_dropped(tmp_path):
 
 
 @pytest.mark.parametrize("page_size", [1, 16], ids=["page1", "page16"])
-def test_request_larger_than_kv_pool_is_rejected_not_dropped(tmp_path, page_size):
+def test_request_larger_than_kv_pool_gets_its_output_truncated(tmp_path, page_size):
+    """As SGLang: a prompt that fits is served, its output cut to what the pool leaves
+    (pool - prompt rounded up to a page - a page - 1), and the run records the cut."""
     trace = Trace([
         TraceRequest(0.0, 300, 50, rid="fits"),
         TraceRequest(0.0, 900, 200, rid="too-big"),  # 1100 tokens, the pool holds 1000
@@ -354,12 +374,26 @@ def test_request_larger_than_kv_pool_is_rejected_not_dropped(tmp_path, page_size
     result, run = _run(path, tmp_path / "run", kv_tokens=1000, page_size=page_size)
     assert result.status == "complete"
     df = run.requests.set_index("rid")
-    assert len(df) == 3
-    assert df.loc["too-big", "status"] == "rejected"
+    pool = 1000 - 1000 % page_size
+    want = pool - (-(-900 // page_size) * page_size) - page_size - 1
+    assert want < 200
+    assert df.loc["too-big", "status"] == "finished"
+    assert df.loc["too-big", "output_tokens"] == df.loc["too-big", "max_new_tokens"] == want
     reason = df.loc["too-big", "reason"]
-    assert reason and "kv" in reason.lower(), f"reason {reason!r} does not say why"
+    assert reason.startswith("output truncated from 200") and "KV pool" in reason, reason
     assert df.loc[["fits", "fits-too"], "output_tokens"].tolist() == [50, 30]
-    assert (result.summary["completed"], result.summary["rejected"]) == (2, 1)
+    assert (result.summary["completed"], result.summary["rejected"], result.summary["truncated"]) == (3, 0, 1)
+
+
+def test_prompt_that_leaves_no_room_for_output_is_rejected(tmp_path):
+    """A prompt within 6 tokens of the pool (SGLang's max_req_input_len) cannot run: rejected with a reason."""
+    trace = Trace([TraceRequest(0.0, 995, 10, rid="too-big"), TraceRequest(0.1, 20, 5, rid="ok")])
+    path = _write(trace, tmp_path / "big.json")
+    result, run = _run(path, tmp_path / "run", kv_tokens=1000)
+    df = run.requests.set_index("rid")
+    assert df.loc["too-big", "status"] == "rejected"
+    assert "kv pool" in df.loc["too-big", "reason"].lower()
+    assert df.loc["ok", "output_tokens"] == 5
 
 
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "normal"])
@@ -374,10 +408,8 @@ def test_request_exactly_the_size_of_the_pool_does_not_hang(tmp_path, page_size,
     assert result.status == "complete"
     df = run.requests.set_index("rid")
     row = df.loc["exact"]
-    if row["status"] == "rejected":
-        assert row["reason"]
-    else:
-        assert row["status"] == "finished" and row["output_tokens"] == n_out
+    assert row["status"] == "finished" and 0 < row["output_tokens"] < n_out  # truncated to fit
+    assert row["reason"].startswith("output truncated")
     assert df.loc["small", "status"] == "finished" and df.loc["small", "output_tokens"] == 10
 
 

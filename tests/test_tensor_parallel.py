@@ -18,6 +18,7 @@ from simulator.kernel_db import system_spec
 from simulator.kernel_holdout import uniform_plan
 from simulator.kv_capacity import kv_capacity_tokens
 from simulator.roofline import RooflineCostModel
+from testbed.options import ReplayOptions, resolved_options
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -95,7 +96,10 @@ def test_replay_a_70b_model_at_tp4_on_a_database_system(tmp_path):
     meta = json.loads((out / "run.json").read_text())
     assert meta["options"]["tp"] == 4 and meta["hardware"] == "h100_sxm" and meta["cost_model"].endswith(",tp4")
     m = load_model_config("llama-3.1-70b")
-    assert meta["summary"]["kv_tokens"] == kv_capacity_tokens(m, load_hardware("h100_sxm"), tp=4)
+    # Each GPU reserves what SGLang's rule does for a GPU of a TP-4 group.
+    fraction = meta["options"]["mem_fraction_static"]
+    assert fraction == resolved_options(ReplayOptions(hardware="h100_sxm", tp=4)).mem_fraction_static
+    assert meta["summary"]["kv_tokens"] == kv_capacity_tokens(m, load_hardware("h100_sxm"), fraction, tp=4)
 
 
 @pytest.mark.parametrize("args, needles", [

@@ -35,6 +35,10 @@ WORKLOAD_OPTIONS = (
     "scheduler",
     "max_num_seqs",
     "max_num_batched_tokens",
+    "enable_mixed_chunk",
+    "enable_priority_scheduling",
+    "priority_scheduling_preemption_threshold",
+    "schedule_conservativeness",
 )
 # What a run folder written before an option existed ran with.
 OPTION_DEFAULTS = {"scheduler": "sglang"}

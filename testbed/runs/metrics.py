@@ -62,7 +62,7 @@ def requests_columns(rows: Sequence[Req]) -> dict[str, Any]:
         "num_retractions": np.array([r.num_retractions for r in rows], dtype=np.int64),
         "priority": np.array([r.priority for r in rows], dtype=np.int64),
         "status": [status_of(r) for r in rows],
-        "reason": [r.reject_reason or (r.finished_reason.value if r.finished_reason else "") for r in rows],
+        "reason": [r.reject_reason or r.truncate_reason or (r.finished_reason.value if r.finished_reason else "") for r in rows],
         "token_times": [np.frombuffer(r.token_times, dtype=np.float64) if len(r.token_times) else np.empty(0) for r in rows],
     }
 
@@ -86,6 +86,8 @@ def summarize(df: pd.DataFrame) -> dict:
         "completed": int(len(done)),
         "rejected": int((df["status"] == "rejected").sum()),
         "unfinished": int((df["status"] == "unfinished").sum()),
+        # Outputs cut at admission to fit the context or the KV pool (SGLang's rule).
+        "truncated": int(df["reason"].str.startswith("output truncated").sum()),
     }
     if len(done):
         duration = float(done["finish"].max() - df["arrival"].min())
