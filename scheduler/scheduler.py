@@ -81,8 +81,9 @@ class Scheduler:
         n = req.input_len
         if n >= self.max_req_input_len:
             limit = "context length" if self.config.context_len - 1 <= self.allocator.size - 1 else "KV pool"
-            self._reject(req, f"input {n} tokens leave no room for output: the limit is {self.max_req_input_len} "
-                              f"({limit} {self.max_req_len + 1} less {INPUT_LEN_MARGIN + 1})")
+            # The request's own length first, so that a summary can count the reason without it.
+            self._reject(req, f"input {n} tokens leave no room for output: prompts must be under {self.max_req_input_len} "
+                              f"tokens ({limit} {self.max_req_len + 1} less {INPUT_LEN_MARGIN + 1})")
             return
         ps = self.allocator.page_size
         by_context = self.max_req_len - n - 1

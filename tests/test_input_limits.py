@@ -120,23 +120,27 @@ def test_a_csv_with_the_native_keys_is_the_native_format(tmp_path):
 
 
 def test_rejections_are_counted_by_reason_in_the_summary(tmp_path):
-    # tiny-llama's context is 4096 tokens; a KV pool of 3000 tokens, then 1500.
+    # tiny-llama's context is 4096 tokens. SGLang's rules: a prompt must leave 6 tokens of the
+    # smaller of context and KV pool; a longer output is cut to fit, not refused.
     lines = [GOOD, '{"arrival": 0.1, "input_len": 5000, "output_len": 5}', '{"arrival": 0.2, "input_len": 6000, "output_len": 5}',
              '{"arrival": 0.3, "input_len": 1000, "output_len": 1000}', '{"arrival": 0.4, "input_len": 2000, "output_len": 2500}']
     path = _write(tmp_path / "t.jsonl", *lines)
-    proc = _testbed("replay", path, "--model", "tiny-llama", "--kv-tokens", 3000, "--out", tmp_path / "run", "-q")
+    proc = _testbed("replay", path, "--model", "tiny-llama", "--kv-tokens", 8000, "--out", tmp_path / "run", "-q")
     assert proc.returncode == 0, proc.stderr
     rejected = [line for line in proc.stdout.splitlines() if line.startswith("rejected:")]
-    assert rejected == ["rejected: 3 exceed the context length 4096"], proc.stdout
+    assert rejected == ["rejected: 2 leave no room for output: prompts must be under 4090 tokens (context length 4096 less 6)"], proc.stdout
+    # The 2,500-token output after 2,000 prompt tokens is cut to the context: said in the summary.
+    assert "requests: 3 completed (1 with the output cut to fit), 2 rejected" in proc.stdout
+    assert load_run(tmp_path / "run").summary["truncated"] == 1
     proc = _testbed("replay", path, "--model", "tiny-llama", "--kv-tokens", 1500, "--out", tmp_path / "run2", "-q")
     line = next(line for line in proc.stdout.splitlines() if line.startswith("rejected:"))
-    assert "3 exceed the context length 4096" in line and "1 do not fit the KV pool of 1500 tokens" in line
+    assert line == "rejected: 3 leave no room for output: prompts must be under 1494 tokens (KV pool 1500 less 6)", proc.stdout
 
 
 def test_a_run_where_every_request_is_rejected_fails_with_the_reasons(tmp_path):
     path = _write(tmp_path / "t.jsonl", '{"arrival": 0.0, "input_len": 5000, "output_len": 5}', '{"arrival": 0.2, "input_len": 6000, "output_len": 5}')
     out = tmp_path / "run"
     proc = _testbed("replay", path, "--model", "tiny-llama", "--out", out, "-q")
-    line = assert_clean_error(proc, "every request was rejected", "2 exceed the context length 4096", str(out))
+    line = assert_clean_error(proc, "every request was rejected", "2 leave no room for output: prompts must be under 4090 tokens", str(out))
     assert "TTFT" not in proc.stdout and line.startswith("testbed: error:")
     assert load_run(out).summary["rejected"] == 2  # the run folder says so too

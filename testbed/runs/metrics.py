@@ -116,8 +116,9 @@ def summarize(df: pd.DataFrame) -> dict:
 
 
 def rejection_reason(reason: str) -> str:
-    """A reject reason without the request's own lengths: "exceed the context length 8192"."""
-    return re.sub(r"^input \d+ \+ output \d+ tokens ", "", reason)
+    """A reject reason without the request's own lengths: "exceed the context length 8192",
+    "leave no room for output: prompts must be under 4090 tokens (...)"."""
+    return re.sub(r"^input \d+ (\+ output \d+ )?tokens ", "", reason)
 
 
 def rejection_counts(requests: pd.DataFrame) -> dict[str, int]:

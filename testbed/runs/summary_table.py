@@ -29,8 +29,10 @@ def format_summary(s: dict, title: str = "") -> str:
     lines = []
     if title:
         lines.append(title)
+    truncated = s.get("truncated") or 0  # outputs cut at arrival to fit the context or the KV pool
+    cut = f" ({truncated} with the output cut to fit)" if truncated else ""
     lines.append(
-        f"requests: {s['completed']} completed, {s.get('rejected', 0)} rejected, {s.get('unfinished', 0)} unfinished"
+        f"requests: {s['completed']} completed{cut}, {s.get('rejected', 0)} rejected, {s.get('unfinished', 0)} unfinished"
         f"   duration {s['duration_s']:.2f} s"
     )
     hit = s.get("cache_hit_rate")  # None: not known (an imported run)
