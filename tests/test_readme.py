@@ -71,6 +71,12 @@ WAYS: dict[str, Way] = {
     "testbed calibrate --source aiconfigurator --system h100_sxm --backend sglang --model llama-3.1-8b --tp 1 "
     "--out profiles/h100_sxm-sglang-llama-3.1-8b-tp1.json": Way(replace=(("--out profiles/", "--out runs/"),)),
     ".venv/bin/python benchmarks/gpu_profile.py": Way(append=("--max-requests", "200", "--repeat", "1")),
+    # SGLang's oracle lives in its own venv (SGLang's wheel, ~3 min to build): CI runs `make conformance`
+    # before this suite (.ci/run); tests/test_sglang_rules.py states the rules it found as our own tests.
+    "make conformance": Way(skip="CI runs it before this suite, in its own venv (.ci/run)"),
+    'make conformance CONFORMANCE_ARGS="--seed 3 --scenarios 2000"': Way(skip="2,000 scenarios: about 10 minutes; CI runs the 500 of make conformance"),
+    ".conformance-venv/bin/python -m conformance --scenario s.json": Way(skip="s.json is a scenario a divergence printed; there is none"),
+    ".conformance-venv/bin/python -m conformance --list-expected": Way(skip="needs .conformance-venv, which make conformance builds"),
 }
 # What the command's output must show beyond exit code 0 (the command as written -> text).
 EXPECT = {
