@@ -92,6 +92,20 @@ class TokenToKVPoolAllocator:
         self.next_fresh_page += fresh
         return pages
 
+    def take_pages_singly(self, num_pages: int) -> array:
+        """The pages of num_pages calls of _take_pages(1), in call order (the last freed page
+        first, then fresh ones): one request at a time taking a page, in one call."""
+        free = self.free_pages
+        t = min(num_pages, len(free))
+        pages = free[len(free) - t :]
+        del free[len(free) - t :]
+        pages.reverse()
+        fresh = num_pages - t
+        if fresh:
+            pages.extend(range(self.next_fresh_page, self.next_fresh_page + fresh))
+            self.next_fresh_page += fresh
+        return pages
+
     def alloc(self, need_size: int) -> array | None:
         """need_size fresh slots (whole pages when page_size > 1)."""
         ps = self.page_size

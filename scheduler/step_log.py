@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from array import array
+from typing import Any
+
+import numpy as np
 
 STEP_COLUMNS = (
     "step",
@@ -46,6 +49,16 @@ class StepLog:
     def append(self, *values) -> None:
         for add, v in zip(self._appenders, values):
             add(v)
+
+    def extend(self, num_rows: int, values: dict[str, Any]) -> None:
+        """num_rows rows at once: each column's value is a sequence of num_rows, or one value for all."""
+        for name, col in self.cols.items():
+            v = values[name]
+            if name == "mode":
+                col.extend([v] * num_rows if isinstance(v, str) else v)
+                continue
+            dtype = np.float64 if col.typecode == "d" else np.int64
+            col.frombytes((np.full(num_rows, v, dtype=dtype) if np.ndim(v) == 0 else np.asarray(v, dtype=dtype)).tobytes())
 
     def __len__(self) -> int:
         return len(self.cols["step"])
