@@ -92,14 +92,14 @@ def pages_per_step(seq_lens: Sequence[int], page_size: int) -> list[int]:
 
 
 def bulk_decode_slots(pool: ReqToTokenPool, reqs: Sequence[Req], num_steps: int, page_size: int,
-                      take: Callable[[int], Iterable[int]]) -> None:
+                      take: Callable[[int, int], Iterable[int]]) -> None:
     """The KV slots of num_steps decode steps, written into the requests' rows as stepping
-    writes them. take(n) takes the n pages one step needs from the allocator and gives them
-    in the order the requests that need them get them (request order); with page_size 1 a
-    page is a slot and every request needs one a step."""
+    writes them. take(n, steps) takes the n pages each of `steps` steps needs from the
+    allocator, step after step, and gives them in the order the requests that need them get
+    them (request order); with page_size 1 a page is a slot and every request needs one a step."""
     bs = len(reqs)
     if page_size == 1:
-        taken = b"".join(array(IDS_TYPECODE, take(bs)).tobytes() for _ in range(num_steps))
+        taken = array(IDS_TYPECODE, take(bs, num_steps))
         locs = np.frombuffer(taken, dtype=np.int64).reshape(num_steps, bs)
     else:
         rows = pool.req_to_token
@@ -110,7 +110,7 @@ def bulk_decode_slots(pool: ReqToTokenPool, reqs: Sequence[Req], num_steps: int,
             by_phase[(-s) % page_size].append(i)
         for j in range(num_steps):
             needing = by_phase[j % page_size]
-            for i, page in zip(needing, take(len(needing))):
+            for i, page in zip(needing, take(len(needing), 1)):
                 new_pages[i][j] = page
         last_locs = [rows[r.req_pool_idx][r.seq_len - 1] for r in reqs]
         locs = paged_slots(last_locs, seq_lens, new_pages, num_steps, page_size)

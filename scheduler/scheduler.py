@@ -411,7 +411,7 @@ class Scheduler:
         if bulk:
             alloc = self.allocator
             # prepare_for_decode's slots: alloc's order with page size 1; alloc_decode pops its new pages from the end.
-            take = alloc.alloc if alloc.page_size == 1 else (lambda n: reversed(alloc._take_pages(n)))
+            take = alloc.take_pages_in_steps if alloc.page_size == 1 else (lambda n, _: reversed(alloc._take_pages(n)))
             bulk_decode_slots(self.req_to_token_pool, reqs, bulk, alloc.page_size, take)
             ratio, decay, low = self.new_token_ratio, self.config.new_token_ratio_decay, self.config.min_new_token_ratio
             for _ in range(bulk):

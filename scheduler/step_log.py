@@ -51,14 +51,16 @@ class StepLog:
             add(v)
 
     def extend(self, num_rows: int, values: dict[str, Any]) -> None:
-        """num_rows rows at once: each column's value is a sequence of num_rows, or one value for all."""
+        """num_rows rows at once: each column's value is a sequence of num_rows (an array, a
+        numpy array), or one value for all of them."""
         for name, col in self.cols.items():
             v = values[name]
-            if name == "mode":
-                col.extend([v] * num_rows if isinstance(v, str) else v)
-                continue
-            dtype = np.float64 if col.typecode == "d" else np.int64
-            col.frombytes((np.full(num_rows, v, dtype=dtype) if np.ndim(v) == 0 else np.asarray(v, dtype=dtype)).tobytes())
+            if isinstance(v, (int, float, str)):
+                col.extend((array(col.typecode, (v,)) if name != "mode" else [v]) * num_rows)
+            elif isinstance(v, np.ndarray):
+                col.frombytes(v.astype(np.float64 if col.typecode == "d" else np.int64, copy=False).tobytes())
+            else:
+                col.extend(v)
 
     def __len__(self) -> int:
         return len(self.cols["step"])

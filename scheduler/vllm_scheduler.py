@@ -524,7 +524,8 @@ class VllmScheduler:
         reqs, bulk = stretch.reqs, num_steps - 1
         if bulk:
             # _allocate's slots: a request at a page boundary takes one page, one at a time.
-            bulk_decode_slots(self.req_to_token_pool, reqs, bulk, self.page_size, self.allocator.take_pages_singly)
+            take = self.allocator.take_pages_singly
+            bulk_decode_slots(self.req_to_token_pool, reqs, bulk, self.page_size, lambda n, steps: take(n * steps))
             if reqs[0].pending_token is not None:
                 self._future.skip(len(reqs), bulk)
             append_tokens(reqs, token_id, token_times[:bulk])
