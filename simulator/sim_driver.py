@@ -110,7 +110,7 @@ class SimDriver:
                     # The stretch ends on the clock where its last wait would have left it.
                     value, now, self.cpu_pending = stretch
                     yield timeout(self._delay_to(now))
-                    assert env.now == now, (env.now, now)
+                    self._land_on(now)
             elif kind is WaitForArrival:
                 yield timeout(max(wait.until, self.clock()) - env.now)
                 self.cpu_pending = 0.0
@@ -121,14 +121,21 @@ class SimDriver:
             self.cpu_pending = 0.0
 
     def _delay_to(self, t: float) -> float:
-        """The delay d with env.now + d == t exactly (t - env.now may round either way)."""
+        """The largest delay d with env.now + d <= t (t - env.now may round either way)."""
         now = self.env.now
         d = t - now
-        while now + d < t:
-            d = math.nextafter(d, math.inf)
         while now + d > t:
             d = math.nextafter(d, -math.inf)
         return d
+
+    def _land_on(self, t: float) -> None:
+        """Stepping reaches t by a chain of timeouts; one timeout from further back may not
+        reach t exactly (env.now + d skips floats of t's parity when env.now is much smaller),
+        so the clock is set to t: less than one ulp later, with no other event queued (the
+        loop is SimPy's only process)."""
+        env = self.env
+        assert t - env.now <= math.ulp(t) and not env._queue, (env.now, t)
+        env._now = t
 
     def _stretch_times(self, ff: FastForward) -> tuple[StretchTimes, float, float] | None:
         """The times of the stretch's steps, as answering each of their waits would stamp them,
