@@ -219,9 +219,11 @@ class EventLoop:
         self._num_steps += m
         self.num_stretches += 1
         bs = stretch.batch_size
-        sum_prefix = stretch.sum_prefix_len + bs * np.arange(m, dtype=np.int64)
+        # Step j's launch; with overlap the row of step j is the launch before it (the first: prev).
+        launch = np.arange(-1, m - 1) if prev is not None else np.arange(m)
+        sum_prefix = stretch.sum_prefix_len + bs * launch
         cols = {
-            "step": np.arange(first_step, first_step + m),
+            "step": first_step + launch,
             "mode": launched.plan.mode.value,
             "batch_size": bs,
             "num_tokens": bs,
@@ -240,22 +242,22 @@ class EventLoop:
             "num_running": sched.running_batch.batch_size(),
             "num_waiting": len(sched.waiting_queue),
             "num_retracted": 0,
-            "max_seq_len": stretch.max_seq_len + np.arange(m, dtype=np.int64),
+            "max_seq_len": stretch.max_seq_len + launch,
             "attention_pairs": (sum_prefix + bs).astype(np.float64),
         }
         if prev is not None:
-            # Overlap: step j processes the batch launched at step j - 1; the first, the one in flight.
-            p, plan = prev.launched, prev.launched.plan
-            dev = times.inflight_device
-            launch_cols = {
-                "step": prev.step, "prefix_tokens": plan.sum_prefix_len, "cache_hit_tokens": p.cache_hit_tokens,
-                "schedule_start": prev.schedule_start, "schedule_end": prev.schedule_end, "launch_start": prev.schedule_end,
-                "launch_end": prev.launch_end, "device_start": dev[0], "device_end": dev[1],
-                "num_retracted": p.num_retracted, "max_seq_len": plan.max_seq_len, "attention_pairs": plan.attention_pairs,
-            }
-            for name, first in launch_cols.items():
-                col = cols[name]
-                cols[name] = np.concatenate(([first], np.asarray(col)[: m - 1])) if np.ndim(col) else np.concatenate(([first], np.full(m - 1, col)))
+            # The first row is the batch in flight before the stretch: its own record.
+            plan = prev.launched.plan
+            for name, first in (("prefix_tokens", plan.sum_prefix_len), ("max_seq_len", plan.max_seq_len),
+                                ("attention_pairs", plan.attention_pairs), ("step", prev.step)):
+                cols[name][0] = first
+            for name in ("cache_hit_tokens", "num_retracted"):
+                col = cols[name] = np.zeros(m, dtype=np.int64)
+                col[0] = getattr(prev.launched, name)
+            for name, first in (("schedule_start", prev.schedule_start), ("schedule_end", prev.schedule_end),
+                                ("launch_start", prev.schedule_end), ("launch_end", prev.launch_end),
+                                ("device_start", times.inflight_device[0]), ("device_end", times.inflight_device[1])):
+                cols[name] = array("d", (first,)) + cols[name][: m - 1]
         self.steps.extend(m, cols)
         if self.progress is not None:
             self.progress(len(sched.done))
