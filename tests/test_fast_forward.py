@@ -193,3 +193,35 @@ def test_bulk_page_takes_equal_one_take_at_a_time(seed, per_step, steps):
         expected.extend(one_by_one._take_pages(1))
     assert singly.take_pages_singly(per_step * steps) == expected
     assert (singly.free_pages, singly.next_fresh_page) == (one_by_one.free_pages, one_by_one.next_fresh_page)
+
+
+# --- every cost model prices a stretch's steps as it prices them one by one -------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {"model": "tiny-llama", "profile": "profiles/cpu-tiny-llama.json", "overlap": False},  # calibrated profile
+        {"profile": "profiles/h100_sxm-sglang-llama-3.1-8b-tp1.json"},  # kernel profile, SGLang's CUDA graphs
+        {"profile": "profiles/rtx_pro_6000_server-vllm-llama-3.1-8b-tp1.json", "scheduler": "vllm", "overlap": False},  # vLLM's graphs
+        {"tp": 2, "hardware": "h100", "page_size": 16},  # roofline with all-reduces
+    ],
+    ids=["calibrated", "kernels-sglang", "kernels-vllm", "roofline-tp2"],
+)
+def test_every_cost_model_gives_the_same_run_fast_forwarded(tmp_path, opts):
+    rnd = random.Random(5)
+    reqs, t = [], 0.0
+    for i in range(40):
+        t += rnd.expovariate(4.0)
+        n = rnd.randint(20, 400)
+        reqs.append(TraceRequest(t, n, rnd.randint(20, 300), input_ids=list(range(1000 * i, 1000 * i + n))))
+    path = tmp_path / "trace.json"
+    Trace(reqs).write(path)
+    opts = {k: str(ROOT / v) if k == "profile" else v for k, v in opts.items()}
+    step_res, step_run = _replay(path, tmp_path / "step", fast_forward=False, **opts)
+    ff_res, ff_run = _replay(path, tmp_path / "ff", fast_forward=True, **opts)
+    assert ff_res.summary == step_res.summary
+    _assert_frames_equal(step_run.steps, ff_run.steps, "steps")
+    _assert_frames_equal(step_run.requests, ff_run.requests, "requests")
