@@ -148,8 +148,11 @@ class SimDriver:
         cs = cost.cpu_time("schedule", bs, bs)
         cl = cost.cpu_time("launch", bs, bs)
         cp = cost.cpu_time("process", bs, bs)
-        # The cost model reads a decode plan's summaries only: one plan, its summaries set per step.
+        # The cost model reads a decode plan's summaries only: one plan, its summaries set per step
+        # (or all steps priced at once, where the cost model can: decode_forward_times).
         plan = ForwardPlan(ForwardMode.DECODE, [0] * bs, [], [], [], [], [], ids(), num_tokens=bs)
+        bulk_price = getattr(cost, "decode_forward_times", None)
+        durations = bulk_price(bs, stretch.sum_prefix_len, stretch.max_seq_len, stretch.max_steps).tolist() if bulk_price else None
         forward_time = cost.forward_time
         arrival = math.inf if ff.next_arrival is None else ff.next_arrival
         now, p, dfree = self.env.now, self.cpu_pending, self.device_free_at
@@ -164,11 +167,15 @@ class SimDriver:
             t1 = now + p
             p += cl  # Launch
             start = max(t1, dfree)
-            plan.sum_prefix_len = sum_prefix
-            plan.sum_seq_len = sum_prefix + bs
-            plan.attention_pairs = float(sum_prefix + bs)
-            plan.max_seq_len = max_seq
-            end = max(start + forward_time(plan), now + p)
+            if durations is None:
+                plan.sum_prefix_len = sum_prefix
+                plan.sum_seq_len = sum_prefix + bs
+                plan.attention_pairs = float(sum_prefix + bs)
+                plan.max_seq_len = max_seq
+                duration = forward_time(plan)
+            else:
+                duration = durations[j]
+            end = max(start + duration, now + p)
             dfree = end
             t2 = now + p
             # AwaitResult: normal, of this step; overlap, of the one launched before.
@@ -191,6 +198,11 @@ class SimDriver:
         m = len(t0s)
         if m < 2:
             return None
+        # The last step's summaries on the plan its handle carries.
+        plan.sum_prefix_len = sum_prefix - bs
+        plan.sum_seq_len = sum_prefix
+        plan.attention_pairs = float(sum_prefix)
+        plan.max_seq_len = max_seq - 1
         self.device_free_at = dfree
         inflight_device = (ff.inflight.start, ff.inflight.end) if overlap else None
         times = StretchTimes(m, t0s, t1s, t2s, starts, ends, t3s, t4s, SimForward(plan, starts[-1], ends[-1]), inflight_device)

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler.config import SchedulerConfig
+from scheduler.forward_plan import ForwardMode, ForwardPlan
 from scheduler.ids import ids
 from scheduler.loop import DeadlockError, EventLoop, FastForward
 from scheduler.memory_pool import TokenToKVPoolAllocator
@@ -225,3 +226,21 @@ def test_every_cost_model_gives_the_same_run_fast_forwarded(tmp_path, opts):
     assert ff_res.summary == step_res.summary
     _assert_frames_equal(step_run.steps, ff_run.steps, "steps")
     _assert_frames_equal(step_run.requests, ff_run.requests, "requests")
+
+
+@pytest.mark.parametrize("per_component", [True, False])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_roofline_prices_a_stretch_as_each_step_alone(per_component, tp):
+    """decode_forward_times (all of a stretch's steps in one call) equals forward_time on the
+    plan of each step, as prepare_for_decode summarizes it."""
+    cost = RooflineCostModel(load_model_config("llama-3.1-8b"), load_hardware("h100"), per_component=per_component, tp=tp)
+    rnd = random.Random(tp)
+    for bs in (1, 7, 256):
+        seq_lens = [rnd.randint(1, 30_000) for _ in range(bs)]
+        bulk = cost.decode_forward_times(bs, sum(seq_lens), max(seq_lens) + 1, 300)
+        for j in (0, 1, 17, 299):
+            before = [s + j for s in seq_lens]
+            plan = ForwardPlan(ForwardMode.DECODE, list(range(bs)), before, [1] * bs, [s + 1 for s in before], [], [True] * bs,
+                               ids(), num_tokens=bs, sum_seq_len=sum(before) + bs, sum_prefix_len=sum(before),
+                               attention_pairs=float(sum(before) + bs), max_seq_len=max(before) + 1)
+            assert bulk[j] == cost.forward_time(plan)
