@@ -158,7 +158,8 @@ class SimDriver:
         now, p, dfree = self.env.now, self.cpu_pending, self.device_free_at
         prev_end = ff.inflight.end if overlap else 0.0
         sum_prefix, max_seq = stretch.sum_prefix_len, stretch.max_seq_len
-        t0s, t1s, t2s, starts, ends, t3s, t4s = (array("d") for _ in range(7))
+        t0s, t1s, t2s, starts, ends, t3s, t4s = cols = [array("d") for _ in range(7)]
+        add_t0, add_t1, add_t2, add_start, add_end, add_t3, add_t4 = (c.append for c in cols)
         for j in range(stretch.max_steps):
             t0 = now + p
             if j and t0 >= arrival:
@@ -186,13 +187,13 @@ class SimDriver:
             p += cp  # CpuWork("process")
             t4 = now + p
             prev_end = end
-            t0s.append(t0)
-            t1s.append(t1)
-            t2s.append(t2)
-            starts.append(start)
-            ends.append(end)
-            t3s.append(t3)
-            t4s.append(t4)
+            add_t0(t0)
+            add_t1(t1)
+            add_t2(t2)
+            add_start(start)
+            add_end(end)
+            add_t3(t3)
+            add_t4(t4)
             sum_prefix += bs
             max_seq += 1
         m = len(t0s)
