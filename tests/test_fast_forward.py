@@ -6,11 +6,13 @@ off, every policy, page sizes 1 and 16, chunked prefill, mixed chunk, priority s
 a replay with fast-forward and one with --no-fast-forward write the same run: the same
 summary, and every column of requests.parquet and steps.parquet equal (timestamps within
 1e-9 s). A second test shows that the fast path is taken at all (far fewer waits than
-steps), so the first cannot pass with it switched off.
+steps), so the first cannot pass with it switched off. FF_EXAMPLES=500 runs a longer fuzz
+(80 examples by default).
 """
 
 from __future__ import annotations
 
+import os
 import random
 import re
 from pathlib import Path
@@ -97,7 +99,7 @@ def _assert_frames_equal(a: pd.DataFrame, b: pd.DataFrame, what: str) -> None:
             assert x.tolist() == y.tolist(), f"{what}.{c}"
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=int(os.environ.get("FF_EXAMPLES", 80)), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(case=_case())
 def test_fast_forward_gives_the_run_that_stepping_gives(case, tmp_path_factory):
     trace, opts = case
