@@ -30,3 +30,13 @@ class FutureIndices:
         for r, f, sample in zip(reqs, future, plan.sample):
             if sample:
                 r.pending_token = -f
+
+    def skip(self, num_reqs: int, times: int) -> None:
+        """As `times` assigns to num_reqs requests whose indices nobody reads (a decode stretch's steps)."""
+        last = self._last
+        for _ in range(times):
+            start = last + 1
+            if start + num_reqs > FUTURE_MAP_SIZE:
+                start = 1
+            last = start + num_reqs - 1
+        self._last = last

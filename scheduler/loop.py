@@ -9,6 +9,12 @@ The loop yields what it waits for; a driver answers:
   happens (or is charged) in the driver. The driver sends back a handle.
 - AwaitResult(handle): wait for that forward. The driver sends back a ForwardResult.
 - WaitForArrival(until): nothing to do before `until` (the next arrival).
+- FastForward(stretch, next_arrival, inflight): only where the driver knows every sampled
+  token in advance (the simulator: EventLoop.fast_forward_token) does the loop ask the
+  scheduler for a decode stretch (scheduler/decode_stretch.py), steps that repeat the
+  running batch's decode. The driver prices them as it would one by one, cuts them before
+  the first step whose schedule start reaches next_arrival, and sends back their times
+  (StretchTimes), or None to step as usual. The real engine never sees this wait.
 
 `clock()` reads the driver's clock (SimPy's env.now, or wall seconds since the
 start), so the loop stamps every event in the time of whichever clock runs it.
@@ -24,10 +30,14 @@ from __future__ import annotations
 
 import itertools
 
+from array import array
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Iterator
 
+import numpy as np
+
+from scheduler.decode_stretch import DecodeStretch
 from scheduler.forward_plan import ForwardPlan
 from scheduler.protocol import Launched, SchedulerCore
 from scheduler.req import Req
@@ -63,7 +73,32 @@ class ForwardResult:
     device_end: float
 
 
-Wait = CpuWork | Launch | AwaitResult | WaitForArrival
+@dataclass(slots=True)
+class FastForward:
+    stretch: DecodeStretch
+    next_arrival: float | None  # the stretch ends before a step that would receive it
+    inflight: Any  # overlap: the handle of the launched batch the stretch's first step processes
+
+
+@dataclass(slots=True)
+class StretchTimes:
+    """Times of a stretch's steps, as the driver would have stamped them one by one: step j's
+    schedule, launch and forward, and the processing of the batch in flight at step j (step j
+    itself; with overlap the one launched before it)."""
+
+    num_steps: int
+    schedule_start: array
+    schedule_end: array  # = launch start
+    launch_end: array
+    device_start: array
+    device_end: array
+    process_start: array
+    process_end: array
+    last_handle: Any  # the handle of the last step's forward (in flight with overlap)
+    inflight_device: tuple[float, float] | None  # overlap: device start and end of the batch in flight before
+
+
+Wait = CpuWork | Launch | AwaitResult | WaitForArrival | FastForward
 
 
 @dataclass(slots=True)
@@ -98,6 +133,10 @@ class EventLoop:
         self.received: list[Req] = []  # every request handed to the scheduler, in arrival order
         self._next_req: Req | None = next(requests, None)
         self._num_steps = 0
+        # The token every forward samples, where the driver knows it in advance (the simulator);
+        # None: step one by one (the real engine, or --no-fast-forward).
+        self.fast_forward_token: int | None = None
+        self.num_stretches = 0  # decode stretches taken (each counts its steps in the step log)
 
     # -- arrivals -------------------------------------------------------------------
     def recv_requests(self, now: float) -> None:
@@ -162,6 +201,69 @@ class EventLoop:
         if self.progress is not None:
             self.progress(len(sched.done))
 
+    def _fast_forward(self, prev: _InFlight | None) -> Generator[Wait, Any, _InFlight | None]:
+        """Take the decode stretch that starts at the next step, if there is one. Returns the
+        stretch's last step (in flight with overlap), or None when the loop steps as usual."""
+        sched, token = self.scheduler, self.fast_forward_token
+        self.recv_requests(self.clock())
+        stretch = sched.decode_stretch(None if prev is None else prev.launched, token)
+        if stretch is None:
+            return None
+        times: StretchTimes | None = yield FastForward(stretch, self.next_arrival(), None if prev is None else prev.handle)
+        if times is None:
+            return None
+        m = times.num_steps
+        kv_before = sched.kv_used_tokens()
+        launched = sched.advance_decode_stretch(stretch, m, times.schedule_end[m - 1], times.process_start, token)
+        first_step = self._num_steps + 1
+        self._num_steps += m
+        self.num_stretches += 1
+        bs = stretch.batch_size
+        # Step j's launch; with overlap the row of step j is the launch before it (the first: prev).
+        launch = np.arange(-1, m - 1) if prev is not None else np.arange(m)
+        sum_prefix = stretch.sum_prefix_len + bs * launch
+        cols = {
+            "step": first_step + launch,
+            "mode": launched.plan.mode.value,
+            "batch_size": bs,
+            "num_tokens": bs,
+            "prefix_tokens": sum_prefix,
+            "cache_hit_tokens": 0,
+            "schedule_start": times.schedule_start,
+            "schedule_end": times.schedule_end,
+            "launch_start": times.schedule_end,
+            "launch_end": times.launch_end,
+            "device_start": times.device_start,
+            "device_end": times.device_end,
+            "process_start": times.process_start,
+            "process_end": times.process_end,
+            "kv_used_tokens": stretch.kv_used_after(kv_before, m),
+            "kv_cached_tokens": sched.tree_cache.evictable_size(),
+            "num_running": sched.running_batch.batch_size(),
+            "num_waiting": len(sched.waiting_queue),
+            "num_retracted": 0,
+            "max_seq_len": stretch.max_seq_len + launch,
+            "attention_pairs": (sum_prefix + bs).astype(np.float64),
+        }
+        if prev is not None:
+            # The first row is the batch in flight before the stretch: its own record.
+            plan = prev.launched.plan
+            for name, first in (("prefix_tokens", plan.sum_prefix_len), ("max_seq_len", plan.max_seq_len),
+                                ("attention_pairs", plan.attention_pairs), ("step", prev.step)):
+                cols[name][0] = first
+            for name in ("cache_hit_tokens", "num_retracted"):
+                col = cols[name] = np.zeros(m, dtype=np.int64)
+                col[0] = getattr(prev.launched, name)
+            for name, first in (("schedule_start", prev.schedule_start), ("schedule_end", prev.schedule_end),
+                                ("launch_start", prev.schedule_end), ("launch_end", prev.launch_end),
+                                ("device_start", times.inflight_device[0]), ("device_end", times.inflight_device[1])):
+                cols[name] = array("d", (first,)) + cols[name][: m - 1]
+        self.steps.extend(m, cols)
+        if self.progress is not None:
+            self.progress(len(sched.done))
+        return _InFlight(launched, times.last_handle, self._num_steps, times.schedule_start[m - 1],
+                         times.schedule_end[m - 1], times.launch_end[m - 1])
+
     def _idle(self) -> Generator[Wait, Any, bool]:
         """Nothing runs. Wait for the next arrival; False when the run is over."""
         sched = self.scheduler
@@ -187,6 +289,8 @@ class EventLoop:
 
     def _run_normal(self) -> Generator[Wait, Any, None]:
         while True:
+            if self.fast_forward_token is not None and (yield from self._fast_forward(None)) is not None:
+                continue
             inflight = yield from self._schedule_and_launch()
             if inflight is not None:
                 yield from self._process(inflight)
@@ -196,6 +300,11 @@ class EventLoop:
     def _run_overlap(self) -> Generator[Wait, Any, None]:
         pending: deque[_InFlight] = deque()
         while True:
+            if self.fast_forward_token is not None and len(pending) == 1:
+                last = yield from self._fast_forward(pending[0])
+                if last is not None:
+                    pending[0] = last
+                    continue
             inflight = yield from self._schedule_and_launch()
             if inflight is not None:
                 pending.append(inflight)

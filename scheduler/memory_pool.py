@@ -92,6 +92,40 @@ class TokenToKVPoolAllocator:
         self.next_fresh_page += fresh
         return pages
 
+    def take_pages_singly(self, num_pages: int) -> array:
+        """The pages of num_pages calls of _take_pages(1), in call order (the last freed page
+        first, then fresh ones): one request at a time taking a page, in one call."""
+        free = self.free_pages
+        t = min(num_pages, len(free))
+        pages = free[len(free) - t :]
+        del free[len(free) - t :]
+        pages.reverse()
+        fresh = num_pages - t
+        if fresh:
+            pages.extend(range(self.next_fresh_page, self.next_fresh_page + fresh))
+            self.next_fresh_page += fresh
+        return pages
+
+    def take_pages_in_steps(self, num_pages: int, steps: int) -> array:
+        """The pages of `steps` calls of _take_pages(num_pages), concatenated in call order:
+        each call takes the tail of the free list in order, then fresh pages."""
+        free = self.free_pages
+        from_free = min(steps, len(free) // num_pages) if num_pages else steps
+        out = ids()
+        end = len(free)
+        for _ in range(from_free):
+            out.extend(free[end - num_pages : end])
+            end -= num_pages
+        if from_free < steps:
+            # The call that empties the free list takes what is left, then fresh pages.
+            out.extend(free[:end])
+            end = 0
+            fresh = steps * num_pages - len(out)
+            out.extend(range(self.next_fresh_page, self.next_fresh_page + fresh))
+            self.next_fresh_page += fresh
+        del free[end:]
+        return out
+
     def alloc(self, need_size: int) -> array | None:
         """need_size fresh slots (whole pages when page_size > 1)."""
         ps = self.page_size

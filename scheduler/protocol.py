@@ -7,7 +7,10 @@ loop reads nothing else: the attributes below are what it records in each step's
 
 from __future__ import annotations
 
+from array import array
 from typing import Collection, Protocol
+
+from scheduler.decode_stretch import DecodeStretch
 
 from scheduler.forward_plan import ForwardPlan
 from scheduler.req import Req
@@ -56,3 +59,10 @@ class SchedulerCore(Protocol):
     def kv_used_tokens(self) -> int: ...
 
     def check_invariants(self) -> None: ...
+
+    # Decode stretches (scheduler/decode_stretch.py): asked only by a loop whose driver knows
+    # every sampled token in advance (the simulator's fast-forward).
+    def decode_stretch(self, inflight: Launched | None, token_id: int) -> DecodeStretch | None: ...
+
+    def advance_decode_stretch(self, stretch: DecodeStretch, num_steps: int, launch_time: float,
+                               token_times: array, token_id: int) -> Launched: ...

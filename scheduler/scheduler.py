@@ -9,10 +9,19 @@ a forward's sampled tokens. The event loop (loop.py) calls both; it never decide
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 from scheduler.chunk_cache import ChunkCache
 from scheduler.config import SchedulerConfig
+from scheduler.decode_stretch import (
+    DecodeStretch,
+    append_tokens,
+    bulk_decode_slots,
+    pages_per_step,
+    steps_before_finish,
+    steps_with_pages,
+)
 from scheduler.forward_plan import ForwardMode, ForwardPlan
 from scheduler.future_indices import FUTURE_MAP_SIZE, FutureIndices
 from scheduler.invariants import InvariantError, check_end_of_run
@@ -358,6 +367,65 @@ class Scheduler:
                 self.done.append(req)
             elif i < num_extend:
                 self.tree_cache.cache_unfinished_req(req)
+
+    # -- decode stretches (scheduler/decode_stretch.py) ---------------------------------
+    def decode_stretch(self, inflight: LaunchedBatch | None, token_id: int) -> DecodeStretch | None:
+        """The decode steps from the next get_next_batch_to_run() on that repeat the running
+        batch's step unchanged, each sampling token_id; None if the next step is not one.
+        Overlap: `inflight` is the launched batch not processed yet; it must be a decode of
+        the same requests (each step of the stretch processes the one before)."""
+        running, last = self.running_batch, self.last_batch
+        if running.is_empty() or last is not running or last.forward_mode is not ForwardMode.DECODE:
+            return None  # a prefill to merge first (or nothing decoding)
+        if self.chunked_req is not None or self.req_to_token_pool.journal is not None:
+            return None
+        if self.waiting_queue and (self.enable_priority_preemption or not running.batch_is_full):
+            return None  # the prefill branch would look at the queue
+        reqs = running.reqs
+        if self.config.overlap:
+            if inflight is None or self.inflight != [inflight] or inflight.plan.mode is not ForwardMode.DECODE or inflight.reqs != reqs:
+                return None
+        elif inflight is not None or self.inflight:
+            return None
+        limit = steps_before_finish(reqs, token_id)
+        if limit <= 0:
+            return None
+        ps = self.allocator.page_size
+        seq_lens = [r.seq_len for r in reqs]
+        # No eviction (check_decode_mem, prepare_for_decode) and no retraction: every step
+        # starts with a page for every request free.
+        per_step = pages_per_step(seq_lens, ps)
+        steps = steps_with_pages(self.allocator.num_free_pages(), per_step, len(reqs), limit)
+        if steps <= 0:
+            return None
+        return DecodeStretch(list(reqs), steps, sum(seq_lens), max(seq_lens) + 1, ps, per_step)
+
+    def advance_decode_stretch(self, stretch: DecodeStretch, num_steps: int, launch_time: float,
+                               token_times: array, token_id: int) -> LaunchedBatch:
+        """Take the stretch's first num_steps steps: the first num_steps - 1 in bulk, the last
+        scheduled and launched (at launch_time) as stepping does; every request gets one token
+        per step at token_times. Returns the last step's launched batch (in flight with overlap)."""
+        reqs, batch, bulk = stretch.reqs, self.running_batch, num_steps - 1
+        overlap = self.config.overlap
+        if overlap:
+            self.inflight.pop(0)  # the batch in flight is processed by the stretch's first step
+        if bulk:
+            alloc = self.allocator
+            # prepare_for_decode's slots: alloc's order with page size 1; alloc_decode pops its new pages from the end.
+            take = alloc.take_pages_in_steps if alloc.page_size == 1 else (lambda n, _: reversed(alloc._take_pages(n)))
+            bulk_decode_slots(self.req_to_token_pool, reqs, bulk, alloc.page_size, take)
+            ratio, decay, low = self.new_token_ratio, self.config.new_token_ratio_decay, self.config.min_new_token_ratio
+            for _ in range(bulk):
+                ratio = max(ratio - decay, low)
+            self.new_token_ratio = ratio
+            if overlap:
+                self._future.skip(len(reqs), bulk)
+            append_tokens(reqs, token_id, token_times[:bulk])
+        last = self.get_next_batch_to_run()
+        assert last is batch and last.forward_mode is ForwardMode.DECODE and last.reqs == reqs, "a decode stretch changed its batch"
+        launched = self.launch(last, launch_time, overlap)
+        append_tokens(reqs, token_id, token_times[bulk:])
+        return launched
 
     # -- checks -------------------------------------------------------------------
     def check_invariants(self) -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from array import array
+from typing import Any
+
+import numpy as np
 
 STEP_COLUMNS = (
     "step",
@@ -46,6 +49,18 @@ class StepLog:
     def append(self, *values) -> None:
         for add, v in zip(self._appenders, values):
             add(v)
+
+    def extend(self, num_rows: int, values: dict[str, Any]) -> None:
+        """num_rows rows at once: each column's value is a sequence of num_rows (an array, a
+        numpy array), or one value for all of them."""
+        for name, col in self.cols.items():
+            v = values[name]
+            if isinstance(v, (int, float, str)):
+                col.extend((array(col.typecode, (v,)) if name != "mode" else [v]) * num_rows)
+            elif isinstance(v, np.ndarray):
+                col.frombytes(v.astype(np.float64 if col.typecode == "d" else np.int64, copy=False).tobytes())
+            else:
+                col.extend(v)
 
     def __len__(self) -> int:
         return len(self.cols["step"])

@@ -48,6 +48,14 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from scheduler.chunk_cache import ChunkCache
+from scheduler.decode_stretch import (
+    DecodeStretch,
+    append_tokens,
+    bulk_decode_slots,
+    pages_per_step,
+    steps_before_finish,
+    steps_with_pages,
+)
 from scheduler.forward_plan import ForwardMode, ForwardPlan
 from scheduler.future_indices import FutureIndices
 from scheduler.ids import ids
@@ -472,6 +480,60 @@ class VllmScheduler:
             finished_any = True
         if finished_any:
             self.running[:] = [r for r in self.running if not r.finished()]
+
+    # -- decode stretches (scheduler/decode_stretch.py) ----------------------------------------
+    def decode_stretch(self, inflight: LaunchedBatch | None, token_id: int) -> DecodeStretch | None:
+        """The steps from the next get_next_batch_to_run() on that decode every running request
+        by one token and nothing else (no admission, preemption, eviction or newly cached
+        block), each sampling token_id; None if the next step is not one. Overlap: `inflight`
+        is the launched batch not processed yet, a decode of the same requests."""
+        running, cfg = self.running, self.config
+        bs = len(running)
+        if not bs or self.req_to_token_pool.journal is not None or bs > cfg.max_num_batched_tokens:
+            return None
+        if self.waiting_queue and bs < cfg.max_num_seqs and bs < cfg.max_num_batched_tokens:
+            return None  # the waiting pass would try to admit
+        pending = inflight is not None
+        if pending and (inflight.plan.mode is not ForwardMode.DECODE or inflight.reqs != running):
+            return None
+        for r in running:
+            if (r.pending_token is not None) != pending or r.input_len + len(r.output_ids) + pending - r.seq_len != 1:
+                return None  # not decoding (a prefill chunk), or not as the in-flight batch says
+        limit = steps_before_finish(running, token_id)
+        ps = self.page_size
+        if not self.tree_cache.disabled:
+            # Stop before a step that fills a block: it enters the prefix cache.
+            for r in running:
+                have = len(r.prefix_indices)
+                limit = min(limit, (have // ps + 1) * ps - r.input_len - len(r.output_ids))
+        if limit <= 0:
+            return None
+        seq_lens = [r.seq_len for r in running]
+        per_step = pages_per_step(seq_lens, ps)
+        # No eviction: every step starts with the pages it takes free.
+        steps = steps_with_pages(self.allocator.num_free_pages(), per_step, max(per_step), limit)
+        if steps <= 0:
+            return None
+        return DecodeStretch(list(running), steps, sum(seq_lens), max(seq_lens) + 1, ps, per_step)
+
+    def advance_decode_stretch(self, stretch: DecodeStretch, num_steps: int, launch_time: float,
+                               token_times: array, token_id: int) -> LaunchedBatch:
+        """Take the stretch's first num_steps steps: the first num_steps - 1 in bulk, the last
+        scheduled and launched (at launch_time) as stepping does; every request gets one token
+        per step at token_times. Returns the last step's launched batch."""
+        reqs, bulk = stretch.reqs, num_steps - 1
+        if bulk:
+            # _allocate's slots: a request at a page boundary takes one page, one at a time.
+            take = self.allocator.take_pages_singly
+            bulk_decode_slots(self.req_to_token_pool, reqs, bulk, self.page_size, lambda n, steps: take(n * steps))
+            if reqs[0].pending_token is not None:
+                self._future.skip(len(reqs), bulk)
+            append_tokens(reqs, token_id, token_times[:bulk])
+        batch = self.get_next_batch_to_run()
+        assert batch is not None and batch.reqs == reqs and batch.plan.mode is ForwardMode.DECODE, "a decode stretch changed its batch"
+        launched = self.launch(batch, launch_time, reqs[0].pending_token is not None)
+        append_tokens(reqs, token_id, token_times[bulk:])
+        return launched
 
     # -- checks -------------------------------------------------------------------------
     def check_invariants(self) -> None:

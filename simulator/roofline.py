@@ -46,6 +46,8 @@ on the plan's precomputed summaries (O(1) per plan, ~1 µs in CPython).
 
 from __future__ import annotations
 
+import numpy as np
+
 from scheduler.forward_plan import ForwardPlan
 from scheduler.model_config import ModelConfig
 from simulator.hardware import HardwareConfigError, HardwareSpec
@@ -141,6 +143,22 @@ class RooflineCostModel:
             )
         c, mem = dense_c + attn_c, dense_m + attn_m
         return fixed + (c if c > mem else mem)
+
+    def decode_forward_times(self, batch_size: int, sum_prefix_len: int, max_seq_len: int, num_steps: int) -> np.ndarray:
+        """forward_time of num_steps consecutive decode steps of the same batch_size requests
+        (step j: sum_prefix_len + j x batch_size prefix tokens), each equal to forward_time on
+        that step's plan: the same float operations in the same order, elementwise."""
+        n = b = batch_size
+        sum_prefix = sum_prefix_len + n * np.arange(num_steps, dtype=np.int64)
+        dense_c = n * self._tok_flop_s + b * self._req_flop_s
+        dense_m = self._weight_mem_s + n * self._tok_mem_s + b * self._req_mem_s
+        attn_c = (sum_prefix + n).astype(np.float64) * self._pair_flop_s
+        attn_m = (sum_prefix + n) * self._kv_read_s + n * self._kv_write_s
+        fixed = self._overhead_s + self._ar_fixed_s + n * self._ar_tok_s if self.tp > 1 else self._overhead_s
+        if self.per_component:
+            return fixed + (dense_c if dense_c > dense_m else dense_m) + np.where(attn_c > attn_m, attn_c, attn_m)
+        c, mem = dense_c + attn_c, dense_m + attn_m
+        return fixed + np.where(c > mem, c, mem)
 
     def cpu_time(self, stage: str, num_reqs: int, num_tokens: int) -> float:
         return self.hw.cpu.time(stage, num_reqs, num_tokens)

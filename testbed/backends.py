@@ -58,7 +58,7 @@ def build_sim(opts, model: ModelConfig, make_config: Callable[[int], SchedulerCo
         raise ConfigError(str(e)) from None
     hardware = profile.profile.get("hardware") if profile else hw.name
     meta = {"hardware": hardware, "cost_model": cost_model.name}
-    return Backend(SimDriver(cost_model), kv_tokens, None, meta), config
+    return Backend(SimDriver(cost_model, fast_forward=opts.fast_forward), kv_tokens, None, meta), config
 
 
 def build_real(opts, model: ModelConfig, make_config: Callable[[int], SchedulerConfig]) -> tuple[Backend, SchedulerConfig]:

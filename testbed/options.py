@@ -79,6 +79,8 @@ class ReplayOptions:
     enable_priority_scheduling: bool = False  # waiting queue by priority; preemption of running requests
     priority_scheduling_preemption_threshold: int = 10  # priority gap a preemption needs
     schedule_conservativeness: float = 1.0  # scales the decode estimate (new_token_ratio)
+    # Issue 14: the simulator takes decode stretches at once (equal results); off steps one by one.
+    fast_forward: bool = True
 
 
 OPTION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ReplayOptions))
@@ -293,6 +295,7 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-priority-scheduling", action="store_true", help="order the waiting queue by request priority (larger first) and preempt running requests of lower priority")
     p.add_argument("--priority-scheduling-preemption-threshold", type=int, default=d.priority_scheduling_preemption_threshold, help="priority gap a waiting request needs over a running one to preempt it (default %(default)s)")
     p.add_argument("--schedule-conservativeness", type=positive_float, default=d.schedule_conservativeness, help="scale of the decode estimate that admission reserves (new_token_ratio); > 1 admits fewer (default %(default)s)")
+    p.add_argument("--fast-forward", action=argparse.BooleanOptionalAction, default=d.fast_forward, help="sim: take runs of identical decode steps at once, with the same results as one by one (default on; --no-fast-forward steps one by one, for checking)")
     g = p.add_argument_group("real engine (--mode real)")
     g.add_argument("--load-format", choices=("auto", "dummy"), default=None, help="weights from the model folder (auto) or random (dummy); default: auto for a folder, dummy for a bundled config")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device, help="default: CUDA if present, else the CPU")

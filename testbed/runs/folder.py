@@ -27,9 +27,11 @@ from __future__ import annotations
 import json
 import os
 import platform
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -84,7 +86,8 @@ def versions() -> dict:
 
 def steps_frame(cols: dict) -> pd.DataFrame:
     """The steps table of StepLog.columns(...)."""
-    return pd.DataFrame({name: cols[name] for name in STEP_COLUMNS})
+    # A typed array through its buffer: pandas would read it a Python number at a time.
+    return pd.DataFrame({name: np.asarray(cols[name]) if isinstance(cols[name], array) else cols[name] for name in STEP_COLUMNS})
 
 
 @dataclass

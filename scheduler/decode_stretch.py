@@ -1,0 +1,158 @@
+"""A decode stretch: the next steps of a running batch that are pure repeats, taken at once.
+
+Between two events (an arrival, a request's last token, a chunk, the KV pool running
+short, a retraction, a new cached block) each decode step runs the same requests, each
+one token longer. When the sampled tokens are known in advance (the simulator's: every
+token is the same id), a scheduler can say how many such steps come next
+(SchedulerCore.decode_stretch) and apply k of them at once (SchedulerCore.advance_decode_stretch):
+the first k - 1 steps' state changes in bulk (the same KV slots in the same order, the
+same decay of new_token_ratio, k - 1 tokens for every request), then the last step
+scheduled and launched by the ordinary code, so that what stays in flight (overlap) or
+in the running batch is the very object stepping would have made.
+
+The loop (loop.py) asks only when its driver knows the tokens (EventLoop.fast_forward_token);
+the driver (simulator/sim_driver.py) prices the steps and cuts the stretch before the
+first step whose schedule start reaches the next arrival.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from scheduler.ids import IDS_TYPECODE
+from scheduler.memory_pool import ReqToTokenPool
+from scheduler.req import Req
+
+
+@dataclass(slots=True)
+class DecodeStretch:
+    """Up to max_steps decode steps of the same batch_size requests, from the next step on.
+
+    Step j (0-based) of the stretch has sum_prefix_len + j * batch_size prefix tokens and
+    its longest sequence is max_seq_len + j tokens (after its token)."""
+
+    reqs: list[Req]
+    max_steps: int
+    sum_prefix_len: int
+    max_seq_len: int
+    page_size: int
+    pages_per_step: list[int]  # pages step j takes: pages_per_step[j % page_size]
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.reqs)
+
+    def kv_used_after(self, kv_used: int, num_steps: int) -> np.ndarray:
+        """KV slots in use after each of num_steps steps, from kv_used before the first
+        (each step takes its pages; nothing is freed or evicted)."""
+        pages = np.resize(np.asarray(self.pages_per_step, dtype=np.int64), num_steps)
+        return kv_used + self.page_size * np.cumsum(pages)
+
+
+def steps_before_finish(reqs: Sequence[Req], token_id: int) -> int:
+    """Steps whose processing finishes no request: each step appends one token (token_id)
+    to every request, and a request finishes at its length (or at EOS, if token_id is one)."""
+    limit = None
+    for r in reqs:
+        if r.finished_reason is not None or r.is_retracted:
+            return 0
+        if not r.sampling_params.ignore_eos and token_id in r.eos_token_ids:
+            return 0
+        left = r.max_new_tokens - len(r.output_ids) - 1
+        if limit is None or left < limit:
+            limit = left
+    return max(0, limit or 0)
+
+
+def steps_with_pages(free_pages: int, per_step: Sequence[int], reserve: int, limit: int) -> int:
+    """How many steps (<= limit) start with at least `reserve` free pages, when step j takes
+    per_step[j % len(per_step)] pages (a request takes a page when its length crosses a page)."""
+    cycle = sum(per_step)
+    if free_pages - reserve >= (limit // len(per_step) + 1) * cycle:
+        return limit  # even the worst phase leaves enough: no step to count
+    j = 0
+    n = len(per_step)
+    while j < limit and free_pages >= reserve:
+        free_pages -= per_step[j % n]
+        j += 1
+    return j
+
+
+def pages_per_step(seq_lens: Sequence[int], page_size: int) -> list[int]:
+    """Requests that start a new page at step j, for j in 0 .. page_size - 1 (then it repeats):
+    a request of length s starts one when (s + j) % page_size == 0."""
+    counts = [0] * page_size
+    for s in seq_lens:
+        counts[(-s) % page_size] += 1
+    return counts
+
+
+def bulk_decode_slots(pool: ReqToTokenPool, reqs: Sequence[Req], num_steps: int, page_size: int,
+                      take: Callable[[int, int], Iterable[int]]) -> None:
+    """The KV slots of num_steps decode steps, written into the requests' rows as stepping
+    writes them. take(n, steps) takes the n pages each of `steps` steps needs from the
+    allocator, step after step, and gives them in the order the requests that need them get
+    them (request order); with page_size 1 a page is a slot and every request needs one a step."""
+    bs = len(reqs)
+    if page_size == 1:
+        taken = array(IDS_TYPECODE, take(bs, num_steps))
+        locs = np.frombuffer(taken, dtype=np.int64).reshape(num_steps, bs)
+    else:
+        rows = pool.req_to_token
+        seq_lens = [r.seq_len for r in reqs]
+        new_pages: list[dict[int, int]] = [{} for _ in reqs]
+        by_phase: list[list[int]] = [[] for _ in range(page_size)]
+        for i, s in enumerate(seq_lens):
+            by_phase[(-s) % page_size].append(i)
+        for j in range(num_steps):
+            needing = by_phase[j % page_size]
+            for i, page in zip(needing, take(len(needing), 1)):
+                new_pages[i][j] = page
+        last_locs = [rows[r.req_pool_idx][r.seq_len - 1] for r in reqs]
+        locs = paged_slots(last_locs, seq_lens, new_pages, num_steps, page_size)
+    append_rows(pool, reqs, locs)
+
+
+def append_rows(pool: ReqToTokenPool, reqs: Sequence[Req], locs: np.ndarray) -> None:
+    """locs[j, i]: the slot request i's token of step j took; each row grows by its column."""
+    rows = pool.req_to_token
+    cols = np.ascontiguousarray(locs.T)
+    for r, col in zip(reqs, cols):
+        rows[r.req_pool_idx].frombytes(col.tobytes())
+        r.seq_len += len(col)
+
+
+def paged_slots(last_locs: Sequence[int], seq_lens: Sequence[int], new_pages: list[dict[int, int]], num_steps: int, page_size: int) -> np.ndarray:
+    """Slots [step, request] of num_steps decode steps with pages: a request whose length is a
+    multiple of page_size takes the first slot of its new page (new_pages[i][step]), any
+    other the slot after its last one."""
+    out = np.empty((num_steps, len(seq_lens)), dtype=np.int64)
+    for i, (loc, s, pages) in enumerate(zip(last_locs, seq_lens, new_pages)):
+        col = out[:, i]
+        pos = 0
+        for j in sorted(pages):
+            if j > pos:
+                col[pos:j] = np.arange(loc + 1, loc + 1 + j - pos)
+            loc = pages[j] * page_size
+            col[j] = loc
+            pos = j + 1
+        if pos < num_steps:
+            col[pos:] = np.arange(loc + 1, loc + 1 + num_steps - pos)
+    return out
+
+
+def append_tokens(reqs: Sequence[Req], token_id: int, times: array) -> None:
+    """Processing len(times) decode steps' results: every request gets token_id at each time."""
+    if not times:
+        return
+    toks = [token_id] * len(times)
+    first = times[0]
+    for r in reqs:
+        r.output_ids.extend(toks)
+        r.token_times.extend(times)
+        if r.first_token_time is None:
+            r.first_token_time = first
