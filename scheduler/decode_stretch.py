@@ -82,6 +82,21 @@ def steps_with_pages(free_pages: int, per_step: Sequence[int], reserve: int, lim
     return j
 
 
+def stretch_within_free_pages(reqs: Sequence[Req], limit: int, free_pages: int, page_size: int,
+                              page_for_every_request: bool) -> DecodeStretch | None:
+    """The stretch of at most `limit` steps of reqs whose every step starts with the pages it
+    needs free (no eviction, no retraction); None if not even one. SGLang's check_decode_mem
+    wants a page free for every request before each step (page_for_every_request); vLLM's
+    allocation only the pages a step takes (here: the most any step takes)."""
+    seq_lens = [r.seq_len for r in reqs]
+    per_step = pages_per_step(seq_lens, page_size)
+    reserve = len(reqs) if page_for_every_request else max(per_step)
+    steps = steps_with_pages(free_pages, per_step, reserve, limit)
+    if steps <= 0:
+        return None
+    return DecodeStretch(list(reqs), steps, sum(seq_lens), max(seq_lens) + 1, page_size, per_step)
+
+
 def pages_per_step(seq_lens: Sequence[int], page_size: int) -> list[int]:
     """Requests that start a new page at step j, for j in 0 .. page_size - 1 (then it repeats):
     a request of length s starts one when (s + j) % page_size == 0."""

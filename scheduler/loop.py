@@ -29,7 +29,6 @@ the token its extra step produced is dropped.
 from __future__ import annotations
 
 import itertools
-
 from array import array
 from collections import deque
 from dataclasses import dataclass

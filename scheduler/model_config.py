@@ -11,7 +11,7 @@ Configs of common models ship in ``scheduler/configs/`` as the published
 from __future__ import annotations
 
 import json
-from dataclasses import replace, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 

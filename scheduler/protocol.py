@@ -11,7 +11,6 @@ from array import array
 from typing import Collection, Protocol
 
 from scheduler.decode_stretch import DecodeStretch
-
 from scheduler.forward_plan import ForwardPlan
 from scheduler.req import Req
 

@@ -18,9 +18,8 @@ from scheduler.decode_stretch import (
     DecodeStretch,
     append_tokens,
     bulk_decode_slots,
-    pages_per_step,
     steps_before_finish,
-    steps_with_pages,
+    stretch_within_free_pages,
 )
 from scheduler.forward_plan import ForwardMode, ForwardPlan
 from scheduler.future_indices import FUTURE_MAP_SIZE, FutureIndices
@@ -390,15 +389,9 @@ class Scheduler:
         limit = steps_before_finish(reqs, token_id)
         if limit <= 0:
             return None
-        ps = self.allocator.page_size
-        seq_lens = [r.seq_len for r in reqs]
-        # No eviction (check_decode_mem, prepare_for_decode) and no retraction: every step
-        # starts with a page for every request free.
-        per_step = pages_per_step(seq_lens, ps)
-        steps = steps_with_pages(self.allocator.num_free_pages(), per_step, len(reqs), limit)
-        if steps <= 0:
-            return None
-        return DecodeStretch(list(reqs), steps, sum(seq_lens), max(seq_lens) + 1, ps, per_step)
+        # No eviction (check_decode_mem, prepare_for_decode) and no retraction.
+        return stretch_within_free_pages(reqs, limit, self.allocator.num_free_pages(), self.allocator.page_size,
+                                         page_for_every_request=True)
 
     def advance_decode_stretch(self, stretch: DecodeStretch, num_steps: int, launch_time: float,
                                token_times: array, token_id: int) -> LaunchedBatch:

@@ -13,7 +13,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable
 
 from scheduler.forward_plan import ForwardPlan
-from scheduler.loop import AwaitResult, CpuWork, EventLoop, ForwardResult, Launch, WaitForArrival
+from scheduler.loop import (
+    AwaitResult,
+    CpuWork,
+    EventLoop,
+    ForwardResult,
+    Launch,
+    WaitForArrival,
+)
 from scheduler.req import Req
 from scheduler.scheduler import Scheduler
 

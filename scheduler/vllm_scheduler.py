@@ -41,20 +41,16 @@ duplicate blocks too); no null block is set aside.
 
 from __future__ import annotations
 
-import heapq
 from array import array
-from collections import deque
 from dataclasses import dataclass
-from typing import Iterator
 
 from scheduler.chunk_cache import ChunkCache
 from scheduler.decode_stretch import (
     DecodeStretch,
     append_tokens,
     bulk_decode_slots,
-    pages_per_step,
     steps_before_finish,
-    steps_with_pages,
+    stretch_within_free_pages,
 )
 from scheduler.forward_plan import ForwardMode, ForwardPlan
 from scheduler.future_indices import FutureIndices
@@ -65,55 +61,8 @@ from scheduler.radix_cache import RadixCache
 from scheduler.req import FinishReason, Req
 from scheduler.scheduler import LaunchedBatch
 from scheduler.vllm_config import VllmSchedulerConfig
-
-
-class RunningQueue(list):
-    """vLLM's running list, in admission order; batch_size() is what the loop records."""
-
-    def batch_size(self) -> int:
-        return len(self)
-
-
-class WaitingQueue:
-    """vLLM's waiting queue: FCFS (preempted requests go back to the front) or priority
-    (a heap on (priority, arrival): a smaller priority value runs first, as in vLLM)."""
-
-    def __init__(self, policy: str) -> None:
-        self.by_priority = policy == "priority"
-        self._fifo: deque[Req] = deque()
-        self._heap: list[tuple[int, float, int, Req]] = []
-
-    def __len__(self) -> int:
-        return len(self._heap) if self.by_priority else len(self._fifo)
-
-    def __iter__(self) -> Iterator[Req]:
-        return (e[-1] for e in sorted(self._heap)) if self.by_priority else iter(self._fifo)
-
-    def add(self, req: Req) -> None:
-        if self.by_priority:
-            heapq.heappush(self._heap, (req.priority, req.arrival_time, req.index, req))
-        else:
-            self._fifo.append(req)
-
-    def prepend(self, req: Req) -> None:
-        """A preempted request: first in line under FCFS, by its key under priority."""
-        if self.by_priority:
-            self.add(req)
-        else:
-            self._fifo.appendleft(req)
-
-    def peek(self) -> Req:
-        return self._heap[0][-1] if self.by_priority else self._fifo[0]
-
-    def pop(self) -> Req:
-        return heapq.heappop(self._heap)[-1] if self.by_priority else self._fifo.popleft()
-
-    def remove(self, req: Req) -> None:
-        if self.by_priority:
-            self._heap = [e for e in self._heap if e[-1] is not req]
-            heapq.heapify(self._heap)
-        else:
-            self._fifo.remove(req)
+from scheduler.vllm_kv_blocks import VllmKVBlocks
+from scheduler.vllm_queues import RunningQueue, WaitingQueue
 
 
 @dataclass(eq=False, slots=True)
@@ -141,6 +90,7 @@ class VllmScheduler:
         self.allocator = TokenToKVPoolAllocator(config.kv_tokens, ps)
         cache_cls = RadixCache if config.enable_prefix_caching else ChunkCache
         self.tree_cache = cache_cls(self.req_to_token_pool, self.allocator, ps)
+        self.kv = VllmKVBlocks(self.req_to_token_pool, self.allocator, self.tree_cache, ps)
         self.waiting_queue = WaitingQueue(config.policy)
         self.running = RunningQueue()
         self.done: list[Req] = []  # finished and rejected requests, in finishing order
@@ -200,7 +150,7 @@ class VllmScheduler:
         scheduled: list[_Scheduled] = []
         num_preempted = 0
         running = self.running
-        self._evict_for_running(budget)
+        self.kv.evict_for_running(self.running, budget)
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -214,7 +164,7 @@ class VllmScheduler:
                 i += 1
                 continue
             before = req.seq_len
-            locs = self._allocate(req, num_new, cache_blocks=False)
+            locs = self.kv.allocate(req, num_new, cache_blocks=False)
             while locs is None:
                 victim = self._pick_victim()
                 num_preempted += 1
@@ -227,7 +177,7 @@ class VllmScheduler:
                     budget += done_before.num_new
                     i -= 1
                 self._preempt(victim)
-                locs = self._allocate(req, num_new, cache_blocks=False)
+                locs = self.kv.allocate(req, num_new, cache_blocks=False)
             if locs is None:
                 break
             scheduled.append(_Scheduled(req, before, num_new, before + num_new == known, locs))
@@ -236,7 +186,7 @@ class VllmScheduler:
         # Their new full blocks enter the cache only now: a request preempted later in this
         # pass (priority) must not leave blocks in the cache whose KV no forward computes.
         for s in scheduled:
-            self._cache_full_blocks(s.req)
+            self.kv.cache_full_blocks(s.req)
 
         hits = 0
         if not num_preempted:
@@ -265,7 +215,7 @@ class VllmScheduler:
                 # Preempted while its token was in flight, and the loop asks again before that
                 # result is processed (the first ask scheduled nothing): it waits for it.
                 break
-            tokens = self._known_tokens(req)
+            tokens = self.kv.known_tokens(req)
             known = len(tokens)
             prefix, node = cache.match_prefix(tokens, known - 1)
             computed = len(prefix)
@@ -280,9 +230,9 @@ class VllmScheduler:
             req.req_pool_idx, req.prefix_indices, req.last_node, req.seq_len = slot, prefix, node, computed
             self.req_to_token_pool.write(slot, 0, prefix)
             num_new = min(known - computed, budget)
-            locs = self._allocate(req, num_new)
+            locs = self.kv.allocate(req, num_new)
             if locs is None:  # only without the full-prompt reservation
-                self._release(req)
+                self.kv.release(req)
                 break
             waiting.pop()
             running.append(req)
@@ -294,86 +244,9 @@ class VllmScheduler:
         return hits
 
     # -- KV ---------------------------------------------------------------------------
-    def _known_tokens(self, req: Req) -> array:
-        prompt = req.origin_input_ids
-        return prompt + ids(req.output_ids) if req.output_ids else prompt
-
-    def _evict_for_running(self, budget: int) -> None:
-        """Evict, once, the cached blocks the running requests' next tokens will need: one
-        pass over the cache's leaves per step instead of one per request (the same LRU
-        victims, taken together)."""
-        ps, need, left = self.page_size, 0, budget
-        for req in self.running:
-            if left <= 0:
-                break
-            pending = req.pending_token is not None
-            if pending and len(req.output_ids) + 1 >= req.max_new_tokens:
-                continue  # not scheduled: its last token is in flight
-            n = min(req.input_len + len(req.output_ids) + pending - req.seq_len, left)
-            if n > 0:
-                need += -(-(req.seq_len + n) // ps) - (-(-req.seq_len // ps))
-                left -= n
-        short = need - self.allocator.num_free_pages()
-        if short > 0:
-            self.tree_cache.evict(short * ps)
-
-    def _allocate(self, req: Req, num_new: int, cache_blocks: bool = True) -> array | None:
-        """KV slots for req's next num_new tokens (evicting cached blocks if short); None if
-        the pool lacks blocks, then nothing is allocated. With cache_blocks, its full blocks
-        enter the prefix cache at once (vLLM caches them when it allocates them)."""
-        alloc, ps, pool = self.allocator, self.page_size, self.req_to_token_pool
-        before = req.seq_len
-        row = pool.req_to_token[req.req_pool_idx]
-        if num_new == 1 and before % ps:  # a decode inside its last page: the next slot
-            locs = ids((row[before - 1] + 1,))
-        else:
-            need_pages = -(-(before + num_new) // ps) - (-(-before // ps))
-            short = need_pages - alloc.num_free_pages()
-            if short > 0:
-                self.tree_cache.evict(short * ps)
-                if need_pages > alloc.num_free_pages():
-                    return None
-            last = row[before - 1] if before else -1
-            locs = alloc.alloc_extend([last], [before], [num_new])
-            assert locs is not None
-        pool.write(req.req_pool_idx, before, locs)
-        req.seq_len = before + num_new
-        if cache_blocks:
-            self._cache_full_blocks(req)
-        return locs
-
-    def _cache_full_blocks(self, req: Req) -> None:
-        """Put req's full blocks of known tokens in the prefix cache; it keeps using them, locked."""
-        if self.tree_cache.disabled:
-            return
-        ps = self.page_size
-        full = min(req.seq_len, req.input_len + len(req.output_ids)) // ps * ps
-        have = len(req.prefix_indices)
-        if full <= have:
-            return
-        tokens = self._known_tokens(req)[:full]
-        cache = self.tree_cache
-        matched, _ = cache.match_prefix(tokens)
-        if len(matched) > have:
-            return  # another request cached some of these blocks first: ours stay private
-        kv = self.req_to_token_pool.get(req.req_pool_idx, 0, full)
-        _, node = cache._insert(tokens, kv)  # the tree takes our slots past `have`
-        cache.inc_lock_ref(node)
-        cache.dec_lock_ref(req.last_node)
-        req.prefix_indices, req.last_node = kv, node
-
-    def _release(self, req: Req) -> None:
-        """Free the request's KV: its private slots, its row, its lock on cached blocks."""
-        pool = self.req_to_token_pool
-        # Cached blocks stay in the cache (unlocked, evictable); the rest is the request's own.
-        self.allocator.free(pool.get(req.req_pool_idx, len(req.prefix_indices), req.seq_len))
-        pool.free(req.req_pool_idx)
-        self.tree_cache.dec_lock_ref(req.last_node)
-        req.req_pool_idx, req.prefix_indices, req.last_node, req.seq_len = None, ids(), None, 0
-
     def _preempt(self, req: Req) -> None:
         """vLLM's preemption by recompute: free the KV, back to the front of the waiting queue."""
-        self._release(req)
+        self.kv.release(req)
         req.num_retractions += 1
         self.waiting_queue.prepend(req)
 
@@ -508,13 +381,8 @@ class VllmScheduler:
                 limit = min(limit, (have // ps + 1) * ps - r.input_len - len(r.output_ids))
         if limit <= 0:
             return None
-        seq_lens = [r.seq_len for r in running]
-        per_step = pages_per_step(seq_lens, ps)
         # No eviction: every step starts with the pages it takes free.
-        steps = steps_with_pages(self.allocator.num_free_pages(), per_step, max(per_step), limit)
-        if steps <= 0:
-            return None
-        return DecodeStretch(list(running), steps, sum(seq_lens), max(seq_lens) + 1, ps, per_step)
+        return stretch_within_free_pages(running, limit, self.allocator.num_free_pages(), ps, page_for_every_request=False)
 
     def advance_decode_stretch(self, stretch: DecodeStretch, num_steps: int, launch_time: float,
                                token_times: array, token_id: int) -> LaunchedBatch:
@@ -523,7 +391,7 @@ class VllmScheduler:
         per step at token_times. Returns the last step's launched batch."""
         reqs, bulk = stretch.reqs, num_steps - 1
         if bulk:
-            # _allocate's slots: a request at a page boundary takes one page, one at a time.
+            # VllmKVBlocks.allocate's slots: a request at a page boundary takes one page, one at a time.
             take = self.allocator.take_pages_singly
             bulk_decode_slots(self.req_to_token_pool, reqs, bulk, self.page_size, lambda n, steps: take(n * steps))
             if reqs[0].pending_token is not None:
