@@ -19,14 +19,33 @@ import json
 import math
 import os
 import re
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Iterator
 
 import numpy as np
 
 from testbed.errors import ConfigError, TraceError
+from testbed.traces.fields import (
+    INT64_MAX,
+    INT64_MIN,
+    Arrivals,
+    check_hashes,
+    csv_int,
+    fail,
+    int_field,
+    int_list_field,
+    parse_timestamp,
+    require,
+    time_field,
+)
 from testbed.traces.gen import poisson_arrivals
-from testbed.traces.schema import DEFAULT_BLOCK_SIZE, NATIVE_FORMAT_TAG, NATIVE_VERSION, Trace, TraceRequest
+from testbed.traces.schema import (
+    DEFAULT_BLOCK_SIZE,
+    NATIVE_FORMAT_TAG,
+    NATIVE_VERSION,
+    Trace,
+    TraceRequest,
+)
 
 FORMATS = ("native", "mooncake", "azure", "sharegpt")
 MOONCAKE_BLOCK_SIZE = 512
@@ -34,82 +53,6 @@ AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 NATIVE_CSV_COLUMNS = ("arrival", "input_len", "output_len")  # the native keys as a CSV header
 NATIVE_CSV_OPTIONAL = ("id", "priority")
 SHAREGPT_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
-
-
-# --- field checks ----------------------------------------------------------------------
-# Each check gets (value, field name, where) and returns the clean value or raises.
-# `where` is (path, line) so that errors point at the line.
-
-
-def _fail(where: tuple[str, int | None], field: str | None, message: str) -> TraceError:
-    return TraceError(where[0], where[1], field, message)
-
-
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # lengths and priorities are int64 columns of a run
-
-
-def _int(value: Any, field: str, where: tuple[str, int | None], minimum: int) -> int:
-    # bool is an int in Python but never a length; integral floats (5.0) are accepted
-    # because some JSON writers emit them.
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= INT64_MAX:
-        kind = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
-        raise _fail(where, field, f"must be {kind} of at most 2**63 - 1, got {value!r}")
-    return value
-
-
-def _time(value: Any, field: str, where: tuple[str, int | None]) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise _fail(where, field, f"must be a non-negative number, got {value!r}")
-    return float(value)
-
-
-def _int_list(value: Any, field: str, where: tuple[str, int | None], minimum: int | None) -> list[int]:
-    if not isinstance(value, list):
-        raise _fail(where, field, f"must be a list of integers, got {type(value).__name__}")
-    for i, v in enumerate(value):
-        if not isinstance(v, int) or isinstance(v, bool) or (minimum is not None and v < minimum):
-            kind = "a non-negative integer" if minimum == 0 else "an integer"
-            raise _fail(where, field, f"element {i} must be {kind}, got {v!r}")
-    return value
-
-
-def _require(obj: dict, key: str, where: tuple[str, int | None]) -> Any:
-    if key not in obj:
-        raise _fail(where, key, "missing")
-    return obj[key]
-
-
-class _Arrivals:
-    """Each arrival as it is read: not before the previous one, and a finite time once a replay
-    makes it (arrival - first arrival) * --time-scale, so that a bad one is found here, by line."""
-
-    def __init__(self, time_scale: float) -> None:
-        self.time_scale = time_scale
-        self.first: float | None = None
-        self.prev: float | None = None
-
-    def check(self, arrival: float, field: str, where: tuple[str, int | None]) -> float:
-        if self.prev is not None and arrival < self.prev:
-            raise _fail(where, field, f"arrival times must be non-decreasing, got {arrival!r} after {self.prev!r}")
-        return self.scaled(arrival, field, where)
-
-    def scaled(self, arrival: float, field: str, where: tuple[str, int | None]) -> float:
-        if self.first is None:
-            self.first = arrival
-        if not math.isfinite((arrival - self.first) * self.time_scale):
-            raise _fail(where, field, f"{arrival!r} is not a finite time once --time-scale {self.time_scale:g} multiplies it")
-        self.prev = arrival
-        return arrival
-
-
-def _check_hashes(hashes: list[int], input_len: int, block_size: int, exact: bool, field: str, where) -> None:
-    blocks = -(-input_len // block_size)  # ceil
-    if len(hashes) > blocks or (exact and len(hashes) != blocks):
-        need = f"ceil({input_len}/{block_size}) = {blocks}"
-        rel = "must have" if exact else "must have at most"
-        raise _fail(where, field, f"{rel} {need} entries for the input length, got {len(hashes)}")
 
 
 # --- detection -------------------------------------------------------------------------
@@ -173,7 +116,7 @@ def load_trace(
     fmt = format or detect_format(path)
     if fmt not in FORMATS:
         raise TraceError(path, None, None, f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    arrivals = _Arrivals(time_scale)
+    arrivals = Arrivals(time_scale)
     try:
         requests = _load_sharegpt(path, rate, seed, arrivals) if fmt == "sharegpt" else _LOADERS[fmt](path, arrivals)
     except UnicodeDecodeError as e:
@@ -192,44 +135,44 @@ def load_trace(
 # --- native ----------------------------------------------------------------------------
 
 
-def _native_request(obj: Any, where: tuple[str, int | None], arrivals: _Arrivals) -> TraceRequest:
+def _native_request(obj: Any, where: tuple[str, int | None], arrivals: Arrivals) -> TraceRequest:
     if not isinstance(obj, dict):
-        raise _fail(where, None, f"a request must be a JSON object, got {type(obj).__name__}")
-    arrival = arrivals.check(_time(_require(obj, "arrival", where), "arrival", where), "arrival", where)
+        raise fail(where, None, f"a request must be a JSON object, got {type(obj).__name__}")
+    arrival = arrivals.check(time_field(require(obj, "arrival", where), "arrival", where), "arrival", where)
     input_ids = None
     if "input_ids" in obj:
-        input_ids = _int_list(obj["input_ids"], "input_ids", where, minimum=0)
+        input_ids = int_list_field(obj["input_ids"], "input_ids", where, minimum=0)
         if not input_ids:
-            raise _fail(where, "input_ids", "must not be empty")
+            raise fail(where, "input_ids", "must not be empty")
         input_len = len(input_ids)
-        if "input_len" in obj and _int(obj["input_len"], "input_len", where, 1) != input_len:
-            raise _fail(where, "input_len", f"is {obj['input_len']!r} but input_ids has {input_len} tokens")
+        if "input_len" in obj and int_field(obj["input_len"], "input_len", where, 1) != input_len:
+            raise fail(where, "input_len", f"is {obj['input_len']!r} but input_ids has {input_len} tokens")
     elif "input_len" in obj:
-        input_len = _int(obj["input_len"], "input_len", where, 1)
+        input_len = int_field(obj["input_len"], "input_len", where, 1)
     else:
-        raise _fail(where, "input_len", "missing (give input_len or input_ids)")
-    output_len = _int(_require(obj, "output_len", where), "output_len", where, 1)
-    block_size = _int(obj.get("block_size", DEFAULT_BLOCK_SIZE), "block_size", where, 1)
+        raise fail(where, "input_len", "missing (give input_len or input_ids)")
+    output_len = int_field(require(obj, "output_len", where), "output_len", where, 1)
+    block_size = int_field(obj.get("block_size", DEFAULT_BLOCK_SIZE), "block_size", where, 1)
     hashes = None
     if obj.get("block_hashes") is not None:
-        hashes = _int_list(obj["block_hashes"], "block_hashes", where, minimum=None)
+        hashes = int_list_field(obj["block_hashes"], "block_hashes", where, minimum=None)
         # Blocks past the hashes are unique to the request, so fewer hashes is fine.
-        _check_hashes(hashes, input_len, block_size, False, "block_hashes", where)
+        check_hashes(hashes, input_len, block_size, False, "block_hashes", where)
     rid = obj.get("id")
     if rid is not None and not isinstance(rid, str):
-        raise _fail(where, "id", f"must be a string, got {rid!r}")
+        raise fail(where, "id", f"must be a string, got {rid!r}")
     priority = obj.get("priority", 0)
     if not isinstance(priority, int) or isinstance(priority, bool) or not INT64_MIN <= priority <= INT64_MAX:
-        raise _fail(where, "priority", f"must be an integer in [-2**63, 2**63 - 1], got {priority!r}")
+        raise fail(where, "priority", f"must be an integer in [-2**63, 2**63 - 1], got {priority!r}")
     return TraceRequest(arrival, input_len, output_len, input_ids, hashes, block_size, rid, priority)
 
 
 def _check_header(obj: dict, where: tuple[str, int | None]) -> None:
     if "format" in obj and obj["format"] != NATIVE_FORMAT_TAG:  # {"requests": [...]} alone is native too
-        raise _fail(where, "format", f"must be {NATIVE_FORMAT_TAG!r}, got {obj.get('format')!r}")
+        raise fail(where, "format", f"must be {NATIVE_FORMAT_TAG!r}, got {obj.get('format')!r}")
     version = obj.get("version", NATIVE_VERSION)
     if version != NATIVE_VERSION:
-        raise _fail(where, "version", f"this testbed reads version {NATIVE_VERSION}, got {version!r}")
+        raise fail(where, "version", f"this testbed reads version {NATIVE_VERSION}, got {version!r}")
 
 
 def _jsonl_objects(path: str) -> Iterator[tuple[int, Any]]:
@@ -244,7 +187,7 @@ def _jsonl_objects(path: str) -> Iterator[tuple[int, Any]]:
                 raise TraceError(path, lineno, None, f"invalid JSON: {e.msg} (column {e.colno})") from None
 
 
-def _load_native(path: str, arrivals: _Arrivals) -> list[TraceRequest]:
+def _load_native(path: str, arrivals: Arrivals) -> list[TraceRequest]:
     # JSONL when the first line is a complete JSON object on its own (a request or the
     # header); the JSON form's first line opens the document and does not parse alone
     # (or, written on one line, holds the "requests" list itself). CSV when it is no JSON.
@@ -258,20 +201,20 @@ def _load_native(path: str, arrivals: _Arrivals) -> list[TraceRequest]:
     return _load_native_jsonl(path, arrivals) if jsonl else _load_native_json(path, arrivals)
 
 
-def _load_native_jsonl(path: str, arrivals: _Arrivals) -> list[TraceRequest]:
+def _load_native_jsonl(path: str, arrivals: Arrivals) -> list[TraceRequest]:
     requests: list[TraceRequest] = []
     for lineno, obj in _jsonl_objects(path):
         where = (path, lineno)
         if isinstance(obj, dict) and "format" in obj:
             if requests:
-                raise _fail(where, "format", "a header object is only allowed on the first line")
+                raise fail(where, "format", "a header object is only allowed on the first line")
             _check_header(obj, where)
             continue
         requests.append(_native_request(obj, where, arrivals))
     return requests
 
 
-def _load_native_json(path: str, arrivals: _Arrivals) -> list[TraceRequest]:
+def _load_native_json(path: str, arrivals: Arrivals) -> list[TraceRequest]:
     with open(path, encoding="utf-8-sig") as f:
         text = f.read()
     try:
@@ -280,9 +223,9 @@ def _load_native_json(path: str, arrivals: _Arrivals) -> list[TraceRequest]:
         raise TraceError(path, e.lineno, None, f"invalid JSON: {e.msg} (column {e.colno})") from None
     if isinstance(doc, dict):
         _check_header(doc, (path, 1))
-        items = _require(doc, "requests", (path, 1))
+        items = require(doc, "requests", (path, 1))
         if not isinstance(items, list):
-            raise _fail((path, 1), "requests", f"must be a list, got {type(items).__name__}")
+            raise fail((path, 1), "requests", f"must be a list, got {type(items).__name__}")
     elif isinstance(doc, list):
         items = doc  # a bare array of request objects is accepted too
     else:
@@ -309,7 +252,7 @@ def _csv_value(text: str) -> Any:
     return text
 
 
-def _load_native_csv(path: str, arrivals: _Arrivals) -> list[TraceRequest]:
+def _load_native_csv(path: str, arrivals: Arrivals) -> list[TraceRequest]:
     """The native keys as CSV columns (arrival,input_len,output_len[,id,priority]), checked as JSON is."""
     requests: list[TraceRequest] = []
     for lineno, row in _csv_rows(path, NATIVE_CSV_COLUMNS, NATIVE_CSV_OPTIONAL):
@@ -352,18 +295,18 @@ def _json_element_lines(text: str) -> list[int]:
 # --- mooncake --------------------------------------------------------------------------
 
 
-def _load_mooncake(path: str, arrivals: _Arrivals) -> list[TraceRequest]:
+def _load_mooncake(path: str, arrivals: Arrivals) -> list[TraceRequest]:
     requests: list[TraceRequest] = []
     for lineno, obj in _jsonl_objects(path):
         where = (path, lineno)
         if not isinstance(obj, dict):
-            raise _fail(where, None, f"a request must be a JSON object, got {type(obj).__name__}")
-        arrival = _time(_require(obj, "timestamp", where), "timestamp", where) / 1000.0  # ms -> s
+            raise fail(where, None, f"a request must be a JSON object, got {type(obj).__name__}")
+        arrival = time_field(require(obj, "timestamp", where), "timestamp", where) / 1000.0  # ms -> s
         arrivals.check(arrival, "timestamp", where)
-        input_len = _int(_require(obj, "input_length", where), "input_length", where, 1)
-        output_len = _int(_require(obj, "output_length", where), "output_length", where, 1)
-        hashes = _int_list(_require(obj, "hash_ids", where), "hash_ids", where, minimum=None)
-        _check_hashes(hashes, input_len, MOONCAKE_BLOCK_SIZE, True, "hash_ids", where)
+        input_len = int_field(require(obj, "input_length", where), "input_length", where, 1)
+        output_len = int_field(require(obj, "output_length", where), "output_length", where, 1)
+        hashes = int_list_field(require(obj, "hash_ids", where), "hash_ids", where, minimum=None)
+        check_hashes(hashes, input_len, MOONCAKE_BLOCK_SIZE, True, "hash_ids", where)
         requests.append(TraceRequest(arrival, input_len, output_len, None, hashes, MOONCAKE_BLOCK_SIZE))
     return requests
 
@@ -391,43 +334,13 @@ def _csv_rows(path: str, required: tuple[str, ...], optional: tuple[str, ...] = 
             yield start, {c: row[i].strip() for c, i in idx.items()}
 
 
-def _csv_int(text: str, field: str, where: tuple[str, int | None], minimum: int) -> int:
-    value: Any = text  # _int rejects it with the text in the message if it is no number
-    try:
-        value = float(text) if "." in text or "e" in text.lower() else int(text)  # "12.0" is accepted
-    except ValueError:
-        pass
-    return _int(value, field, where, minimum)
-
-
-# TIMESTAMP: "2023-11-16 18:17:03.9799600": any number of fractional digits (datetime only
-# keeps 6), optionally a timezone ("+00:00" or "Z"), as in Azure's 2024 traces.
-_TIMESTAMP = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:\.(\d+))?\s*(Z|[+-]\d{2}:?\d{2})?")
-
-
-def _parse_timestamp(text: str, where: tuple[str, int | None]) -> tuple[datetime, int]:
-    """(whole seconds as a UTC-naive datetime, nanoseconds) of a wall-clock string."""
-    m = _TIMESTAMP.fullmatch(text)
-    if not m:
-        raise _fail(where, "TIMESTAMP", f"must be a time like '2023-11-16 18:17:03.9799600', got {text!r}")
-    try:
-        dt = datetime.fromisoformat(f"{m.group(1)} {m.group(2)}")
-    except ValueError:
-        raise _fail(where, "TIMESTAMP", f"not a valid date and time: {text!r}") from None
-    tz = (m.group(4) or "Z").replace(":", "")
-    if tz != "Z":  # to UTC, so that rows in different offsets compare
-        dt -= (1 if tz[0] == "+" else -1) * timedelta(hours=int(tz[1:3]), minutes=int(tz[3:]))
-    frac = (m.group(3) or "")[:9].ljust(9, "0")
-    return dt, int(frac)
-
-
-def _load_azure(path: str, arrivals: _Arrivals) -> list[TraceRequest]:
+def _load_azure(path: str, arrivals: Arrivals) -> list[TraceRequest]:
     requests: list[TraceRequest] = []
     t0: tuple[datetime, int] | None = None
     prev = None
     for lineno, row in _csv_rows(path, AZURE_COLUMNS):
         where = (path, lineno)
-        dt, ns = _parse_timestamp(row["TIMESTAMP"], where)
+        dt, ns = parse_timestamp(row["TIMESTAMP"], where)
         if t0 is None:
             t0 = (dt, ns)
         # Whole seconds and nanoseconds apart, so 100 ns ticks survive the subtraction.
@@ -435,16 +348,16 @@ def _load_azure(path: str, arrivals: _Arrivals) -> list[TraceRequest]:
         arrival = (delta.days * 86400 + delta.seconds) + (ns - t0[1]) * 1e-9
         if prev is not None and arrival < prev:
             message = f"must be non-decreasing: {row['TIMESTAMP']} is {prev - arrival:.7f} s before the previous row"
-            raise _fail(where, "TIMESTAMP", message)
+            raise fail(where, "TIMESTAMP", message)
         arrivals.scaled(arrival, "TIMESTAMP", where)
-        input_len = _csv_int(row["ContextTokens"], "ContextTokens", where, 1)
-        output_len = _csv_int(row["GeneratedTokens"], "GeneratedTokens", where, 1)
+        input_len = csv_int(row["ContextTokens"], "ContextTokens", where, 1)
+        output_len = csv_int(row["GeneratedTokens"], "GeneratedTokens", where, 1)
         requests.append(TraceRequest(arrival, input_len, output_len))
         prev = arrival
     return requests
 
 
-def _load_sharegpt(path: str, rate: float | None, seed: int, arrivals: _Arrivals) -> list[TraceRequest]:
+def _load_sharegpt(path: str, rate: float | None, seed: int, arrivals: Arrivals) -> list[TraceRequest]:
     if rate is None or not (rate > 0 and math.isfinite(rate)):
         got = "" if rate is None else f", got {rate!r}"
         message = f"a sharegpt trace has no arrival times: --rate R (req/s, > 0) is needed{got}"
@@ -453,8 +366,8 @@ def _load_sharegpt(path: str, rate: float | None, seed: int, arrivals: _Arrivals
     for lineno, row in _csv_rows(path, SHAREGPT_COLUMNS):
         where = (path, lineno)
         lengths.append((
-            _csv_int(row["num_prefill_tokens"], "num_prefill_tokens", where, 1),
-            _csv_int(row["num_decode_tokens"], "num_decode_tokens", where, 1),
+            csv_int(row["num_prefill_tokens"], "num_prefill_tokens", where, 1),
+            csv_int(row["num_decode_tokens"], "num_decode_tokens", where, 1),
         ))
     times = poisson_arrivals(len(lengths), rate, np.random.default_rng(seed)) if lengths else []
     if len(times):
