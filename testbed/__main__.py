@@ -6,6 +6,7 @@ then is answered like one at any other moment: one line, exit code 130, no trace
 
 from __future__ import annotations
 
+import os
 import sys
 
 from testbed.errors import EXIT_INTERRUPTED
@@ -17,11 +18,12 @@ def main() -> int:
     try:
         from testbed.cli import main as cli_main
     except KeyboardInterrupt:
-        # The exit code stands: a signal still pending from inside the imports (seen once under
-        # load: exit -2 after this line) must not raise again on the way out.
         ignore_stop_signals()
         print("testbed: interrupted while starting: nothing was run", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        # Out at once: nothing was opened, and the interpreter's shutdown after an import cut
+        # midway ended the process by SIGINT (exit -2, not 130) in the full test suite.
+        sys.stderr.flush()
+        os._exit(EXIT_INTERRUPTED)
     code = cli_main()
     ignore_stop_signals()  # done: the exit code stands
     return code
