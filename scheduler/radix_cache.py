@@ -67,6 +67,11 @@ class RadixCache:
         self.root.lock_ref = 1  # the root is never evicted
         # Unlocked leaves, kept up to date so that eviction need not walk the tree.
         self.evictable_leaves: dict[TreeNode, None] = {}
+        # Their LRU order, kept across evictions: (last_access when pushed, push count, node).
+        # An entry may be stale (the node was locked, got a child, was evicted, or was touched
+        # since); evict() skips or re-pushes those as it meets them.
+        self._lru_heap: list[tuple[float, int, TreeNode]] = []
+        self._pushes = 0
         self.evictable_size_ = 0
         self.protected_size_ = 0
         self._clock = 0
@@ -155,7 +160,7 @@ class RadixCache:
             leaf = TreeNode(key=key[pos:], value=value[pos:], parent=node, last_access=self._tick())
             node.children[self._child_key(leaf.key)] = leaf
             self.evictable_leaves.pop(node, None)  # no longer a leaf
-            self.evictable_leaves[leaf] = None
+            self._add_evictable(leaf)
             self.evictable_size_ += len(leaf.value)
             node = leaf
         return pos, node
@@ -192,7 +197,7 @@ class RadixCache:
 
     def dec_lock_ref(self, node: TreeNode | None) -> None:
         if node is not None and node.lock_ref == 1 and not node.children and node is not self.root:
-            self.evictable_leaves[node] = None
+            self._add_evictable(node)
         while node is not None and node is not self.root:
             if node.lock_ref == 1:
                 self.evictable_size_ += len(node.value)
@@ -208,26 +213,46 @@ class RadixCache:
         return self.protected_size_
 
     # -- eviction ---------------------------------------------------------
+    def _add_evictable(self, node: TreeNode) -> None:
+        self.evictable_leaves[node] = None
+        heap = self._lru_heap
+        if len(heap) > 2 * len(self.evictable_leaves) + 1024:
+            # Mostly stale entries: start over from the leaves themselves.
+            heap[:] = [(n.last_access, i, n) for i, n in enumerate(self.evictable_leaves)]
+            heapq.heapify(heap)
+            self._pushes = len(heap)
+        else:
+            self._pushes += 1
+            heapq.heappush(heap, (node.last_access, self._pushes, node))
+
     def evict(self, num_tokens: int) -> int:
-        """Free at least num_tokens slots from unlocked leaves, least recently used first."""
+        """Free at least num_tokens slots from unlocked leaves, least recently used first.
+
+        As SGLang's evict, which heapifies every unlocked leaf by last_access on each call; here
+        the heap lives on. Stamps are unique and only grow, so every leaf has an entry no later
+        than its stamp, and the first entry popped whose stamp is still its node's is the
+        least recently used leaf."""
         if num_tokens <= 0 or self.evictable_size_ == 0:
             return 0
-        # (last_access, tiebreak, node): tuples compare in C; last_access values are unique.
-        heap = [(n.last_access, i, n) for i, n in enumerate(self.evictable_leaves)]
-        heapq.heapify(heap)
+        heap, leaves = self._lru_heap, self.evictable_leaves
         evicted = 0
-        while evicted < num_tokens and heap:
-            _, i, node = heapq.heappop(heap)
+        while evicted < num_tokens and leaves:
+            stamp, _, node = heapq.heappop(heap)
+            if node not in leaves:
+                continue  # locked, grown a child, or evicted since it was pushed
+            if node.last_access != stamp:
+                self._pushes += 1
+                heapq.heappush(heap, (node.last_access, self._pushes, node))  # touched since
+                continue
             self.allocator.free(node.value)
             evicted += len(node.value)
             self.evictable_size_ -= len(node.value)
-            del self.evictable_leaves[node]
+            del leaves[node]
             parent = node.parent
             assert parent is not None
             del parent.children[self._child_key(node.key)]
             if not parent.children and parent.lock_ref == 0 and parent is not self.root:
-                self.evictable_leaves[parent] = None
-                heapq.heappush(heap, (parent.last_access, -i - 1, parent))
+                self._add_evictable(parent)
         return evicted
 
     def _iter_nodes(self):
