@@ -49,7 +49,10 @@ class DecodeStretch:
     def kv_used_after(self, kv_used: int, num_steps: int) -> np.ndarray:
         """KV slots in use after each of num_steps steps, from kv_used before the first
         (each step takes its pages; nothing is freed or evicted)."""
-        pages = np.resize(np.asarray(self.pages_per_step, dtype=np.int64), num_steps)
+        if self.page_size == 1:  # every step takes a slot for every request
+            return kv_used + self.batch_size * np.arange(1, num_steps + 1, dtype=np.int64)
+        cycle = np.asarray(self.pages_per_step, dtype=np.int64)
+        pages = np.tile(cycle, -(-num_steps // len(cycle)))[:num_steps]
         return kv_used + self.page_size * np.cumsum(pages)
 
 

@@ -34,6 +34,9 @@ class FutureIndices:
     def skip(self, num_reqs: int, times: int) -> None:
         """As `times` assigns to num_reqs requests whose indices nobody reads (a decode stretch's steps)."""
         last = self._last
+        if last + times * num_reqs < FUTURE_MAP_SIZE:  # no wrap: every assign starts where the last ended
+            self._last = last + times * num_reqs
+            return
         for _ in range(times):
             start = last + 1
             if start + num_reqs > FUTURE_MAP_SIZE:

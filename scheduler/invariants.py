@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Sized
 
+import numpy as np
+
 from scheduler.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 from scheduler.req import FinishReason, Req
 
@@ -30,18 +32,22 @@ def check_end_of_run(
     if not idle:
         errors.append(f"{len(waiting)} waiting and {num_running} running requests left")
     # O(pages ever used), not O(pool): pages past next_fresh_page were never handed out.
-    free_pages = alloc.free_pages
-    free_set = set(free_pages)
-    if len(free_set) != len(free_pages) or any(p >= alloc.next_fresh_page for p in free_pages):
-        errors.append("a KV page is free twice, or a fresh page is on the free list")
+    # Counted with numpy: a long run's cache holds hundreds of thousands of slots.
+    used = alloc.next_fresh_page
+    free = np.array(alloc.free_pages, dtype=np.int64)
+    if free.size and (free.min() < 0 or free.max() >= used):
+        errors.append("a fresh page is on the free list")
+        free = free[(free >= 0) & (free < used)]
+    times_free = np.bincount(free, minlength=used)
+    if (times_free > 1).any():
+        errors.append("a KV page is free twice")
     if cache.protected_size() != 0:
         errors.append(f"{cache.protected_size()} KV slots still locked in the cache")
-    held = cache.all_values()
-    ps = alloc.page_size
-    held_pages = {v // ps for v in held}
-    if len(held) != cache.evictable_size() or held_pages & free_set:
+    held = np.array(cache.all_values(), dtype=np.int64)
+    held_pages = np.unique(held // alloc.page_size)
+    if len(held) != cache.evictable_size() or (held_pages.size and (held_pages.max() >= used or times_free[held_pages].any())):
         errors.append("the cache's slots and its evictable size disagree, or a cached page is also free")
-    leaked = alloc.next_fresh_page - len(free_set) - len(held_pages)
+    leaked = used - int(np.count_nonzero(times_free)) - len(held_pages)
     if leaked:
         errors.append(f"KV leak: {leaked} pages neither free nor cached")
     if req_to_token_pool.available_size() != req_to_token_pool.size:

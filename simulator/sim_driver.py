@@ -17,20 +17,24 @@ from __future__ import annotations
 
 import gc
 import math
-from array import array
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Generator, Iterator
 
 import simpy
 
+from scheduler.decode_stretch import DecodeStretch
 from scheduler.forward_plan import ForwardMode, ForwardPlan
 from scheduler.ids import ids
 from scheduler.loop import AwaitResult, CpuWork, EventLoop, FastForward, ForwardResult, Launch, StretchTimes, WaitForArrival
 from simulator.cost_model import CostModel
+from simulator.stretch_clock import DriverClock, StepCosts, StretchColumns, scalar_steps, vector_steps
 
 # The simulator samples no tokens: traces fix output lengths. Every sampled id is this.
 SIM_TOKEN_ID = 0
+# A decode stretch's first steps are timed one at a time, the rest in bulk (stretch_clock.py):
+# about where numpy's fixed costs and the loop's cost per step meet.
+SCALAR_STEPS = 40
 
 
 @dataclass(slots=True)
@@ -138,73 +142,52 @@ class SimDriver:
         env._now = t
 
     def _stretch_times(self, ff: FastForward) -> tuple[StretchTimes, float, float] | None:
-        """The times of the stretch's steps, as answering each of their waits would stamp them,
-        cut before the first step (after the first) whose schedule start reaches ff.next_arrival.
-        None (and nothing changed) when fewer than two steps remain. Otherwise the times, and
-        SimPy's time and the CPU time pending where the stretch ends (device_free_at is set)."""
+        """The times of the stretch's steps, as answering each of their waits would stamp them
+        (simulator/stretch_clock.py), cut before the first step (after the first) whose schedule
+        start reaches ff.next_arrival. None (and nothing changed) when fewer than two steps
+        remain. Otherwise the times, and SimPy's time and the CPU time pending where the
+        stretch ends (device_free_at is set)."""
         stretch, cost = ff.stretch, self.cost_model
-        bs = stretch.batch_size
+        bs, k = stretch.batch_size, stretch.max_steps
         overlap = ff.inflight is not None
-        cs = cost.cpu_time("schedule", bs, bs)
-        cl = cost.cpu_time("launch", bs, bs)
-        cp = cost.cpu_time("process", bs, bs)
+        costs = StepCosts(cost.cpu_time("schedule", bs, bs), cost.cpu_time("launch", bs, bs), cost.cpu_time("process", bs, bs), overlap)
         # The cost model reads a decode plan's summaries only: one plan, its summaries set per step
         # (or all steps priced at once, where the cost model can: decode_forward_times).
         plan = ForwardPlan(ForwardMode.DECODE, [0] * bs, [], [], [], [], [], ids(), num_tokens=bs)
         bulk_price = getattr(cost, "decode_forward_times", None)
-        durations = bulk_price(bs, stretch.sum_prefix_len, stretch.max_seq_len, stretch.max_steps).tolist() if bulk_price else None
-        forward_time = cost.forward_time
+        durations = bulk_price(bs, stretch.sum_prefix_len, stretch.max_seq_len, k) if bulk_price else None
+        if durations is not None:
+            listed = durations.tolist()
+            duration = listed.__getitem__
+        else:
+            def duration(j: int) -> float:
+                set_decode_step(plan, stretch, j)
+                return cost.forward_time(plan)
         arrival = math.inf if ff.next_arrival is None else ff.next_arrival
-        now, p, dfree = self.env.now, self.cpu_pending, self.device_free_at
-        prev_end = ff.inflight.end if overlap else 0.0
-        sum_prefix, max_seq = stretch.sum_prefix_len, stretch.max_seq_len
-        t0s, t1s, t2s, starts, ends, t3s, t4s = cols = [array("d") for _ in range(7)]
-        add_t0, add_t1, add_t2, add_start, add_end, add_t3, add_t4 = (c.append for c in cols)
-        for j in range(stretch.max_steps):
-            t0 = now + p
-            if j and t0 >= arrival:
-                break  # recv_requests(t0) would take the arrival: the stretch ends before this step
-            p += cs  # CpuWork("schedule")
-            t1 = now + p
-            p += cl  # Launch
-            start = max(t1, dfree)
-            if durations is None:
-                plan.sum_prefix_len = sum_prefix
-                plan.sum_seq_len = sum_prefix + bs
-                plan.attention_pairs = float(sum_prefix + bs)
-                plan.max_seq_len = max_seq
-                duration = forward_time(plan)
-            else:
-                duration = durations[j]
-            end = max(start + duration, now + p)
-            dfree = end
-            t2 = now + p
-            # AwaitResult: normal, of this step; overlap, of the one launched before.
-            waited = prev_end if overlap else end
-            now = now + (max(waited, now + p) - now)
-            p = 0.0
-            t3 = now + p
-            p += cp  # CpuWork("process")
-            t4 = now + p
-            prev_end = end
-            add_t0(t0)
-            add_t1(t1)
-            add_t2(t2)
-            add_start(start)
-            add_end(end)
-            add_t3(t3)
-            add_t4(t4)
-            sum_prefix += bs
-            max_seq += 1
-        m = len(t0s)
+        clock = DriverClock(self.env.now, self.cpu_pending, self.device_free_at, ff.inflight.end if overlap else 0.0)
+        out = StretchColumns()
+        # A step at a time first (a short stretch does not pay numpy's fixed costs), then the
+        # rest in bulk where the cost model priced them so.
+        cut = scalar_steps(clock, costs, duration, 0, min(k, SCALAR_STEPS), arrival, out)
+        if durations is not None and not cut and len(out) < k:
+            _, cut = vector_steps(clock, costs, durations[len(out):], arrival, out)
+        if not cut:
+            scalar_steps(clock, costs, duration, len(out), k, arrival, out)
+        m = len(out)
         if m < 2:
             return None
-        # The last step's summaries on the plan its handle carries.
-        plan.sum_prefix_len = sum_prefix - bs
-        plan.sum_seq_len = sum_prefix
-        plan.attention_pairs = float(sum_prefix)
-        plan.max_seq_len = max_seq - 1
-        self.device_free_at = dfree
+        set_decode_step(plan, stretch, m - 1)  # the last step's summaries on the plan its handle carries
+        self.device_free_at = clock.dfree
         inflight_device = (ff.inflight.start, ff.inflight.end) if overlap else None
+        t0s, t1s, t2s, starts, ends, t3s, t4s = out.cols
         times = StretchTimes(m, t0s, t1s, t2s, starts, ends, t3s, t4s, SimForward(plan, starts[-1], ends[-1]), inflight_device)
-        return times, now, p
+        return times, clock.now, clock.p
+
+
+def set_decode_step(plan: ForwardPlan, stretch: DecodeStretch, j: int) -> None:
+    """The summaries of the stretch's step j on a decode plan (what a cost model reads)."""
+    sum_prefix = stretch.sum_prefix_len + j * stretch.batch_size
+    plan.sum_prefix_len = sum_prefix
+    plan.sum_seq_len = sum_prefix + stretch.batch_size
+    plan.attention_pairs = float(sum_prefix + stretch.batch_size)
+    plan.max_seq_len = stretch.max_seq_len + j

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from scheduler.config import SchedulerConfig
+from scheduler.invariants import InvariantError
 from scheduler.loop import CpuWork, EventLoop
 from scheduler.model_config import load_model_config
 from scheduler.policy import POLICIES
@@ -334,6 +335,33 @@ def test_kv_slots_consistent_through_retractions(policy, page_size):
     """The same checks on a pool barely larger than one request (overlap mode)."""
     trace = _burst_trace(seed=4, n=6)
     _run_checked(trace, kv_tokens=_two_at_a_time(trace), policy=policy, page_size=page_size, overlap=True)
+
+
+@pytest.mark.parametrize("page_size", [1, 16], ids=["page1", "page16"])
+@pytest.mark.parametrize("damage, message", [
+    ("free_twice", "free twice"),
+    ("leak", "KV leak"),
+    ("cached_and_free", "also free"),
+    ("fresh_on_free_list", "fresh page is on the free list"),
+])
+def test_end_of_run_check_names_a_broken_pool(mixed, page_size, damage, message):
+    """After a clean run the end-of-run check passes; each way a KV page can go wrong makes it
+    fail, naming what broke."""
+    _, trace = mixed
+    sched, _ = _run_checked(trace, kv_tokens=3 * _max_need(trace), policy="fcfs", page_size=page_size, overlap=True)
+    alloc = sched.allocator
+    held_page = sched.tree_cache.all_values()[0] // page_size
+    assert len(alloc.free_pages) > 0 and held_page not in set(alloc.free_pages)
+    if damage == "free_twice":
+        alloc.free_pages.append(alloc.free_pages[0])
+    elif damage == "leak":
+        alloc.free_pages.pop()
+    elif damage == "cached_and_free":
+        alloc.free_pages.append(held_page)
+    else:
+        alloc.free_pages.append(alloc.next_fresh_page)
+    with pytest.raises(InvariantError, match=message):
+        sched.check_invariants()
 
 
 # --- requests that can never run ---------------------------------------------------------

@@ -1,0 +1,166 @@
+"""The clock of a decode stretch: each step's times, as the SimDriver stamps them one by one.
+
+Answering a step's waits (sim_driver.py: CpuWork "schedule", Launch, AwaitResult, CpuWork
+"process") runs these float operations, with p the CPU time charged and not yet waited out:
+
+    t0 = now + p                                  schedule starts (the stretch is cut here
+                                                  if t0 reaches the next arrival)
+    p += cs; t1 = now + p                         launch starts
+    p += cl; start = max(t1, dfree)               the forward starts when launched and the
+    end = max(start + d, now + p); dfree = end    stream is free; it ends no earlier than
+    t2 = now + p                                  its launch
+    now = now + (max(waited, now + p) - now)      the await: SimPy's timeout to `waited`
+    p = 0.0; t3 = now + p                         (this step's end; with overlap, the end of
+    p += cp; t4 = now + p                         the step launched before)
+
+ScalarSteps runs exactly that, a step at a time. From the second step on p starts at cp, so
+when every max picks the same side at every step (the device is the bottleneck, the usual
+case) the steps are sums along one sequence: np.add.accumulate, which adds in order, gives
+the very floats of the loop. vector_steps computes that, then checks elementwise that every
+max did pick that side and that each await landed exactly on its target; the first step that
+fails the check, and every step after it, go back to the scalar loop. So both paths give the
+same floats; the vector path is only faster.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+TIME_COLUMNS = ("schedule_start", "schedule_end", "launch_end", "device_start", "device_end", "process_start", "process_end")
+
+
+@dataclass(slots=True)
+class DriverClock:
+    """The driver's state between two steps."""
+
+    now: float  # SimPy's time
+    p: float  # CPU time charged, not yet waited out
+    dfree: float  # when the device stream is free (the end of the last forward launched)
+    prev_end: float  # overlap: the end of the forward in flight (awaited by the next step)
+
+
+@dataclass(frozen=True, slots=True)
+class StepCosts:
+    """CPU seconds of a decode step's stages (the same every step of a stretch)."""
+
+    schedule: float
+    launch: float
+    process: float
+    overlap: bool  # the await waits for the step launched before, not this one
+
+
+class StretchColumns:
+    """The seven time columns of the stretch's steps (TIME_COLUMNS), appended step by step or in bulk."""
+
+    def __init__(self) -> None:
+        self.cols = [array("d") for _ in TIME_COLUMNS]
+
+    def __len__(self) -> int:
+        return len(self.cols[0])
+
+    def extend(self, values: tuple[np.ndarray, ...]) -> None:
+        for col, v in zip(self.cols, values):
+            col.frombytes(np.ascontiguousarray(v, dtype=np.float64).tobytes())
+
+
+def scalar_steps(clock: DriverClock, costs: StepCosts, duration: Callable[[int], float], j: int, stop: int,
+                 arrival: float, out: StretchColumns) -> bool:
+    """Steps j .. stop - 1, one at a time (the module's loop). Returns True if the stretch was
+    cut before a step (after its first) whose schedule would start at or after arrival."""
+    now, p, dfree, prev_end = clock.now, clock.p, clock.dfree, clock.prev_end
+    cs, cl, cp, overlap = costs.schedule, costs.launch, costs.process, costs.overlap
+    add_t0, add_t1, add_t2, add_start, add_end, add_t3, add_t4 = (c.append for c in out.cols)
+    cut = False
+    while j < stop:
+        t0 = now + p
+        if j and t0 >= arrival:
+            cut = True
+            break
+        p += cs
+        t1 = now + p
+        p += cl
+        start = t1 if t1 >= dfree else dfree
+        end = start + duration(j)
+        if end < now + p:
+            end = now + p
+        dfree = end
+        t2 = now + p
+        waited = prev_end if overlap else end
+        now_p = now + p
+        now = now + ((waited if waited >= now_p else now_p) - now)
+        p = 0.0
+        t3 = now + p
+        p += cp
+        t4 = now + p
+        prev_end = end
+        add_t0(t0)
+        add_t1(t1)
+        add_t2(t2)
+        add_start(start)
+        add_end(end)
+        add_t3(t3)
+        add_t4(t4)
+        j += 1
+    clock.now, clock.p, clock.dfree, clock.prev_end = now, p, dfree, prev_end
+    return cut
+
+
+def vector_steps(clock: DriverClock, costs: StepCosts, durations: np.ndarray, arrival: float,
+                 out: StretchColumns) -> tuple[int, bool]:
+    """Steps whose durations are `durations` (none of them a stretch's first step), in bulk
+    while the device is the bottleneck. Returns (steps taken, cut): the steps before the
+    first cut or the first step the bulk sums cannot take; the clock moves past them."""
+    cp = costs.process
+    if clock.p != cp or len(durations) == 0:
+        return 0, False
+    n = len(durations)
+    p1 = cp + costs.schedule  # p after "schedule", from cp
+    p2 = p1 + costs.launch  # after "launch"
+    if costs.overlap:
+        # The forward starts when the one before ends (dfree) and the await waits for that one:
+        # end_j = end_{j-1} + d_j, and now_{j+1} = end_{j-1}.
+        seq = np.empty(n + 1)
+        seq[0] = clock.dfree
+        seq[1:] = durations
+        ends_ = np.add.accumulate(seq)  # ends_[i]: end of step i - 1 (ends_[0] the one before)
+        nows = np.empty(n + 1)
+        nows[0] = clock.now
+        nows[1:] = ends_[:n]
+        before, start, end = nows[:n], ends_[:n], ends_[1:]
+        t1, t2 = before + p1, before + p2
+        waited = start  # the end of the step before
+        ok = (start >= t1) & (end >= t2) & (waited >= t2) & (before + (waited - before) == waited)
+        if n and clock.prev_end != clock.dfree:
+            ok[0] = False
+    else:
+        # The step launches when its schedule ends and the await waits for it:
+        # end_j = (now_j + p1) + d_j, and now_{j+1} = end_j.
+        seq = np.empty(2 * n + 1)
+        seq[0] = clock.now
+        seq[1::2] = p1
+        seq[2::2] = durations
+        acc = np.add.accumulate(seq)
+        nows = acc[0::2]  # nows[i]: now at the start of step i (then after the last)
+        before, t1, end = nows[:n], acc[1::2], acc[2::2]
+        start = t1
+        t2 = before + p2
+        prev = np.empty(n)
+        prev[0] = clock.dfree
+        prev[1:] = end[:-1]
+        waited = end
+        ok = (t1 >= prev) & (end >= t2) & (before + (waited - before) == waited)
+    t0 = before + cp
+    hits = t0 >= arrival
+    cut_at = int(hits.argmax()) if hits.any() else n
+    bad_at = int(ok.argmin()) if not ok.all() else n
+    m = min(cut_at, bad_at)
+    if m:
+        after = nows[1 : m + 1]
+        out.extend((t0[:m], t1[:m], t2[:m], start[:m], end[:m], after, after + cp))
+        clock.now, clock.p = float(after[-1]), cp
+        clock.dfree = clock.prev_end = float(end[m - 1])
+    return m, cut_at <= bad_at and cut_at < n
