@@ -44,10 +44,14 @@ def check_end_of_run(
     if cache.protected_size() != 0:
         errors.append(f"{cache.protected_size()} KV slots still locked in the cache")
     held = np.array(cache.all_values(), dtype=np.int64)
-    held_pages = np.unique(held // alloc.page_size)
-    if len(held) != cache.evictable_size() or (held_pages.size and (held_pages.max() >= used or times_free[held_pages].any())):
+    held_pages = held // alloc.page_size
+    if held.size and (held_pages.min() < 0 or held_pages.max() >= used):
+        errors.append("the cache holds a page never handed out")
+        held_pages = held_pages[(held_pages >= 0) & (held_pages < used)]
+    is_held = np.bincount(held_pages, minlength=used) > 0
+    if len(held) != cache.evictable_size() or (is_held & (times_free > 0)).any():
         errors.append("the cache's slots and its evictable size disagree, or a cached page is also free")
-    leaked = used - int(np.count_nonzero(times_free)) - len(held_pages)
+    leaked = used - int(np.count_nonzero(times_free | is_held))
     if leaked:
         errors.append(f"KV leak: {leaked} pages neither free nor cached")
     if req_to_token_pool.available_size() != req_to_token_pool.size:

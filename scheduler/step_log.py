@@ -42,18 +42,35 @@ def _column(name: str):
 
 
 class StepLog:
+    """Rows appended one at a time wait as tuples (one list append a step, not 21 array
+    appends) and go into the typed columns, column by column at C speed, when anything
+    reads them or a bulk extend comes."""
+
     def __init__(self) -> None:
-        self.cols: dict[str, list | array] = {name: _column(name) for name in STEP_COLUMNS}
-        self._appenders = [self.cols[name].append for name in STEP_COLUMNS]
+        self._cols: dict[str, list | array] = {name: _column(name) for name in STEP_COLUMNS}
+        self._rows: list[tuple] = []
+
+    @property
+    def cols(self) -> dict[str, list | array]:
+        self._settle()
+        return self._cols
+
+    def _settle(self) -> None:
+        rows = self._rows
+        if rows:
+            self._rows = []
+            for col, values in zip(self._cols.values(), zip(*rows)):
+                col.extend(values)
 
     def append(self, *values) -> None:
-        for add, v in zip(self._appenders, values):
-            add(v)
+        """One row: a value for each of STEP_COLUMNS, in order."""
+        self._rows.append(values)
 
     def extend(self, num_rows: int, values: dict[str, Any]) -> None:
         """num_rows rows at once: each column's value is a sequence of num_rows (an array, a
         numpy array), or one value for all of them."""
-        for name, col in self.cols.items():
+        self._settle()
+        for name, col in self._cols.items():
             v = values[name]
             if isinstance(v, (int, float, str)):
                 col.extend((array(col.typecode, (v,)) if name != "mode" else [v]) * num_rows)
@@ -63,10 +80,11 @@ class StepLog:
                 col.extend(v)
 
     def __len__(self) -> int:
-        return len(self.cols["step"])
+        return len(self._cols["step"]) + len(self._rows)
 
     def columns(self, start: int, stop: int) -> dict[str, list | array]:
         """Rows start..stop (copies, of whole rows only) as columns: what a run folder writes."""
-        # A KeyboardInterrupt can land between two columns' appends: keep only whole rows.
-        stop = min(stop, *(len(c) for c in self.cols.values()))
-        return {name: col[start:stop] for name, col in self.cols.items()}
+        cols = self.cols
+        # A KeyboardInterrupt can land between two columns' extends: keep only whole rows.
+        stop = min(stop, *(len(c) for c in cols.values()))
+        return {name: col[start:stop] for name, col in cols.items()}
