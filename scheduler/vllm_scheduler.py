@@ -372,6 +372,8 @@ class VllmScheduler:
         for r in running:
             if (r.pending_token is not None) != pending or r.input_len + len(r.output_ids) + pending - r.seq_len != 1:
                 return None  # not decoding (a prefill chunk), or not as the in-flight batch says
+            if r.seq_len < r.input_len:
+                return None  # its prompt's last token: a one-token prefill chunk (an extend), not a decode
         limit = steps_before_finish(running, token_id)
         ps = self.page_size
         if not self.tree_cache.disabled:

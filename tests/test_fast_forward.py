@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from scheduler.config import SchedulerConfig
@@ -99,8 +99,22 @@ def _assert_frames_equal(a: pd.DataFrame, b: pd.DataFrame, what: str) -> None:
             assert x.tolist() == y.tolist(), f"{what}.{c}"
 
 
+# Found by the property: under vLLM, a prompt's last token computed alone (a one-token chunk)
+# is an extend step, not the first step of a decode stretch.
+_ONE_TOKEN_LAST_CHUNK = (
+    Trace(requests=[
+        TraceRequest(arrival_s=0.0, input_len=1, output_len=1, input_ids=[50000]),
+        TraceRequest(arrival_s=0.001, input_len=29, output_len=2, input_ids=list(range(20000, 20029))),
+        TraceRequest(arrival_s=0.001, input_len=35, output_len=5, input_ids=list(range(10000, 10035))),
+    ]),
+    {"scheduler": "vllm", "overlap": False, "page_size": 16, "kv_tokens": 80, "disable_radix_cache": False,
+     "policy": "fcfs", "max_num_seqs": 2, "max_num_batched_tokens": 32},
+)
+
+
 @settings(max_examples=int(os.environ.get("FF_EXAMPLES", 80)), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(case=_case())
+@example(case=_ONE_TOKEN_LAST_CHUNK)
 def test_fast_forward_gives_the_run_that_stepping_gives(case, tmp_path_factory):
     trace, opts = case
     tmp = tmp_path_factory.mktemp("ff")
