@@ -40,7 +40,7 @@ from scheduler.decode_stretch import DecodeStretch
 from scheduler.forward_plan import ForwardPlan
 from scheduler.protocol import Launched, SchedulerCore
 from scheduler.req import Req
-from scheduler.step_log import StepLog
+from scheduler.step_log import StepLog, StretchRows
 
 
 @dataclass(slots=True)
@@ -218,46 +218,26 @@ class EventLoop:
         self._num_steps += m
         self.num_stretches += 1
         bs = stretch.batch_size
-        # Step j's launch; with overlap the row of step j is the launch before it (the first: prev).
-        launch = np.arange(-1, m - 1) if prev is not None else np.arange(m)
-        sum_prefix = stretch.sum_prefix_len + bs * launch
-        cols = {
-            "step": first_step + launch,
-            "mode": launched.plan.mode.value,
-            "batch_size": bs,
-            "num_tokens": bs,
-            "prefix_tokens": sum_prefix,
-            "cache_hit_tokens": 0,
-            "schedule_start": times.schedule_start,
-            "schedule_end": times.schedule_end,
-            "launch_start": times.schedule_end,
-            "launch_end": times.launch_end,
-            "device_start": times.device_start,
-            "device_end": times.device_end,
-            "process_start": times.process_start,
-            "process_end": times.process_end,
-            "kv_used_tokens": stretch.kv_used_after(kv_before, m),
-            "kv_cached_tokens": sched.tree_cache.evictable_size(),
-            "num_running": sched.running_batch.batch_size(),
-            "num_waiting": len(sched.waiting_queue),
-            "num_retracted": 0,
-            "max_seq_len": stretch.max_seq_len + launch,
-            "attention_pairs": (sum_prefix + bs).astype(np.float64),
-        }
-        if prev is not None:
-            # The first row is the batch in flight before the stretch: its own record.
-            plan = prev.launched.plan
-            for name, first in (("prefix_tokens", plan.sum_prefix_len), ("max_seq_len", plan.max_seq_len),
-                                ("attention_pairs", plan.attention_pairs), ("step", prev.step)):
-                cols[name][0] = first
-            for name in ("cache_hit_tokens", "num_retracted"):
-                col = cols[name] = np.zeros(m, dtype=np.int64)
-                col[0] = getattr(prev.launched, name)
-            for name, first in (("schedule_start", prev.schedule_start), ("schedule_end", prev.schedule_end),
-                                ("launch_start", prev.schedule_end), ("launch_end", prev.launch_end),
-                                ("device_start", times.inflight_device[0]), ("device_end", times.inflight_device[1])):
-                cols[name] = array("d", (first,)) + cols[name][: m - 1]
-        self.steps.extend(m, cols)
+        mode = launched.plan.mode.value
+        kv_used = stretch.kv_used_after(kv_before, m)
+        after = (sched.tree_cache.evictable_size(), sched.running_batch.batch_size(), len(sched.waiting_queue))
+        t = (times.schedule_start, times.schedule_end, times.schedule_end, times.launch_end,
+             times.device_start, times.device_end, times.process_start, times.process_end)
+        if prev is None:
+            self.steps.extend_stretch(StretchRows(first_step, m, mode, bs, stretch.sum_prefix_len, stretch.max_seq_len,
+                                                  t, kv_used, *after))
+        else:
+            # With overlap, step j's row is written when the step launched before it is processed:
+            # the first row is the batch in flight before the stretch (its own record), row j >= 1
+            # the stretch's launch j - 1.
+            plan, inflight = prev.launched.plan, times.inflight_device
+            self.steps.append(prev.step, mode, bs, bs, plan.sum_prefix_len, prev.launched.cache_hit_tokens,
+                              prev.schedule_start, prev.schedule_end, prev.schedule_end, prev.launch_end,
+                              inflight[0], inflight[1], times.process_start[0], times.process_end[0],
+                              int(kv_used[0]), *after, prev.launched.num_retracted, plan.max_seq_len, plan.attention_pairs)
+            launched_rows = tuple(c[: m - 1] for c in t[:6]) + tuple(c[1:] for c in t[6:])
+            self.steps.extend_stretch(StretchRows(first_step, m - 1, mode, bs, stretch.sum_prefix_len, stretch.max_seq_len,
+                                                  launched_rows, kv_used[1:], *after))
         if self.progress is not None:
             self.progress(len(sched.done))
         return _InFlight(launched, times.last_handle, self._num_steps, times.schedule_start[m - 1],
