@@ -276,7 +276,8 @@ class Scheduler:
         further decode step (SGLang's skip-finishing-decode)."""
         if not self.config.overlap or not self.inflight:
             return []
-        near_end = [r for r in batch.reqs if r.next_output_finishes_by_length()]
+        # Req.next_output_finishes_by_length, inlined: this runs over the batch every step.
+        near_end = [r for r in batch.reqs if len(r.output_ids) + 1 >= r.max_new_tokens]
         if not near_end:
             return near_end
         queued = set(map(id, self.inflight[0].reqs))
