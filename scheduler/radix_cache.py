@@ -98,11 +98,21 @@ class RadixCache:
     # -- match / insert ---------------------------------------------------
     def match_prefix(self, key: Sequence[int], max_len: int | None = None) -> tuple[array, TreeNode]:
         """KV slots of the longest cached prefix of key[:max_len] (page aligned), and its last node."""
-        key = as_ids(key)
+        value = ids()
+        return value, self._walk_and_stamp(as_ids(key), max_len, value)
+
+    def touch_prefix(self, key: Sequence[int]) -> None:
+        """Refresh the LRU stamps of key's cached prefix: a match (its splits included) whose
+        slots are not gathered."""
+        self._walk_and_stamp(as_ids(key), None, None)
+
+    def _walk_and_stamp(self, key: array, max_len: int | None, value: array | None) -> TreeNode:
+        """The match: walk key[:max_len]'s cached prefix (splitting the node it ends inside),
+        append its slots to value unless None, stamp the path; return the last node."""
         ps = self.page_size
         end = len(key) if max_len is None else min(max_len, len(key))
         end -= end % ps
-        node, pos, value = self.root, 0, ids()
+        node, pos = self.root, 0
         while pos < end:
             child = node.children.get(self._child_key(key, pos))
             if child is None:
@@ -111,10 +121,12 @@ class RadixCache:
             if n < len(child.key):
                 if n > 0:
                     child = self._split_node(child, n)
-                    value.extend(child.value)
+                    if value is not None:
+                        value.extend(child.value)
                     node = child
                 break
-            value.extend(child.value)
+            if value is not None:
+                value.extend(child.value)
             node, pos = child, pos + n
         # SGLang's stamps: the last matched node now, each ancestor a hair earlier (so a
         # deeper node is the more recent), nodes beside the path untouched.
@@ -124,11 +136,7 @@ class RadixCache:
             stamped.last_access = t
             t -= 1e-5
             stamped = stamped.parent
-        return value, node
-
-    def touch_prefix(self, key: Sequence[int]) -> None:
-        """Refresh the LRU stamps of key's cached prefix (a match whose result is not kept)."""
-        self.match_prefix(key)
+        return node
 
     def insert(self, key: Sequence[int], value: Sequence[int]) -> int:
         """Insert key -> value; return how many leading tokens were already cached.
@@ -137,14 +145,24 @@ class RadixCache:
         """
         return self._insert(as_ids(key), as_ids(value))[0]
 
-    def _insert(self, key: array, value: array) -> tuple[int, TreeNode]:
-        """insert(), also returning the node that ends at the end of key."""
+    def _insert(self, key: array, value: array, known: TreeNode | None = None) -> tuple[int, TreeNode]:
+        """insert(), also returning the node that ends at the end of key.
+
+        known: a node whose path from the root spells a prefix of key (a request's locked
+        last_node): that path is walked, and stamped, without comparing tokens."""
         ps = self.page_size
         assert len(key) % ps == 0 and len(key) == len(value)
         node, pos = self.root, 0
         # SGLang's stamps: every node walked gets a fresh tick, deeper ones later; a split
         # stamps its upper part, then its lower part; a new leaf is the latest.
         self.root.last_access = self._tick()
+        if known is not None and known is not self.root:
+            path = self._path_to(known)
+            known_len = sum(len(n.key) for n in path)
+            if known_len <= len(key):
+                for n in path:  # each matches whole, as the walk below would find
+                    n.last_access = self._tick()
+                node, pos = known, known_len
         while pos < len(key):
             child = node.children.get(self._child_key(key, pos))
             if child is None:
@@ -277,7 +295,9 @@ class RadixCache:
         kv_len = finished_kv_len(req)
         prompt = req.origin_input_ids
         token_ids = prompt[:kv_len] if kv_len <= len(prompt) else prompt + ids(req.output_ids[: kv_len - len(prompt)])
-        kv = self.req_to_token_pool.get(req.req_pool_idx, 0, kv_len)
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        # The row is dropped below and the tree copies what it keeps: no copy of a whole row.
+        kv = row if len(row) == kv_len else row[:kv_len]
         self._insert_and_release(req, token_ids, kv)
         self.req_to_token_pool.free(req.req_pool_idx)
         self.dec_lock_ref(req.last_node)
@@ -287,27 +307,46 @@ class RadixCache:
         if aligned < len(kv):
             self.allocator.free(kv[aligned:])
             token_ids, kv = token_ids[:aligned], kv[:aligned]
-        already = self.insert(token_ids, kv)
+        already, end_node = self._insert(token_ids, kv, known=req.last_node)
         # Slots of the part another request cached first are duplicates: free ours.
         self.allocator.free(kv[len(req.prefix_indices) : already])
-        self._split_at_prompt(req, kv)
+        self._split_at_prompt(req, len(kv), end_node)
 
-    def _split_at_prompt(self, req: Req, kv: array) -> None:
+    def _split_at_prompt(self, req: Req, inserted_len: int, end_node: TreeNode) -> None:
         """Insert the prompt again so that its node ends where the outputs begin: eviction
-        can then drop a request's output KV and keep its prompt (SGLang's checkpoint)."""
+        can then drop a request's output KV and keep its prompt (SGLang's checkpoint).
+
+        The tokens were just inserted, ending at end_node, and the prompt is their prefix: so
+        that insert walks end_node's path without comparing tokens. It stamps as _insert does
+        (the root, then each node walked) and splits the node the prompt ends inside."""
         n = req.input_len - req.input_len % self.page_size
-        if 0 < n < len(kv) - len(kv) % self.page_size:
-            self._insert(req.origin_input_ids[:n], kv[:n])
+        if not 0 < n < inserted_len - inserted_len % self.page_size:
+            return
+        self.root.last_access = self._tick()
+        pos = 0
+        for child in self._path_to(end_node):
+            child.last_access = self._tick()
+            if pos + len(child.key) > n:
+                self._split_node(child, n - pos)
+                return
+            pos += len(child.key)
+            if pos == n:
+                return
+
+    def _path_to(self, node: TreeNode) -> list[TreeNode]:
+        """The nodes from the root (excluded) down to node."""
+        path = []
+        while node is not None and node is not self.root:
+            path.append(node)
+            node = node.parent
+        path.reverse()
+        return path
 
     def _path_values(self, node: TreeNode) -> array:
         """The slots from the root down to node (no LRU touch, unlike a match)."""
-        parts = []
-        while node is not None and node is not self.root:
-            parts.append(node.value)
-            node = node.parent
         out = ids()
-        for v in reversed(parts):
-            out.extend(v)
+        for n in self._path_to(node):
+            out.extend(n.value)
         return out
 
     def cache_unfinished_req(self, req: Req) -> None:
@@ -316,7 +355,8 @@ class RadixCache:
         kv = self.req_to_token_pool.get(req.req_pool_idx, 0, len(token_ids))
         aligned = len(kv) - len(kv) % self.page_size
         whole = aligned == len(kv)
-        already, new_last_node = self._insert(token_ids if whole else token_ids[:aligned], kv if whole else kv[:aligned])
+        already, new_last_node = self._insert(token_ids if whole else token_ids[:aligned], kv if whole else kv[:aligned],
+                                              known=req.last_node)
         num_prefix = len(req.prefix_indices)
         if already <= num_prefix:
             new_indices = kv if whole else kv[:aligned]  # the tree took our slots as they are
@@ -329,7 +369,7 @@ class RadixCache:
             new_indices = self._path_values(new_last_node)
             assert len(new_indices) == aligned
             self.req_to_token_pool.write(req.req_pool_idx, start, new_indices[start:])
-        self._split_at_prompt(req, kv)
+        self._split_at_prompt(req, aligned, new_last_node)
         self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(new_last_node)
         # The unaligned tail stays the request's own.
