@@ -306,7 +306,16 @@ def materialize_input_ids(req: TraceRequest, index: int, vocab_size: int | None 
         bs = req.block_size
         used = req.block_hashes[: -(-total // bs)]  # blocks that hold at least one token
         markers, offsets = _block_markers_and_offsets(used, vocab_size, pool_size)
-        for marker, offset in zip(markers, offsets):
+        full = len(used) if len(used) * bs <= total else len(used) - 1
+        if bs - 1 <= pool_size:
+            # Whole blocks inline (the hot loop of a long trace): _append_run's one slice each.
+            pool, nbytes = _pool_bytes(pool_size), 8 * (bs - 1)
+            append, frombytes = out.append, out.frombytes
+            for marker, offset in zip(markers[:full], offsets[:full]):
+                append(marker)
+                frombytes(pool[8 * offset : 8 * offset + nbytes])
+            pos = full * bs
+        for marker, offset in zip(markers[pos // bs :], offsets[pos // bs :]):
             n = min(bs, total - pos)
             _append_run(out, n, marker, offset, pool_size)
             pos += n
