@@ -352,14 +352,20 @@ class RadixCache:
     def cache_unfinished_req(self, req: Req) -> None:
         """Cache the tokens a request has prefilled so far; it keeps running on the tree's slots."""
         token_ids = req.fill_ids
-        kv = self.req_to_token_pool.get(req.req_pool_idx, 0, len(token_ids))
-        aligned = len(kv) - len(kv) % self.page_size
-        whole = aligned == len(kv)
+        kv_len = len(token_ids)
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        # Read here, never kept (the tree copies what it keeps): the row itself, not a copy.
+        kv = row if len(row) == kv_len else row[:kv_len]
+        aligned = kv_len - kv_len % self.page_size
+        whole = aligned == kv_len
         already, new_last_node = self._insert(token_ids if whole else token_ids[:aligned], kv if whole else kv[:aligned],
                                               known=req.last_node)
         num_prefix = len(req.prefix_indices)
         if already <= num_prefix:
-            new_indices = kv if whole else kv[:aligned]  # the tree took our slots as they are
+            # The tree took our slots as they are: the prefix becomes kv, all of it (with an
+            # unaligned tail, which stays the request's own). The row starts with the prefix,
+            # so only the new part is appended to the request's own prefix array.
+            req.prefix_indices.extend(kv[num_prefix:])
         else:
             # Another request cached part of these tokens first: use its slots, free ours.
             # An unaligned tail of our earlier chunk shares its page with kv[num_prefix],
@@ -368,10 +374,9 @@ class RadixCache:
             self.allocator.free(kv[num_prefix:already])
             new_indices = self._path_values(new_last_node)
             assert len(new_indices) == aligned
-            self.req_to_token_pool.write(req.req_pool_idx, start, new_indices[start:])
+            self.req_to_token_pool.write(req.req_pool_idx, start, new_indices[start:])  # (row[aligned:] unchanged)
+            req.prefix_indices = new_indices if whole else new_indices + kv[aligned:]
         self._split_at_prompt(req, aligned, new_last_node)
         self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(new_last_node)
-        # The unaligned tail stays the request's own.
-        req.prefix_indices = new_indices if whole else new_indices + kv[aligned:]
         req.last_node = new_last_node
