@@ -150,19 +150,27 @@ class RadixCache:
 
         known: a node whose path from the root spells a prefix of key (a request's locked
         last_node): that path is walked, and stamped, without comparing tokens."""
-        ps = self.page_size
-        assert len(key) % ps == 0 and len(key) == len(value)
-        node, pos = self.root, 0
+        assert len(key) % self.page_size == 0 and len(key) == len(value)
+        node, pos = self._start_insert(known, len(key))
+        return self._insert_from(node, key, value, pos)
+
+    def _start_insert(self, known: TreeNode | None, key_len: int) -> tuple[TreeNode, int]:
+        """The start of an insert of key_len tokens: stamp the root, and known's path if it is
+        not longer than the key; return where the walk goes on (a node and its end)."""
         # SGLang's stamps: every node walked gets a fresh tick, deeper ones later; a split
         # stamps its upper part, then its lower part; a new leaf is the latest.
         self.root.last_access = self._tick()
         if known is not None and known is not self.root:
             path = self._path_to(known)
             known_len = sum(len(n.key) for n in path)
-            if known_len <= len(key):
-                for n in path:  # each matches whole, as the walk below would find
+            if known_len <= key_len:
+                for n in path:  # each matches whole, as the walk would find
                     n.last_access = self._tick()
-                node, pos = known, known_len
+                return known, known_len
+        return self.root, 0
+
+    def _insert_from(self, node: TreeNode, key: array, value: array, pos: int) -> tuple[int, TreeNode]:
+        """The insert walk from node, where key[pos:] (-> value[pos:]) starts below it."""
         while pos < len(key):
             child = node.children.get(self._child_key(key, pos))
             if child is None:
@@ -293,24 +301,31 @@ class RadixCache:
     def cache_finished_req(self, req: Req) -> None:
         """Put a finished (or retracted) request's tokens in the tree and release its slot."""
         kv_len = finished_kv_len(req)
-        prompt = req.origin_input_ids
-        token_ids = prompt[:kv_len] if kv_len <= len(prompt) else prompt + ids(req.output_ids[: kv_len - len(prompt)])
+        # Read here and dropped below (the tree copies what it keeps): the row itself.
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-        # The row is dropped below and the tree copies what it keeps: no copy of a whole row.
-        kv = row if len(row) == kv_len else row[:kv_len]
-        self._insert_and_release(req, token_ids, kv)
+        aligned = kv_len - kv_len % self.page_size
+        if aligned < kv_len:
+            self.allocator.free(row[aligned:kv_len])
+        # The insert of the tokens [0, aligned): past the request's locked node, only the
+        # tokens after its path are made and walked.
+        node, start = self._start_insert(req.last_node, aligned)
+        tail, end_node = self._insert_from(node, self._token_range(req, start, aligned), row[start:aligned], 0)
+        already = start + tail
+        # Slots of the part another request cached first are duplicates: free ours.
+        self.allocator.free(row[len(req.prefix_indices) : already])
+        self._split_at_prompt(req, aligned, end_node)
         self.req_to_token_pool.free(req.req_pool_idx)
         self.dec_lock_ref(req.last_node)
 
-    def _insert_and_release(self, req: Req, token_ids: array, kv: array) -> None:
-        aligned = len(kv) - len(kv) % self.page_size
-        if aligned < len(kv):
-            self.allocator.free(kv[aligned:])
-            token_ids, kv = token_ids[:aligned], kv[:aligned]
-        already, end_node = self._insert(token_ids, kv, known=req.last_node)
-        # Slots of the part another request cached first are duplicates: free ours.
-        self.allocator.free(kv[len(req.prefix_indices) : already])
-        self._split_at_prompt(req, len(kv), end_node)
+    @staticmethod
+    def _token_range(req: Req, start: int, end: int) -> array:
+        """Tokens [start, end) of the request's prompt followed by its outputs."""
+        prompt = req.origin_input_ids
+        if end <= len(prompt):
+            return prompt[start:end]
+        out = prompt[start:] if start < len(prompt) else ids()
+        out.extend(req.output_ids[max(start - len(prompt), 0) : end - len(prompt)])
+        return out
 
     def _split_at_prompt(self, req: Req, inserted_len: int, end_node: TreeNode) -> None:
         """Insert the prompt again so that its node ends where the outputs begin: eviction
