@@ -323,9 +323,10 @@ class RadixCache:
         prompt = req.origin_input_ids
         if end <= len(prompt):
             return prompt[start:end]
-        out = prompt[start:] if start < len(prompt) else ids()
-        out.extend(req.output_ids[max(start - len(prompt), 0) : end - len(prompt)])
-        return out
+        # (ids() of the list slice, then one concatenation: extending an array from a list
+        # grows it item by item)
+        outputs = ids(req.output_ids[max(start - len(prompt), 0) : end - len(prompt)])
+        return prompt[start:] + outputs if start < len(prompt) else outputs
 
     def _split_at_prompt(self, req: Req, inserted_len: int, end_node: TreeNode) -> None:
         """Insert the prompt again so that its node ends where the outputs begin: eviction
