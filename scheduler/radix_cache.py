@@ -170,7 +170,8 @@ class RadixCache:
         return self.root, 0
 
     def _insert_from(self, node: TreeNode, key: array, value: array, pos: int) -> tuple[int, TreeNode]:
-        """The insert walk from node, where key[pos:] (-> value[pos:]) starts below it."""
+        """The insert walk from node, where key[pos:] starts below it. value[:len(key)] are
+        the key's slots (value may go on: a request's row)."""
         while pos < len(key):
             child = node.children.get(self._child_key(key, pos))
             if child is None:
@@ -183,7 +184,7 @@ class RadixCache:
             if n == 0:  # cannot happen: children are keyed by their first page
                 break
         if pos < len(key):
-            leaf = TreeNode(key=key[pos:], value=value[pos:], parent=node, last_access=self._tick())
+            leaf = TreeNode(key=key[pos:], value=value[pos : len(key)], parent=node, last_access=self._tick())
             node.children[self._child_key(leaf.key)] = leaf
             self.evictable_leaves.pop(node, None)  # no longer a leaf
             self._add_evictable(leaf)
@@ -369,30 +370,30 @@ class RadixCache:
         """Cache the tokens a request has prefilled so far; it keeps running on the tree's slots."""
         token_ids = req.fill_ids
         kv_len = len(token_ids)
+        # The slots of token_ids are row[:kv_len]. Read here, never kept (the tree copies what
+        # it keeps): the row itself, not a copy.
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-        # Read here, never kept (the tree copies what it keeps): the row itself, not a copy.
-        kv = row if len(row) == kv_len else row[:kv_len]
         aligned = kv_len - kv_len % self.page_size
         whole = aligned == kv_len
-        already, new_last_node = self._insert(token_ids if whole else token_ids[:aligned], kv if whole else kv[:aligned],
-                                              known=req.last_node)
+        node, walk_from = self._start_insert(req.last_node, aligned)
+        already, new_last_node = self._insert_from(node, token_ids if whole else token_ids[:aligned], row, walk_from)
         num_prefix = len(req.prefix_indices)
         if already <= num_prefix:
-            # The tree took our slots as they are: the prefix becomes kv, all of it (with an
+            # The tree took our slots as they are: the prefix becomes row[:kv_len] (with an
             # unaligned tail, which stays the request's own). The row starts with the prefix,
             # so only the new part is appended to the request's own prefix array (as bytes:
             # one memcpy, no temporary array).
             req.prefix_indices.frombytes(memoryview(row)[num_prefix:kv_len].cast("B"))
         else:
             # Another request cached part of these tokens first: use its slots, free ours.
-            # An unaligned tail of our earlier chunk shares its page with kv[num_prefix],
+            # An unaligned tail of our earlier chunk shares its page with row[num_prefix],
             # so that page goes too: rewrite the row from the page start.
             start = num_prefix - num_prefix % self.page_size
-            self.allocator.free(kv[num_prefix:already])
+            self.allocator.free(row[num_prefix:already])
             new_indices = self._path_values(new_last_node)
             assert len(new_indices) == aligned
             self.req_to_token_pool.write(req.req_pool_idx, start, new_indices[start:])  # (row[aligned:] unchanged)
-            req.prefix_indices = new_indices if whole else new_indices + kv[aligned:]
+            req.prefix_indices = new_indices if whole else new_indices + row[aligned:kv_len]
         self._split_at_prompt(req, aligned, new_last_node)
         self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(new_last_node)
