@@ -238,7 +238,8 @@ def _sim_hash_marker(h: int) -> int:
 
 # splitmix64's constants as numpy scalars: uint64 arrays wrap mod 2**64 like the masks above.
 _U1, _U20, _U27, _U30, _U31 = (np.uint64(k) for k in (1, 20, 27, 30, 31))
-_MIX_ADD, _MIX_MUL1, _MIX_MUL2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_MIX_ADD = np.uint64(0x9E3779B97F4A7C15)
+_MIX_MUL1, _MIX_MUL2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
 def _block_markers_and_offsets(hashes: list[int], vocab_size: int | None, pool_size: int) -> tuple[list[int], list[int]]:
@@ -293,7 +294,6 @@ def materialize_input_ids(req: TraceRequest, index: int, vocab_size: int | None 
     block_hashes[i] and the block size alone, so equal hashes give equal tokens wherever
     they occur, and different hashes give different first tokens. Tokens past the hashed
     blocks are unique to the request. With vocab_size every id is in [0, vocab_size).
-
     """
     if req.input_ids is not None:
         return array("q", req.input_ids)
