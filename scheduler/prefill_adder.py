@@ -59,7 +59,11 @@ class PrefillAdder:
         self.total_offset: float = num_mixed_decode_tokens
         self.current_offset: float = num_mixed_decode_tokens
         if running_batch is not None:
-            self.total_offset += sum(self.running_offset(r) for r in running_batch.reqs)
+            # sum(running_offset(r) for r in running_batch.reqs), in the same order, inlined: a
+            # prefill look happens nearly every step, over every running request.
+            ratio = new_token_ratio
+            self.total_offset += sum([min(r.max_new_tokens - len(r.output_ids), CLIP_MAX_NEW_TOKENS)
+                                      * (1.0 if r.sampling_params.ignore_eos else ratio) for r in running_batch.reqs])
         self.can_run_list: list[Req] = []
         self.preempt_list: list[Req] = []
         self.new_chunked_req: Req | None = None
@@ -106,7 +110,9 @@ class PrefillAdder:
 
     def _admit(self, req: Req, extend_len: int) -> None:
         req.extend_input_len = extend_len
-        req.fill_ids = req.fill_ids[: len(req.prefix_indices) + extend_len]
+        end = len(req.prefix_indices) + extend_len
+        if end < len(req.fill_ids):  # (no copy when the whole of it is extended)
+            req.fill_ids = req.fill_ids[:end]
         self.can_run_list.append(req)
 
     # -- the request being chunked -------------------------------------------------------

@@ -98,11 +98,21 @@ class RadixCache:
     # -- match / insert ---------------------------------------------------
     def match_prefix(self, key: Sequence[int], max_len: int | None = None) -> tuple[array, TreeNode]:
         """KV slots of the longest cached prefix of key[:max_len] (page aligned), and its last node."""
-        key = as_ids(key)
+        value = ids()
+        return value, self._walk_and_stamp(as_ids(key), max_len, value)
+
+    def touch_prefix(self, key: Sequence[int]) -> None:
+        """Refresh the LRU stamps of key's cached prefix: a match (its splits included) whose
+        slots are not gathered."""
+        self._walk_and_stamp(as_ids(key), None, None)
+
+    def _walk_and_stamp(self, key: array, max_len: int | None, value: array | None) -> TreeNode:
+        """The match: walk key[:max_len]'s cached prefix (splitting the node it ends inside),
+        append its slots to value unless None, stamp the path; return the last node."""
         ps = self.page_size
         end = len(key) if max_len is None else min(max_len, len(key))
         end -= end % ps
-        node, pos, value = self.root, 0, ids()
+        node, pos = self.root, 0
         while pos < end:
             child = node.children.get(self._child_key(key, pos))
             if child is None:
@@ -111,10 +121,12 @@ class RadixCache:
             if n < len(child.key):
                 if n > 0:
                     child = self._split_node(child, n)
-                    value.extend(child.value)
+                    if value is not None:
+                        value.extend(child.value)
                     node = child
                 break
-            value.extend(child.value)
+            if value is not None:
+                value.extend(child.value)
             node, pos = child, pos + n
         # SGLang's stamps: the last matched node now, each ancestor a hair earlier (so a
         # deeper node is the more recent), nodes beside the path untouched.
@@ -124,11 +136,7 @@ class RadixCache:
             stamped.last_access = t
             t -= 1e-5
             stamped = stamped.parent
-        return value, node
-
-    def touch_prefix(self, key: Sequence[int]) -> None:
-        """Refresh the LRU stamps of key's cached prefix (a match whose result is not kept)."""
-        self.match_prefix(key)
+        return node
 
     def insert(self, key: Sequence[int], value: Sequence[int]) -> int:
         """Insert key -> value; return how many leading tokens were already cached.
@@ -137,14 +145,33 @@ class RadixCache:
         """
         return self._insert(as_ids(key), as_ids(value))[0]
 
-    def _insert(self, key: array, value: array) -> tuple[int, TreeNode]:
-        """insert(), also returning the node that ends at the end of key."""
-        ps = self.page_size
-        assert len(key) % ps == 0 and len(key) == len(value)
-        node, pos = self.root, 0
+    def _insert(self, key: array, value: array, known: TreeNode | None = None) -> tuple[int, TreeNode]:
+        """insert(), also returning the node that ends at the end of key.
+
+        known: a node whose path from the root spells a prefix of key (a request's locked
+        last_node): that path is walked, and stamped, without comparing tokens."""
+        assert len(key) % self.page_size == 0 and len(key) == len(value)
+        node, pos = self._start_insert(known, len(key))
+        return self._insert_from(node, key, value, pos)
+
+    def _start_insert(self, known: TreeNode | None, key_len: int) -> tuple[TreeNode, int]:
+        """The start of an insert of key_len tokens: stamp the root, and known's path if it is
+        not longer than the key; return where the walk goes on (a node and its end)."""
         # SGLang's stamps: every node walked gets a fresh tick, deeper ones later; a split
         # stamps its upper part, then its lower part; a new leaf is the latest.
         self.root.last_access = self._tick()
+        if known is not None and known is not self.root:
+            path = self._path_to(known)
+            known_len = sum(len(n.key) for n in path)
+            if known_len <= key_len:
+                for n in path:  # each matches whole, as the walk would find
+                    n.last_access = self._tick()
+                return known, known_len
+        return self.root, 0
+
+    def _insert_from(self, node: TreeNode, key: array, value: array, pos: int) -> tuple[int, TreeNode]:
+        """The insert walk from node, where key[pos:] starts below it. value[:len(key)] are
+        the key's slots (value may go on: a request's row)."""
         while pos < len(key):
             child = node.children.get(self._child_key(key, pos))
             if child is None:
@@ -157,7 +184,7 @@ class RadixCache:
             if n == 0:  # cannot happen: children are keyed by their first page
                 break
         if pos < len(key):
-            leaf = TreeNode(key=key[pos:], value=value[pos:], parent=node, last_access=self._tick())
+            leaf = TreeNode(key=key[pos:], value=value[pos : len(key)], parent=node, last_access=self._tick())
             node.children[self._child_key(leaf.key)] = leaf
             self.evictable_leaves.pop(node, None)  # no longer a leaf
             self._add_evictable(leaf)
@@ -275,63 +302,99 @@ class RadixCache:
     def cache_finished_req(self, req: Req) -> None:
         """Put a finished (or retracted) request's tokens in the tree and release its slot."""
         kv_len = finished_kv_len(req)
-        prompt = req.origin_input_ids
-        token_ids = prompt[:kv_len] if kv_len <= len(prompt) else prompt + ids(req.output_ids[: kv_len - len(prompt)])
-        kv = self.req_to_token_pool.get(req.req_pool_idx, 0, kv_len)
-        self._insert_and_release(req, token_ids, kv)
+        # Read here and dropped below (the tree copies what it keeps): the row itself.
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        aligned = kv_len - kv_len % self.page_size
+        if aligned < kv_len:
+            self.allocator.free(row[aligned:kv_len])
+        # The insert of the tokens [0, aligned): past the request's locked node, only the
+        # tokens after its path are made and walked.
+        node, start = self._start_insert(req.last_node, aligned)
+        tail, end_node = self._insert_from(node, self._token_range(req, start, aligned), row[start:aligned], 0)
+        already = start + tail
+        # Slots of the part another request cached first are duplicates: free ours.
+        self.allocator.free(row[len(req.prefix_indices) : already])
+        self._split_at_prompt(req, aligned, end_node)
         self.req_to_token_pool.free(req.req_pool_idx)
         self.dec_lock_ref(req.last_node)
 
-    def _insert_and_release(self, req: Req, token_ids: array, kv: array) -> None:
-        aligned = len(kv) - len(kv) % self.page_size
-        if aligned < len(kv):
-            self.allocator.free(kv[aligned:])
-            token_ids, kv = token_ids[:aligned], kv[:aligned]
-        already = self.insert(token_ids, kv)
-        # Slots of the part another request cached first are duplicates: free ours.
-        self.allocator.free(kv[len(req.prefix_indices) : already])
-        self._split_at_prompt(req, kv)
+    @staticmethod
+    def _token_range(req: Req, start: int, end: int) -> array:
+        """Tokens [start, end) of the request's prompt followed by its outputs."""
+        prompt = req.origin_input_ids
+        if end <= len(prompt):
+            return prompt[start:end]
+        # (ids() of the list slice, then one concatenation: extending an array from a list
+        # grows it item by item)
+        outputs = ids(req.output_ids[max(start - len(prompt), 0) : end - len(prompt)])
+        return prompt[start:] + outputs if start < len(prompt) else outputs
 
-    def _split_at_prompt(self, req: Req, kv: array) -> None:
+    def _split_at_prompt(self, req: Req, inserted_len: int, end_node: TreeNode) -> None:
         """Insert the prompt again so that its node ends where the outputs begin: eviction
-        can then drop a request's output KV and keep its prompt (SGLang's checkpoint)."""
+        can then drop a request's output KV and keep its prompt (SGLang's checkpoint).
+
+        The tokens were just inserted, ending at end_node, and the prompt is their prefix: so
+        that insert walks end_node's path without comparing tokens. It stamps as _insert does
+        (the root, then each node walked) and splits the node the prompt ends inside."""
         n = req.input_len - req.input_len % self.page_size
-        if 0 < n < len(kv) - len(kv) % self.page_size:
-            self._insert(req.origin_input_ids[:n], kv[:n])
+        if not 0 < n < inserted_len - inserted_len % self.page_size:
+            return
+        self.root.last_access = self._tick()
+        pos = 0
+        for child in self._path_to(end_node):
+            child.last_access = self._tick()
+            if pos + len(child.key) > n:
+                self._split_node(child, n - pos)
+                return
+            pos += len(child.key)
+            if pos == n:
+                return
+
+    def _path_to(self, node: TreeNode) -> list[TreeNode]:
+        """The nodes from the root (excluded) down to node."""
+        path = []
+        while node is not None and node is not self.root:
+            path.append(node)
+            node = node.parent
+        path.reverse()
+        return path
 
     def _path_values(self, node: TreeNode) -> array:
         """The slots from the root down to node (no LRU touch, unlike a match)."""
-        parts = []
-        while node is not None and node is not self.root:
-            parts.append(node.value)
-            node = node.parent
         out = ids()
-        for v in reversed(parts):
-            out.extend(v)
+        for n in self._path_to(node):
+            out.extend(n.value)
         return out
 
     def cache_unfinished_req(self, req: Req) -> None:
         """Cache the tokens a request has prefilled so far; it keeps running on the tree's slots."""
         token_ids = req.fill_ids
-        kv = self.req_to_token_pool.get(req.req_pool_idx, 0, len(token_ids))
-        aligned = len(kv) - len(kv) % self.page_size
-        whole = aligned == len(kv)
-        already, new_last_node = self._insert(token_ids if whole else token_ids[:aligned], kv if whole else kv[:aligned])
+        kv_len = len(token_ids)
+        # The slots of token_ids are row[:kv_len]. Read here, never kept (the tree copies what
+        # it keeps): the row itself, not a copy.
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        aligned = kv_len - kv_len % self.page_size
+        whole = aligned == kv_len
+        node, walk_from = self._start_insert(req.last_node, aligned)
+        already, new_last_node = self._insert_from(node, token_ids if whole else token_ids[:aligned], row, walk_from)
         num_prefix = len(req.prefix_indices)
         if already <= num_prefix:
-            new_indices = kv if whole else kv[:aligned]  # the tree took our slots as they are
+            # The tree took our slots as they are: the prefix becomes row[:kv_len] (with an
+            # unaligned tail, which stays the request's own). The row starts with the prefix,
+            # so only the new part is appended to the request's own prefix array (as bytes:
+            # one memcpy, no temporary array).
+            req.prefix_indices.frombytes(memoryview(row)[num_prefix:kv_len].cast("B"))
         else:
             # Another request cached part of these tokens first: use its slots, free ours.
-            # An unaligned tail of our earlier chunk shares its page with kv[num_prefix],
+            # An unaligned tail of our earlier chunk shares its page with row[num_prefix],
             # so that page goes too: rewrite the row from the page start.
             start = num_prefix - num_prefix % self.page_size
-            self.allocator.free(kv[num_prefix:already])
+            self.allocator.free(row[num_prefix:already])
             new_indices = self._path_values(new_last_node)
             assert len(new_indices) == aligned
-            self.req_to_token_pool.write(req.req_pool_idx, start, new_indices[start:])
-        self._split_at_prompt(req, kv)
+            self.req_to_token_pool.write(req.req_pool_idx, start, new_indices[start:])  # (row[aligned:] unchanged)
+            req.prefix_indices = new_indices if whole else new_indices + row[aligned:kv_len]
+        self._split_at_prompt(req, aligned, new_last_node)
         self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(new_last_node)
-        # The unaligned tail stays the request's own.
-        req.prefix_indices = new_indices if whole else new_indices + kv[aligned:]
         req.last_node = new_last_node

@@ -230,7 +230,8 @@ class ScheduleBatch:
     # -- membership ---------------------------------------------------------
     def filter_batch(self, exclude: tuple[Req | None, ...] = ()) -> None:
         """Drop finished and retracted requests, and `exclude` (requests still being chunked)."""
-        self.reqs = [r for r in self.reqs if not r.finished() and not r.is_retracted and r not in exclude]
+        # (r.finished() inlined: this runs on every request at every step)
+        self.reqs = [r for r in self.reqs if r.finished_reason is None and not r.is_retracted and r not in exclude]
 
     def merge_batch(self, other: ScheduleBatch) -> None:
         self.reqs.extend(other.reqs)

@@ -18,8 +18,10 @@ page-aligned token prefix (a tuple) to the KV slots of its last page.
 
 from __future__ import annotations
 
+import copy
 import random
 from array import array
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -94,6 +96,18 @@ def node_path(cache: RadixCache, node) -> tuple:
     for p in reversed(parts):
         out += p
     return out
+
+
+def tree_snapshot(cache: RadixCache) -> tuple:
+    """Everything a walk may change: every node in children order, with its tokens, slots,
+    stamp and lock count, and the cache's clock."""
+    out = []
+    stack = [(cache.root, 0)]
+    while stack:
+        node, depth = stack.pop()
+        out.append((depth, tuple(node.key), tuple(node.value), node.last_access, node.lock_ref))
+        stack.extend((c, depth + 1) for c in reversed(list(node.children.values())))
+    return tuple(out), cache._clock
 
 
 def iter_nodes(cache: RadixCache):
@@ -469,6 +483,46 @@ class RadixMachine(RuleBasedStateMachine):
     def unlock(self, pick):
         path, slots, node = self.locks.pop(pick % len(self.locks))
         self.cache.dec_lock_ref(node)
+
+    # -- the shortcuts equal the walks they replace (on a deep copy of the cache) ------
+    @rule(base=st.integers(0, 10**6), cut=st.integers(0, 10**6), suffix=st.lists(ALPHABET, max_size=8))
+    def touch(self, base, cut, suffix):
+        """touch_prefix stamps, and splits, as match_prefix does."""
+        key = self._key(base, cut, suffix, whole_pages=False)
+        twin = copy.deepcopy(self.cache)
+        twin.match_prefix(key)
+        self.cache.touch_prefix(key)
+        assert tree_snapshot(self.cache) == tree_snapshot(twin)
+
+    @precondition(lambda self: self.locks)
+    @rule(pick=st.integers(0, 10**6), suffix=st.lists(ALPHABET, max_size=12), prompt_cut=st.integers(0, 10**6))
+    def insert_after_lock(self, pick, suffix, prompt_cut):
+        """A request's insert past its locked node (walked without compares), then the prompt
+        checkpoint split (walked along the inserted path), equal inserting the tokens and
+        then the prompt again, both walked from the root."""
+        ps = self.PS
+        path, _, node = self.locks[pick % len(self.locks)]
+        key = list(path) + suffix
+        key = key[: len(key) // ps * ps]
+        value = self.alloc.alloc(len(key))
+        if value is None:
+            return
+        twin = copy.deepcopy(self.cache)
+        expect_already = self._expected_match(key)
+        already, end_node = self.cache._insert(array("q", key), value, known=node)
+        twin_already, _ = twin._insert(array("q", key), value)
+        assert already == twin_already == expect_already
+        assert tree_snapshot(self.cache) == tree_snapshot(twin)
+        input_len = prompt_cut % (len(key) + 1)
+        n = input_len - input_len % ps
+        self.cache._split_at_prompt(SimpleNamespace(input_len=input_len), len(key), end_node)
+        if 0 < n < len(key):
+            twin._insert(array("q", key[:n]), value[:n])
+        assert tree_snapshot(self.cache) == tree_snapshot(twin)
+        self.alloc.free(value[:already])
+        for j in range(already, len(key), ps):
+            self.model[tuple(key[: j + ps])] = tuple(value[j : j + ps])
+        self.keys.append(key)
 
     @rule(n=st.integers(0, 60))
     def evict(self, n):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import pickle
 import time
+from array import array
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from testbed.errors import TraceError
 from testbed.traces import cli as traces_cli
+from testbed.traces import schema
 from testbed.traces.formats import detect_format, load_trace
 from testbed.traces.schema import Trace, TraceRequest, file_sha256, materialize_input_ids
 
@@ -315,6 +317,62 @@ def test_materialize_is_fast(mooncake):
         materialize_input_ids(r, i, None)
     per_block = (time.perf_counter() - t0) / blocks
     assert per_block < 20e-6, f"{per_block * 1e6:.1f} us per 512-token block"  # loose: CI machines vary
+
+
+def _materialize_block_by_block(req: TraceRequest, index: int, vocab_size: int | None) -> array:
+    """The former implementation, one block at a time from a materialized pool: the reference
+    the numpy one must equal token for token."""
+    if req.input_ids is not None:
+        return array("q", req.input_ids)
+    pool = array("q", range(schema._SIM_POOL_SIZE if vocab_size is None else vocab_size))
+
+    def run(out: array, n: int, marker: int, mixed: int) -> None:
+        if n <= 0:
+            return
+        out.append(marker)
+        offset, n = mixed % len(pool), n - 1
+        while n > 0:
+            take = min(n, len(pool) - offset)
+            out.extend(pool[offset : offset + take])
+            n -= take
+            offset = 0
+
+    out, total, pos = array("q"), req.input_len, 0
+    for h in req.block_hashes or ():
+        n = min(req.block_size, total - pos)
+        if n <= 0:
+            break
+        mixed = schema._mix64(schema._zigzag(h) & schema._MASK64)
+        run(out, n, schema._sim_hash_marker(h) if vocab_size is None else mixed % vocab_size, mixed >> 20)
+        pos += n
+    if pos < total:
+        mixed = schema._mix64((index ^ 0x5DEECE66D) & schema._MASK64)
+        marker = schema._SIM_REQUEST_MARKER_BASE + index if vocab_size is None else mixed % vocab_size
+        run(out, total - pos, marker, mixed >> 20)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.one_of(st.integers(-1000, 100_000), st.integers(-(2**70), 2**70)), max_size=8),
+    st.integers(1, 700),  # block size
+    st.integers(0, 4000),  # prompt tokens: fewer, as many as or more than the blocks cover
+    st.integers(0, 20_000),  # request index
+    st.sampled_from([None, 1, 7, 50, 32_000, 1 << 16, 150_000]),
+    st.booleans(),  # explicit input_ids
+)
+def test_materialize_equals_block_by_block(hashes, block_size, input_len, index, vocab, explicit):
+    input_ids = [(7 * i) % 97 for i in range(input_len)] if explicit else None
+    req = TraceRequest(0.0, input_len, 1, input_ids=input_ids, block_hashes=hashes or None, block_size=block_size)
+    got = materialize_input_ids(req, index, vocab)
+    assert type(got) is array and got.typecode == "q"
+    assert got == _materialize_block_by_block(req, index, vocab)
+
+
+def test_materialize_mooncake_equals_block_by_block(mooncake):
+    for i, r in enumerate(mooncake.requests[:200]):
+        for vocab in (None, 128_256):
+            assert materialize_input_ids(r, i, vocab) == _materialize_block_by_block(r, i, vocab)
 
 
 @settings(max_examples=60, deadline=None)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
+
 NATIVE_FORMAT_TAG = "testbed-trace"
 NATIVE_VERSION = 1
 DEFAULT_BLOCK_SIZE = 512
@@ -184,9 +186,9 @@ def file_sha256(path: str | os.PathLike) -> str:
 #
 # Only token *equality* matters to a prefix cache, and prefix matching stops at the first
 # differing token. So each hashed block is one "marker" token that identifies the hash,
-# followed by filler tokens copied from a shared pool (a list slice: a C-speed copy of
-# existing int objects, about 1.5 us per 512-token block, where building 512 fresh ints
-# with list(range(...)) costs 6-9 us on a slow server core). The filler offset is also
+# followed by filler tokens read cyclically from a pool, range(pool size), from an offset
+# (a memcpy from the pool's bytes, under a microsecond per 512-token block; the markers and
+# offsets of a prompt's blocks are computed in one go with numpy). The filler offset is also
 # drawn from the hash, so different hashes differ beyond the first token too, except on a
 # rare offset collision; that never creates false sharing because the markers differ.
 # The unique tail of a request (tokens past its hashed blocks, or all of them when it
@@ -212,11 +214,6 @@ _SIM_HASH_MARKER_BASE = 1 << 40
 _MASK64 = (1 << 64) - 1
 
 
-@lru_cache(maxsize=8)
-def _pool(vocab_size: int | None) -> array:
-    return array("q", range(_SIM_POOL_SIZE if vocab_size is None else vocab_size))
-
-
 def _zigzag(h: int) -> int:
     """Any int to a distinct non-negative int: 0, -1, 1, -2, ... -> 0, 1, 2, 3, ..."""
     return 2 * h if h >= 0 else -2 * h - 1
@@ -239,23 +236,55 @@ def _sim_hash_marker(h: int) -> int:
     return _SIM_HASH_MARKER_BASE + (1 << 62) + _mix64(z & _MASK64) % (1 << 61)
 
 
-def _fill(out: array, pool: array, offset: int, n: int) -> None:
-    """Append n tokens from the pool read cyclically from offset."""
-    size = len(pool)
-    while n > 0:
-        take = min(n, size - offset)
-        out.extend(pool[offset : offset + take])
-        n -= take
-        offset = 0
+# splitmix64's constants as numpy scalars: uint64 arrays wrap mod 2**64 like the masks above.
+_U1, _U20, _U27, _U30, _U31 = (np.uint64(k) for k in (1, 20, 27, 30, 31))
+_MIX_ADD = np.uint64(0x9E3779B97F4A7C15)
+_MIX_MUL1, _MIX_MUL2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
-def _append_run(out: array, n: int, marker: int, mixed: int, vocab_size: int | None) -> None:
-    """Append n tokens: the marker, then n - 1 fillers at an offset drawn from `mixed`."""
+def _block_markers_and_offsets(hashes: list[int], vocab_size: int | None, pool_size: int) -> tuple[list[int], list[int]]:
+    """Per block hash: its marker token and its filler offset into the pool (_zigzag, _mix64 and
+    _sim_hash_marker over all hashes at once)."""
+    if not all(-(1 << 61) <= h < 1 << 61 for h in hashes):
+        # Huge hash ids (zigzag beyond 2**62): one at a time, in Python ints.
+        mixed = [_mix64(_zigzag(h) & _MASK64) for h in hashes]
+        markers = [_sim_hash_marker(h) for h in hashes] if vocab_size is None else [m % vocab_size for m in mixed]
+        return markers, [(m >> 20) % pool_size for m in mixed]
+    h = np.array(hashes, dtype=np.int64)
+    z = (h.astype(np.uint64) << _U1) ^ (h >> 63).astype(np.uint64)  # zigzag, < 2**62
+    x = z + _MIX_ADD
+    x ^= x >> _U30
+    x *= _MIX_MUL1
+    x ^= x >> _U27
+    x *= _MIX_MUL2
+    x ^= x >> _U31
+    offsets = ((x >> _U20) % np.uint64(pool_size)).tolist()
+    if vocab_size is None:
+        return (z + np.uint64(_SIM_HASH_MARKER_BASE)).tolist(), offsets
+    return (x % np.uint64(vocab_size)).tolist(), offsets
+
+
+@lru_cache(maxsize=8)
+def _pool_bytes(pool_size: int) -> memoryview:
+    """range(pool_size) twice over, as int64 bytes: any run of up to pool_size fillers from any
+    offset is one slice of it."""
+    pool = array("q", range(pool_size))
+    pool.extend(pool)
+    return memoryview(pool).cast("B")
+
+
+def _write_run(out: array, out_bytes: memoryview, pos: int, n: int, marker: int, offset: int, pool_size: int) -> None:
+    """Write n tokens at out[pos:]: the marker, then n - 1 fillers read cyclically from the pool
+    at offset (out_bytes is out's memory as bytes)."""
     if n <= 0:
         return
-    pool = _pool(vocab_size)
-    out.append(marker)
-    _fill(out, pool, mixed % len(pool), n - 1)
+    pool = _pool_bytes(pool_size)
+    out[pos] = marker
+    pos, n = pos + 1, n - 1
+    while n > 0:
+        take = min(n, pool_size)
+        out_bytes[8 * pos : 8 * (pos + take)] = pool[8 * offset : 8 * (offset + take)]
+        pos, n = pos + take, n - take
 
 
 def materialize_input_ids(req: TraceRequest, index: int, vocab_size: int | None = None) -> array:
@@ -270,28 +299,31 @@ def materialize_input_ids(req: TraceRequest, index: int, vocab_size: int | None 
         return array("q", req.input_ids)
     if vocab_size is not None and vocab_size < 1:
         raise ValueError(f"vocab_size must be positive, got {vocab_size}")
-    out = array("q")  # int64: slices and compares are memcpy/memcmp in the scheduler
-    total = req.input_len
-    pos = 0
-    if req.block_hashes:
-        bs = req.block_size
-        for h in req.block_hashes:
-            n = min(bs, total - pos)
-            if n <= 0:
-                break
-            mixed = _mix64(_zigzag(h) & _MASK64)
-            if vocab_size is None:
-                marker = _sim_hash_marker(h)
-            else:
-                marker = mixed % vocab_size
-            # A second, independent draw for the filler offset.
-            _append_run(out, n, marker, mixed >> 20, vocab_size)
-            pos += n
-    if pos < total:
-        mixed = _mix64((index ^ 0x5DEECE66D) & _MASK64)
-        if vocab_size is None:
-            marker = _SIM_REQUEST_MARKER_BASE + index
-        else:
-            marker = mixed % vocab_size
-        _append_run(out, total - pos, marker, mixed >> 20, vocab_size)
+    pool_size = _SIM_POOL_SIZE if vocab_size is None else vocab_size
+    total = max(req.input_len, 0)
+    # int64: slices and compares are memcpy/memcmp in the scheduler. Made at its full size
+    # and filled in place: appending block by block reallocates (and copies) it as it grows.
+    out = array("q", [0]) * total
+    with memoryview(out) as view, view.cast("B") as out_bytes:
+        pos = 0
+        if req.block_hashes and total > 0:
+            bs = req.block_size
+            used = req.block_hashes[: -(-total // bs)]  # blocks that hold at least one token
+            markers, offsets = _block_markers_and_offsets(used, vocab_size, pool_size)
+            full = len(used) if len(used) * bs <= total else len(used) - 1
+            if bs - 1 <= pool_size:
+                # Whole blocks inline (the hot loop of a long trace): _write_run's one copy each.
+                pool, nbytes = _pool_bytes(pool_size), 8 * (bs - 1)
+                for marker, offset in zip(markers[:full], offsets[:full]):
+                    out[pos] = marker
+                    out_bytes[8 * pos + 8 : 8 * pos + 8 + nbytes] = pool[8 * offset : 8 * offset + nbytes]
+                    pos += bs
+            for marker, offset in zip(markers[pos // bs :], offsets[pos // bs :]):
+                n = min(bs, total - pos)
+                _write_run(out, out_bytes, pos, n, marker, offset, pool_size)
+                pos += n
+        if pos < total:
+            mixed = _mix64((index ^ 0x5DEECE66D) & _MASK64)
+            marker = _SIM_REQUEST_MARKER_BASE + index if vocab_size is None else mixed % vocab_size
+            _write_run(out, out_bytes, pos, total - pos, marker, (mixed >> 20) % pool_size, pool_size)
     return out
