@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
-from typing import Sequence
-
 import numpy as np
 
 STEP_COLUMNS = (
@@ -59,7 +57,7 @@ class StretchRows:
     batch_size: int
     sum_prefix_len: int
     max_seq_len: int
-    times: tuple[Sequence[float], ...]  # TIME_COLUMNS, num_rows floats each
+    times: tuple[array, ...]  # TIME_COLUMNS, num_rows floats each (typecode 'd')
     kv_used_tokens: np.ndarray  # after each row's step
     kv_cached_tokens: int
     num_running: int
@@ -171,7 +169,10 @@ def _stretch_columns(stretches: list[StretchRows], starts: list[int], total: int
     out["cache_hit_tokens"] = np.zeros(total, dtype=np.int64)
     out["num_retracted"] = np.zeros(total, dtype=np.int64)
     for k, name in enumerate(TIME_COLUMNS):
-        out[name] = column(np.concatenate([np.asarray(s.times[k], dtype=np.float64) for s in stretches]), np.float64)
+        joined = array("d")  # array to array extends are memcpy (np.asarray of an array.array is not)
+        for s in stretches:
+            joined.extend(s.times[k])
+        out[name] = column(np.frombuffer(joined, dtype=np.float64), np.float64)
     out["kv_used_tokens"] = column(np.concatenate([s.kv_used_tokens for s in stretches]))
     for name in ("kv_cached_tokens", "num_running", "num_waiting"):
         out[name] = column(each(name))
