@@ -30,8 +30,6 @@ from typing import Callable
 
 import numpy as np
 
-TIME_COLUMNS = ("schedule_start", "schedule_end", "launch_end", "device_start", "device_end", "process_start", "process_end")
-
 
 @dataclass(slots=True)
 class DriverClock:
@@ -54,10 +52,11 @@ class StepCosts:
 
 
 class StretchColumns:
-    """The seven time columns of the stretch's steps (TIME_COLUMNS), appended step by step or in bulk."""
+    """The seven times of each of the stretch's steps, in StretchTimes's order (t0, t1, t2,
+    start, end, t3, t4 above), appended step by step or in bulk."""
 
     def __init__(self) -> None:
-        self.cols = [array("d") for _ in TIME_COLUMNS]
+        self.cols = [array("d") for _ in range(7)]
 
     def __len__(self) -> int:
         return len(self.cols[0])
@@ -134,7 +133,7 @@ def vector_steps(clock: DriverClock, costs: StepCosts, durations: np.ndarray, ar
         t1, t2 = before + p1, before + p2
         waited = start  # the end of the step before
         ok = (start >= t1) & (end >= t2) & (waited >= t2) & (before + (waited - before) == waited)
-        if n and clock.prev_end != clock.dfree:
+        if clock.prev_end != clock.dfree:  # (after a step it is; the sums assume it)
             ok[0] = False
     else:
         # The step launches when its schedule ends and the await waits for it:

@@ -273,16 +273,16 @@ def _pool_bytes(pool_size: int) -> memoryview:
     return memoryview(pool).cast("B")
 
 
-def _write_run(out: array, out_bytes: memoryview, pos: int, n: int, marker: int, offset: int, pool_size: int) -> None:
+def _write_run(out: array, out_bytes: memoryview, pos: int, n: int, marker: int, offset: int, pool: memoryview,
+               pool_size: int) -> None:
     """Write n tokens at out[pos:]: the marker, then n - 1 fillers read cyclically from the pool
-    at offset (out_bytes is out's memory as bytes)."""
+    (_pool_bytes(pool_size)) at offset; out_bytes is out's memory as bytes."""
     if n <= 0:
         return
-    pool = _pool_bytes(pool_size)
     out[pos] = marker
     pos, n = pos + 1, n - 1
-    while n > 0:
-        take = min(n, pool_size)
+    while n > 0:  # one copy unless the run is longer than the pool
+        take = n if n <= pool_size else pool_size
         out_bytes[8 * pos : 8 * (pos + take)] = pool[8 * offset : 8 * (offset + take)]
         pos, n = pos + take, n - take
 
@@ -304,26 +304,19 @@ def materialize_input_ids(req: TraceRequest, index: int, vocab_size: int | None 
     # int64: slices and compares are memcpy/memcmp in the scheduler. Made at its full size
     # and filled in place: appending block by block reallocates (and copies) it as it grows.
     out = array("q", [0]) * total
+    pool = _pool_bytes(pool_size)
     with memoryview(out) as view, view.cast("B") as out_bytes:
         pos = 0
         if req.block_hashes and total > 0:
             bs = req.block_size
             used = req.block_hashes[: -(-total // bs)]  # blocks that hold at least one token
             markers, offsets = _block_markers_and_offsets(used, vocab_size, pool_size)
-            full = len(used) if len(used) * bs <= total else len(used) - 1
-            if bs - 1 <= pool_size:
-                # Whole blocks inline (the hot loop of a long trace): _write_run's one copy each.
-                pool, nbytes = _pool_bytes(pool_size), 8 * (bs - 1)
-                for marker, offset in zip(markers[:full], offsets[:full]):
-                    out[pos] = marker
-                    out_bytes[8 * pos + 8 : 8 * pos + 8 + nbytes] = pool[8 * offset : 8 * offset + nbytes]
-                    pos += bs
-            for marker, offset in zip(markers[pos // bs :], offsets[pos // bs :]):
+            for marker, offset in zip(markers, offsets):
                 n = min(bs, total - pos)
-                _write_run(out, out_bytes, pos, n, marker, offset, pool_size)
+                _write_run(out, out_bytes, pos, n, marker, offset, pool, pool_size)
                 pos += n
         if pos < total:
             mixed = _mix64((index ^ 0x5DEECE66D) & _MASK64)
             marker = _SIM_REQUEST_MARKER_BASE + index if vocab_size is None else mixed % vocab_size
-            _write_run(out, out_bytes, pos, total - pos, marker, (mixed >> 20) % pool_size, pool_size)
+            _write_run(out, out_bytes, pos, total - pos, marker, (mixed >> 20) % pool_size, pool, pool_size)
     return out
