@@ -10,6 +10,12 @@ same decay of new_token_ratio, k - 1 tokens for every request), then the last st
 scheduled and launched by the ordinary code, so that what stays in flight (overlap) or
 in the running batch is the very object stepping would have made.
 
+A request's last token ends the stretch that computes it, but need not delay the next
+one: when nothing waits, the step after a finish is a decode of the others, so the next
+stretch starts there, its first step dropping the finished request from the batch (with
+overlap: the request whose in-flight result finishes it, processed by that first step,
+which releases its KV; DecodeStretch.leaving).
+
 The loop (loop.py) asks only when its driver knows the tokens (EventLoop.fast_forward_token);
 the driver (simulator/sim_driver.py) prices the steps and cuts the stretch before the
 first step whose schedule start reaches the next arrival.
@@ -41,6 +47,9 @@ class DecodeStretch:
     max_seq_len: int
     page_size: int
     pages_per_step: list[int]  # pages step j takes: pages_per_step[j % page_size]
+    # Requests of the running batch that leave it at the stretch's first step: finished ones
+    # (processed), or, with overlap, ones whose result in flight finishes them.
+    leaving: tuple[Req, ...] = ()
 
     @property
     def batch_size(self) -> int:
@@ -86,18 +95,19 @@ def steps_with_pages(free_pages: int, per_step: Sequence[int], reserve: int, lim
 
 
 def stretch_within_free_pages(reqs: Sequence[Req], limit: int, free_pages: int, page_size: int,
-                              page_for_every_request: bool) -> DecodeStretch | None:
+                              page_for_every_request: bool, leaving: tuple[Req, ...] = ()) -> DecodeStretch | None:
     """The stretch of at most `limit` steps of reqs whose every step starts with the pages it
     needs free (no eviction, no retraction); None if not even one. SGLang's check_decode_mem
     wants a page free for every request before each step (page_for_every_request); vLLM's
-    allocation only the pages a step takes (here: the most any step takes)."""
+    allocation only the pages a step takes (here: the most any step takes). KV that the
+    leaving requests release during the stretch is not counted: fewer steps, never a wrong one."""
     seq_lens = [r.seq_len for r in reqs]
     per_step = pages_per_step(seq_lens, page_size)
     reserve = len(reqs) if page_for_every_request else max(per_step)
     steps = steps_with_pages(free_pages, per_step, reserve, limit)
     if steps <= 0:
         return None
-    return DecodeStretch(list(reqs), steps, sum(seq_lens), max(seq_lens) + 1, page_size, per_step)
+    return DecodeStretch(list(reqs), steps, sum(seq_lens), max(seq_lens) + 1, page_size, per_step, leaving)
 
 
 def pages_per_step(seq_lens: Sequence[int], page_size: int) -> list[int]:

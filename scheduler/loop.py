@@ -218,6 +218,9 @@ class EventLoop:
         bs = stretch.batch_size
         mode = launched.plan.mode.value
         kv_used = stretch.kv_used_after(kv_before, m)
+        # With overlap, requests that leave at the first step release their KV when it processes
+        # the batch in flight: before any of the rows below is written.
+        kv_used += sched.kv_used_tokens() - int(kv_used[-1])
         after = (sched.tree_cache.evictable_size(), sched.running_batch.batch_size(), len(sched.waiting_queue))
         t = (times.schedule_start, times.schedule_end, times.schedule_end, times.launch_end,
              times.device_start, times.device_end, times.process_start, times.process_end)
@@ -229,7 +232,7 @@ class EventLoop:
             # the first row is the batch in flight before the stretch (its own record), row j >= 1
             # the stretch's launch j - 1.
             plan, inflight = prev.launched.plan, times.inflight_device
-            self.steps.append(prev.step, mode, bs, bs, plan.sum_prefix_len, prev.launched.cache_hit_tokens,
+            self.steps.append(prev.step, mode, plan.batch_size, plan.num_tokens, plan.sum_prefix_len, prev.launched.cache_hit_tokens,
                               prev.schedule_start, prev.schedule_end, prev.schedule_end, prev.launch_end,
                               inflight[0], inflight[1], times.process_start[0], times.process_end[0],
                               int(kv_used[0]), *after, prev.launched.num_retracted, plan.max_seq_len, plan.attention_pairs)

@@ -385,14 +385,22 @@ class Scheduler:
         if self.config.overlap:
             if inflight is None or self.inflight != [inflight] or inflight.plan.mode is not ForwardMode.DECODE or inflight.reqs != reqs:
                 return None
+            leaving = self._reqs_finishing_inflight(running)  # the first step's update_running_batch drops them
         elif inflight is not None or self.inflight:
             return None
-        limit = steps_before_finish(reqs, token_id)
+        else:
+            leaving = [r for r in reqs if r.finished_reason is not None]  # the first step's filter_batch drops them
+        if leaving:
+            if self.waiting_queue:
+                return None  # the batch shrinks (no longer full): the next step's prefill branch looks at the queue
+            gone = set(map(id, leaving))
+            reqs = [r for r in reqs if id(r) not in gone]
+        limit = steps_before_finish(reqs, token_id) if reqs else 0
         if limit <= 0:
             return None
         # No eviction (check_decode_mem, prepare_for_decode) and no retraction.
         return stretch_within_free_pages(reqs, limit, self.allocator.num_free_pages(), self.allocator.page_size,
-                                         page_for_every_request=True)
+                                         page_for_every_request=True, leaving=tuple(leaving))
 
     def advance_decode_stretch(self, stretch: DecodeStretch, num_steps: int, launch_time: float,
                                token_times: array, token_id: int) -> LaunchedBatch:
@@ -402,24 +410,39 @@ class Scheduler:
         reqs, batch, bulk = stretch.reqs, self.running_batch, num_steps - 1
         overlap = self.config.overlap
         if overlap:
-            self.inflight.pop(0)  # the batch in flight is processed by the stretch's first step
-        if bulk:
-            alloc = self.allocator
-            # prepare_for_decode's slots: alloc's order with page size 1; alloc_decode pops its new pages from the end.
-            take = alloc.take_pages_in_steps if alloc.page_size == 1 else (lambda n, _: reversed(alloc._take_pages(n)))
-            bulk_decode_slots(self.req_to_token_pool, reqs, bulk, alloc.page_size, take)
-            ratio, decay, low = self.new_token_ratio, self.config.new_token_ratio_decay, self.config.min_new_token_ratio
-            for _ in range(bulk):
-                ratio = max(ratio - decay, low)
-            self.new_token_ratio = ratio
+            prev = self.inflight.pop(0)  # the batch in flight is processed by the stretch's first step
+        first = 0  # the first bulk step whose processing appends the tokens below
+        if stretch.leaving:
+            batch.filter_batch(exclude=stretch.leaving)
+            batch.batch_is_full = False  # (as a shrinking batch is)
             if overlap:
-                self._future.skip(len(reqs), bulk)
-            append_tokens(reqs, token_id, token_times[:bulk])
+                # Step 0 is scheduled before the batch in flight is processed: its slots are taken
+                # first; then that processing finishes the leaving requests and releases their KV.
+                self._bulk_decode(reqs, 1)
+                self.process_batch_result(prev, [token_id] * len(prev.reqs), token_times[0])
+                first = 1
+        if bulk > first:
+            self._bulk_decode(reqs, bulk - first)
+            append_tokens(reqs, token_id, token_times[first:bulk])
         last = self.get_next_batch_to_run()
         assert last is batch and last.forward_mode is ForwardMode.DECODE and last.reqs == reqs, "a decode stretch changed its batch"
         launched = self.launch(last, launch_time, overlap)
         append_tokens(reqs, token_id, token_times[bulk:])
         return launched
+
+    def _bulk_decode(self, reqs: list[Req], num_steps: int) -> None:
+        """The scheduling side of num_steps decode steps of reqs: their KV slots, the decay of
+        new_token_ratio, and (overlap) the future indices their launches would name."""
+        alloc = self.allocator
+        # prepare_for_decode's slots: alloc's order with page size 1; alloc_decode pops its new pages from the end.
+        take = alloc.take_pages_in_steps if alloc.page_size == 1 else (lambda n, _: reversed(alloc._take_pages(n)))
+        bulk_decode_slots(self.req_to_token_pool, reqs, num_steps, alloc.page_size, take)
+        ratio, decay, low = self.new_token_ratio, self.config.new_token_ratio_decay, self.config.min_new_token_ratio
+        for _ in range(num_steps):
+            ratio = max(ratio - decay, low)
+        self.new_token_ratio = ratio
+        if self.config.overlap:
+            self._future.skip(len(reqs), num_steps)
 
     # -- checks -------------------------------------------------------------------
     def check_invariants(self) -> None:

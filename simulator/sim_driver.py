@@ -150,7 +150,9 @@ class SimDriver:
         stretch, cost = ff.stretch, self.cost_model
         bs, k = stretch.batch_size, stretch.max_steps
         overlap = ff.inflight is not None
-        costs = StepCosts(cost.cpu_time("schedule", bs, bs), cost.cpu_time("launch", bs, bs), cost.cpu_time("process", bs, bs), overlap)
+        process = cost.cpu_time("process", bs, bs)
+        first_process = cost.cpu_time("process", ff.inflight.plan.batch_size, ff.inflight.plan.num_tokens) if overlap else process
+        costs = StepCosts(cost.cpu_time("schedule", bs, bs), cost.cpu_time("launch", bs, bs), process, overlap, first_process)
         # The cost model reads a decode plan's summaries only: one plan, its summaries set per step
         # (or all steps priced at once, where the cost model can: decode_forward_times).
         plan = ForwardPlan(ForwardMode.DECODE, [0] * bs, [], [], [], [], [], ids(), num_tokens=bs)

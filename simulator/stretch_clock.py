@@ -49,6 +49,7 @@ class StepCosts:
     launch: float
     process: float
     overlap: bool  # the await waits for the step launched before, not this one
+    first_process: float  # the first step's: with overlap it processes the batch in flight, which may be larger
 
 
 class StretchColumns:
@@ -71,7 +72,7 @@ def scalar_steps(clock: DriverClock, costs: StepCosts, duration: Callable[[int],
     """Steps j .. stop - 1, one at a time (the module's loop). Returns True if the stretch was
     cut before a step (after its first) whose schedule would start at or after arrival."""
     now, p, dfree, prev_end = clock.now, clock.p, clock.dfree, clock.prev_end
-    cs, cl, cp, overlap = costs.schedule, costs.launch, costs.process, costs.overlap
+    cs, cl, overlap = costs.schedule, costs.launch, costs.overlap
     add_t0, add_t1, add_t2, add_start, add_end, add_t3, add_t4 = (c.append for c in out.cols)
     cut = False
     while j < stop:
@@ -93,7 +94,7 @@ def scalar_steps(clock: DriverClock, costs: StepCosts, duration: Callable[[int],
         now = now + ((waited if waited >= now_p else now_p) - now)
         p = 0.0
         t3 = now + p
-        p += cp
+        p += costs.process if j else costs.first_process
         t4 = now + p
         prev_end = end
         add_t0(t0)

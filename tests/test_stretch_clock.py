@@ -33,7 +33,7 @@ def _take(clock: DriverClock, costs: StepCosts, durations: np.ndarray, arrival: 
 @given(
     start=st.floats(min_value=0.0, max_value=5e4, allow_nan=False),
     pending=cost,
-    cs=cost, cl=cost, cp=cost,
+    cs=cost, cl=cost, cp=cost, cp0=cost,
     overlap=st.booleans(),
     base=st.floats(min_value=1e-5, max_value=5e-2),
     slope=st.floats(min_value=0.0, max_value=1e-4),
@@ -41,13 +41,13 @@ def _take(clock: DriverClock, costs: StepCosts, durations: np.ndarray, arrival: 
     arrival_after=st.one_of(st.none(), st.floats(min_value=0.0, max_value=2.0)),
     bulk_from=st.integers(min_value=1, max_value=60),
 )
-def test_bulk_steps_equal_steps_one_at_a_time(start, pending, cs, cl, cp, overlap, base, slope, noise, arrival_after, bulk_from):
+def test_bulk_steps_equal_steps_one_at_a_time(start, pending, cs, cl, cp, cp0, overlap, base, slope, noise, arrival_after, bulk_from):
     # Durations that grow with the step, with jitter that can make the CPU the bottleneck now and then.
     durations = base + slope * np.arange(len(noise)) + np.asarray(noise) * (np.arange(len(noise)) % 3 == 0)
     arrival = math.inf if arrival_after is None else start + arrival_after
     inflight_end = start + base
     clocks = [DriverClock(start, pending, inflight_end, inflight_end if overlap else 0.0) for _ in range(2)]
-    costs = StepCosts(cs, cl, cp, overlap)
+    costs = StepCosts(cs, cl, cp, overlap, cp0)  # (the first step may process a larger batch)
     one, cut_one = _take(clocks[0], costs, durations, arrival, None)
     bulk, cut_bulk = _take(clocks[1], costs, durations, arrival, bulk_from)
     assert cut_one == cut_bulk
@@ -63,7 +63,7 @@ def test_bulk_path_takes_device_bound_steps():
     for overlap in (True, False):
         clock = DriverClock(100.0, 0.0, 100.0, 100.0)
         out = StretchColumns()
-        costs = StepCosts(50e-6, 300e-6, 50e-6, overlap)
+        costs = StepCosts(50e-6, 300e-6, 50e-6, overlap, 50e-6)
         scalar_steps(clock, costs, [6e-3].__getitem__, 0, 1, math.inf, out)
         taken, cut = vector_steps(clock, costs, np.full(500, 6e-3), math.inf, out)
         assert (taken, cut) == (500, False) and len(out) == 501
