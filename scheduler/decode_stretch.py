@@ -24,7 +24,7 @@ first step whose schedule start reaches the next arrival.
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -50,6 +50,10 @@ class DecodeStretch:
     # Requests of the running batch that leave it at the stretch's first step: finished ones
     # (processed), or, with overlap, ones whose result in flight finishes them.
     leaving: tuple[Req, ...] = ()
+    # Filled by advance_decode_stretch: (j, the cache's evictable tokens) where that changes at
+    # step j (a step whose schedule evicts, or the leaving requests' KV going to the cache), for
+    # the rows from step j on; the last step's change is the scheduler's state after the stretch.
+    cached_changes: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def batch_size(self) -> int:

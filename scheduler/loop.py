@@ -34,6 +34,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Iterator
 
+import numpy as np
+
 from scheduler.decode_stretch import DecodeStretch
 from scheduler.forward_plan import ForwardPlan
 from scheduler.protocol import Launched, SchedulerCore
@@ -106,6 +108,17 @@ class _InFlight:
     schedule_start: float
     schedule_end: float
     launch_end: float
+
+
+def _cached_tokens(before: int, changes: list[tuple[int, int]], num_steps: int, after: int) -> np.ndarray:
+    """The cache's evictable tokens after each of a stretch's steps: `before` until the first
+    change, each change (step j, value) from its step on, and `after` (the scheduler's, once
+    the last step is scheduled) at the last step."""
+    col = np.full(num_steps, before, dtype=np.int64)
+    for j, value in changes:
+        col[j:] = value
+    col[-1] = after
+    return col
 
 
 class DeadlockError(RuntimeError):
@@ -210,7 +223,7 @@ class EventLoop:
         if times is None:
             return None
         m = times.num_steps
-        kv_before = sched.kv_used_tokens()
+        kv_before, cached_before = sched.kv_used_tokens(), sched.tree_cache.evictable_size()
         launched = sched.advance_decode_stretch(stretch, m, times.schedule_end[m - 1], times.process_start, token)
         first_step = self._num_steps + 1
         self._num_steps += m
@@ -221,12 +234,13 @@ class EventLoop:
         # With overlap, requests that leave at the first step release their KV when it processes
         # the batch in flight: before any of the rows below is written.
         kv_used += sched.kv_used_tokens() - int(kv_used[-1])
-        after = (sched.tree_cache.evictable_size(), sched.running_batch.batch_size(), len(sched.waiting_queue))
+        cached = _cached_tokens(cached_before, stretch.cached_changes, m, sched.tree_cache.evictable_size())
+        after = (sched.running_batch.batch_size(), len(sched.waiting_queue))
         t = (times.schedule_start, times.schedule_end, times.schedule_end, times.launch_end,
              times.device_start, times.device_end, times.process_start, times.process_end)
         if prev is None:
             self.steps.extend_stretch(StretchRows(first_step, m, mode, bs, stretch.sum_prefix_len, stretch.max_seq_len,
-                                                  t, kv_used, *after))
+                                                  t, kv_used, cached, *after))
         else:
             # With overlap, step j's row is written when the step launched before it is processed:
             # the first row is the batch in flight before the stretch (its own record), row j >= 1
@@ -235,10 +249,11 @@ class EventLoop:
             self.steps.append(prev.step, mode, plan.batch_size, plan.num_tokens, plan.sum_prefix_len, prev.launched.cache_hit_tokens,
                               prev.schedule_start, prev.schedule_end, prev.schedule_end, prev.launch_end,
                               inflight[0], inflight[1], times.process_start[0], times.process_end[0],
-                              int(kv_used[0]), *after, prev.launched.num_retracted, plan.max_seq_len, plan.attention_pairs)
+                              int(kv_used[0]), int(cached[0]), *after, prev.launched.num_retracted, plan.max_seq_len,
+                              plan.attention_pairs)
             launched_rows = tuple(c[: m - 1] for c in t[:6]) + tuple(c[1:] for c in t[6:])
             self.steps.extend_stretch(StretchRows(first_step, m - 1, mode, bs, stretch.sum_prefix_len, stretch.max_seq_len,
-                                                  launched_rows, kv_used[1:], *after))
+                                                  launched_rows, kv_used[1:], cached[1:], *after))
         if self.progress is not None:
             self.progress(len(sched.done))
         return _InFlight(launched, times.last_handle, self._num_steps, times.schedule_start[m - 1],

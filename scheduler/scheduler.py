@@ -18,7 +18,9 @@ from scheduler.decode_stretch import (
     DecodeStretch,
     append_tokens,
     bulk_decode_slots,
+    pages_per_step,
     steps_before_finish,
+    steps_with_pages,
     stretch_within_free_pages,
 )
 from scheduler.forward_plan import ForwardMode, ForwardPlan
@@ -398,9 +400,11 @@ class Scheduler:
         limit = steps_before_finish(reqs, token_id) if reqs else 0
         if limit <= 0:
             return None
-        # No eviction (check_decode_mem, prepare_for_decode) and no retraction.
-        return stretch_within_free_pages(reqs, limit, self.allocator.num_free_pages(), self.allocator.page_size,
-                                         page_for_every_request=True, leaving=tuple(leaving))
+        # No retraction: every step finds a page for every request free or in evictable cache
+        # (each page evicted is a page freed: free + evictable only shrinks by what steps take).
+        ps = self.allocator.page_size
+        pages = self.allocator.num_free_pages() + self.tree_cache.evictable_size() // ps
+        return stretch_within_free_pages(reqs, limit, pages, ps, page_for_every_request=True, leaving=tuple(leaving))
 
     def advance_decode_stretch(self, stretch: DecodeStretch, num_steps: int, launch_time: float,
                                token_times: array, token_id: int) -> LaunchedBatch:
@@ -418,11 +422,12 @@ class Scheduler:
             if overlap:
                 # Step 0 is scheduled before the batch in flight is processed: its slots are taken
                 # first; then that processing finishes the leaving requests and releases their KV.
-                self._bulk_decode(reqs, 1)
+                self._bulk_decode(stretch, 0, 1)
                 self.process_batch_result(prev, [token_id] * len(prev.reqs), token_times[0])
+                stretch.cached_changes.append((0, self.tree_cache.evictable_size()))
                 first = 1
         if bulk > first:
-            self._bulk_decode(reqs, bulk - first)
+            self._bulk_decode(stretch, first, bulk - first)
             append_tokens(reqs, token_id, token_times[first:bulk])
         last = self.get_next_batch_to_run()
         assert last is batch and last.forward_mode is ForwardMode.DECODE and last.reqs == reqs, "a decode stretch changed its batch"
@@ -430,13 +435,27 @@ class Scheduler:
         append_tokens(reqs, token_id, token_times[bulk:])
         return launched
 
-    def _bulk_decode(self, reqs: list[Req], num_steps: int) -> None:
-        """The scheduling side of num_steps decode steps of reqs: their KV slots, the decay of
-        new_token_ratio, and (overlap) the future indices their launches would name."""
-        alloc = self.allocator
+    def _bulk_decode(self, stretch: DecodeStretch, first_step: int, num_steps: int) -> None:
+        """The scheduling side of the stretch's steps first_step .. first_step + num_steps - 1:
+        their evictions and KV slots, the decay of new_token_ratio, and (overlap) the future
+        indices their launches would name."""
+        alloc, batch, reqs = self.allocator, self.running_batch, stretch.reqs
+        ps, bs = alloc.page_size, len(reqs)
         # prepare_for_decode's slots: alloc's order with page size 1; alloc_decode pops its new pages from the end.
-        take = alloc.take_pages_in_steps if alloc.page_size == 1 else (lambda n, _: reversed(alloc._take_pages(n)))
-        bulk_decode_slots(self.req_to_token_pool, reqs, num_steps, alloc.page_size, take)
+        take = alloc.take_pages_in_steps if ps == 1 else (lambda n, _: reversed(alloc._take_pages(n)))
+        done = 0
+        while done < num_steps:
+            if alloc.num_free_pages() < bs:
+                # This step's schedule evicts, as stepping's does: check_decode_mem, then prepare_for_decode.
+                batch.check_decode_mem()
+                batch._evict_if_needed(bs * ps)
+                stretch.cached_changes.append((first_step + done, self.tree_cache.evictable_size()))
+            # The steps from here that find their pages free.
+            per_step = pages_per_step([r.seq_len for r in reqs], ps)
+            n = steps_with_pages(alloc.num_free_pages(), per_step, bs, num_steps - done)
+            assert n > 0, "a decode stretch ran out of KV pages"
+            bulk_decode_slots(self.req_to_token_pool, reqs, n, ps, take)
+            done += n
         ratio, decay, low = self.new_token_ratio, self.config.new_token_ratio_decay, self.config.min_new_token_ratio
         for _ in range(num_steps):
             ratio = max(ratio - decay, low)

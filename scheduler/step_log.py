@@ -50,7 +50,7 @@ class StretchRows:
     """The rows of consecutive decode steps of one batch (part of a decode stretch), kept
     compact until the log is read: row i is step first_step + i, of batch_size requests with
     sum_prefix_len + i * batch_size prefix tokens and a longest sequence of max_seq_len + i,
-    nothing cached, retracted or hit; the times and the KV use are given per row."""
+    nothing retracted or hit; the times and the KV use and cache are given per row."""
 
     first_step: int
     num_rows: int
@@ -60,7 +60,7 @@ class StretchRows:
     max_seq_len: int
     times: tuple[array, ...]  # TIME_COLUMNS, num_rows floats each (typecode 'd')
     kv_used_tokens: np.ndarray  # after each row's step
-    kv_cached_tokens: int
+    kv_cached_tokens: np.ndarray  # after each row's step
     num_running: int
     num_waiting: int
 
@@ -175,7 +175,8 @@ def _stretch_columns(stretches: list[StretchRows], starts: list[int], total: int
             joined.extend(s.times[k])
         out[name] = column(np.frombuffer(joined, dtype=np.float64), np.float64)
     out["kv_used_tokens"] = column(np.concatenate([s.kv_used_tokens for s in stretches]))
-    for name in ("kv_cached_tokens", "num_running", "num_waiting"):
+    out["kv_cached_tokens"] = column(np.concatenate([s.kv_cached_tokens for s in stretches]))
+    for name in ("num_running", "num_waiting"):
         out[name] = column(each(name))
     out["max_seq_len"] = column(each("max_seq_len") + within)
     out["attention_pairs"] = column((prefix + bs).astype(np.float64), np.float64)

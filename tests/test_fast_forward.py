@@ -154,12 +154,25 @@ class _CountingLoop(EventLoop):
             value = yield wait
 
 
-def _light_run(fast_forward: bool, overlap: bool) -> tuple[_CountingLoop, Scheduler]:
-    """20 requests a second apart, 100-400 tokens each: long decodes between arrivals."""
+class _StretchRecordingScheduler(Scheduler):
+    """Keeps every decode stretch it advances (to see what the stretches went through)."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(config)
+        self.advanced: list = []
+
+    def advance_decode_stretch(self, stretch, *args):
+        self.advanced.append(stretch)
+        return super().advance_decode_stretch(stretch, *args)
+
+
+def _light_run(fast_forward: bool, overlap: bool, kv_tokens: int = 200_000, page_size: int = 1) -> tuple[_CountingLoop, Scheduler]:
+    """20 requests 0.7 s apart, 100-400 tokens each: long decodes between arrivals."""
     rnd = random.Random(3)
     model = load_model_config("llama-3.1-8b")
     cost = RooflineCostModel(model, load_hardware("h100"))
-    sched = Scheduler(SchedulerConfig(kv_tokens=200_000, context_len=8192, overlap=overlap))
+    config = SchedulerConfig(kv_tokens=kv_tokens, context_len=8192, overlap=overlap, page_size=page_size)
+    sched = _StretchRecordingScheduler(config)
     reqs = []
     for i in range(20):
         n = rnd.randint(50, 300)
@@ -183,6 +196,25 @@ def test_fast_forward_takes_decode_stretches_in_few_waits():
         for name, col in step_loop.steps.cols.items():
             assert list(ff_loop.steps.cols[name]) == list(col), name
         assert [list(r.token_times) for r in ff_sched.done] == [list(r.token_times) for r in step_sched.done]
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_stretches_start_at_finishes_and_evict_the_cache_as_steps_do(overlap, page_size):
+    """A KV pool the radix cache fills: once it is full every few steps evict a cached prompt.
+    Stretches go on through those evictions, and the next stretch starts at the step that drops
+    a finished request, with the very run stepping gives."""
+    step_loop, step_sched = _light_run(False, overlap, kv_tokens=2500, page_size=page_size)
+    ff_loop, ff_sched = _light_run(True, overlap, kv_tokens=2500, page_size=page_size)
+    stretches = ff_sched.advanced
+    assert any(s.leaving for s in stretches), "no stretch started where a request left"
+    # (a change of the cache after a stretch's first step is an eviction: only that step adds to it)
+    assert any(j > 0 for s in stretches for j, _ in s.cached_changes), "no stretch evicted"
+    assert ff_loop.waits * 3 < step_loop.waits, (ff_loop.waits, step_loop.waits)
+    for name, col in step_loop.steps.cols.items():
+        assert list(ff_loop.steps.cols[name]) == list(col), name
+    assert [list(r.token_times) for r in ff_sched.done] == [list(r.token_times) for r in step_sched.done]
+    assert ff_sched.allocator.free_pages == step_sched.allocator.free_pages
 
 
 # --- the allocator's bulk takes equal its step-by-step takes ---------------------------------------
