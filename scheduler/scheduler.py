@@ -458,6 +458,8 @@ class Scheduler:
             done += n
         ratio, decay, low = self.new_token_ratio, self.config.new_token_ratio_decay, self.config.min_new_token_ratio
         for _ in range(num_steps):
+            if ratio == low:
+                break  # max(ratio - decay, low) stays low from here on
             ratio = max(ratio - decay, low)
         self.new_token_ratio = ratio
         if self.config.overlap:
