@@ -35,38 +35,83 @@ from scheduler.req import Req
 
 
 @dataclass(slots=True)
-class DecodeStretch:
-    """Up to max_steps decode steps of the same batch_size requests, from the next step on.
+class StretchSegment:
+    """Steps first_step .. stop - 1 of a stretch, which decode the same requests. Its step
+    first_step + i has sum_prefix_len + i * batch_size prefix tokens and its longest
+    sequence is max_seq_len + i tokens (after its token)."""
 
-    Step j (0-based) of the stretch has sum_prefix_len + j * batch_size prefix tokens and
-    its longest sequence is max_seq_len + j tokens (after its token)."""
-
+    first_step: int
+    stop: int
     reqs: list[Req]
-    max_steps: int
     sum_prefix_len: int
     max_seq_len: int
-    page_size: int
-    pages_per_step: list[int]  # pages step j takes: pages_per_step[j % page_size]
-    # Requests of the running batch that leave it at the stretch's first step: finished ones
-    # (processed), or, with overlap, ones whose result in flight finishes them.
+    pages_per_step: list[int]  # pages its step first_step + i takes: pages_per_step[i % page_size]
+    # Requests of the step before that leave the batch at first_step: finished ones (processed
+    # by then), or, with overlap, ones whose in-flight last token first_step's processing takes.
     leaving: tuple[Req, ...] = ()
-    # Filled by advance_decode_stretch: (j, the cache's evictable tokens) where that changes at
-    # step j (a step whose schedule evicts, or the leaving requests' KV going to the cache), for
-    # the rows from step j on; the last step's change is the scheduler's state after the stretch.
-    cached_changes: list[tuple[int, int]] = field(default_factory=list)
+    # Its requests whose last token step stop - 1 computes (they leave at stop).
+    finishing: tuple[Req, ...] = ()
 
     @property
     def batch_size(self) -> int:
         return len(self.reqs)
 
+
+@dataclass(slots=True)
+class DecodeStretch:
+    """Up to max_steps decode steps from the next step on, in segments: within a segment the
+    same requests decode, each one token longer a step; at a segment's first step requests
+    that finished leave the batch (nothing else changes)."""
+
+    segments: list[StretchSegment]
+    page_size: int
+    # Filled by advance_decode_stretch, for the rows from step j on: (j, the cache's evictable
+    # tokens) where that changes at step j (a step whose schedule evicts, a finished request's KV
+    # going to the cache), and (j, change of the KV in use) where finished requests release KV.
+    cached_changes: list[tuple[int, int]] = field(default_factory=list)
+    kv_changes: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def max_steps(self) -> int:
+        return self.segments[-1].stop
+
+    @property
+    def reqs(self) -> list[Req]:  # the first step's
+        return self.segments[0].reqs
+
+    @property
+    def batch_size(self) -> int:  # the first step's
+        return len(self.segments[0].reqs)
+
+    def taken(self, num_steps: int) -> list[StretchSegment]:
+        """The segments that the first num_steps steps reach into."""
+        return [seg for seg in self.segments if seg.first_step < num_steps]
+
     def kv_used_after(self, kv_used: int, num_steps: int) -> np.ndarray:
-        """KV slots in use after each of num_steps steps, from kv_used before the first
-        (each step takes its pages; nothing is freed or evicted)."""
-        if self.page_size == 1:  # every step takes a slot for every request
-            return kv_used + self.batch_size * np.arange(1, num_steps + 1, dtype=np.int64)
-        cycle = np.asarray(self.pages_per_step, dtype=np.int64)
-        pages = np.tile(cycle, -(-num_steps // len(cycle)))[:num_steps]
-        return kv_used + self.page_size * np.cumsum(pages)
+        """KV slots in use after each of the first num_steps steps, from kv_used before the
+        first: each step takes its pages, finished requests release theirs (kv_changes)."""
+        taken = []
+        for seg in self.taken(num_steps):
+            n = min(seg.stop, num_steps) - seg.first_step
+            if self.page_size == 1:  # every step takes a slot for every request
+                taken.append(np.full(n, seg.batch_size, dtype=np.int64))
+            else:
+                cycle = np.asarray(seg.pages_per_step, dtype=np.int64) * self.page_size
+                taken.append(np.tile(cycle, -(-n // len(cycle)))[:n])
+        col = kv_used + np.cumsum(np.concatenate(taken) if len(taken) > 1 else taken[0])
+        for j, change in self.kv_changes:
+            col[j:] += change
+        return col
+
+    def cached_after(self, cached: int, num_steps: int, after: int) -> np.ndarray:
+        """The cache's evictable tokens after each of the first num_steps steps: `cached` until
+        the first change (cached_changes), and `after` (the scheduler's, once the last step is
+        scheduled) at the last step."""
+        col = np.full(num_steps, cached, dtype=np.int64)
+        for j, value in self.cached_changes:
+            col[j:] = value
+        col[-1] = after
+        return col
 
 
 def steps_before_finish(reqs: Sequence[Req], token_id: int) -> int:
@@ -82,6 +127,22 @@ def steps_before_finish(reqs: Sequence[Req], token_id: int) -> int:
         if limit is None or left < limit:
             limit = left
     return max(0, limit or 0)
+
+
+def exit_steps(reqs: Sequence[Req], token_id: int, overlap: bool) -> list[int] | None:
+    """For each request, the first step of a stretch from here that it is not in: each step
+    appends one token (token_id) to every request, and a request leaves after its length
+    (with overlap the batch in flight gives each one token more first, and a request leaves
+    at the step that processes its last). None if one could stop at EOS (token_id is one),
+    or is not decoding (finished, retracted)."""
+    exits = []
+    for r in reqs:
+        if r.finished_reason is not None or r.is_retracted:
+            return None
+        if not r.sampling_params.ignore_eos and token_id in r.eos_token_ids:
+            return None
+        exits.append(r.max_new_tokens - len(r.output_ids) - overlap)
+    return exits
 
 
 def steps_with_pages(free_pages: int, per_step: Sequence[int], reserve: int, limit: int) -> int:
@@ -111,7 +172,40 @@ def stretch_within_free_pages(reqs: Sequence[Req], limit: int, free_pages: int, 
     steps = steps_with_pages(free_pages, per_step, reserve, limit)
     if steps <= 0:
         return None
-    return DecodeStretch(list(reqs), steps, sum(seq_lens), max(seq_lens) + 1, page_size, per_step, leaving)
+    return DecodeStretch([StretchSegment(0, steps, list(reqs), sum(seq_lens), max(seq_lens) + 1, per_step, leaving)], page_size)
+
+
+def stretch_through_finishes(reqs: Sequence[Req], exits: Sequence[int], limit: int, free_pages: int, page_size: int,
+                             leaving: tuple[Req, ...]) -> DecodeStretch | None:
+    """The stretch of at most `limit` steps from the batch reqs (after `leaving` left), where
+    reqs[i] is in steps 0 .. exits[i] - 1, whose every step finds a page free for every request
+    (SGLang's check_decode_mem): segments from one exit to the next. KV that finished requests
+    release during the stretch is not counted: fewer steps, never a wrong one."""
+    segments: list[StretchSegment] = []
+    members = list(zip(reqs, exits))
+    start, pages = 0, free_pages
+    while start < limit and members:
+        stop = min(limit, min(e for _, e in members))
+        seg_reqs = [r for r, _ in members]
+        seq_lens = [r.seq_len + start for r in seg_reqs]
+        per_step = pages_per_step(seq_lens, page_size)
+        n = steps_with_pages(pages, per_step, len(seg_reqs), stop - start)
+        if n <= 0:
+            break
+        finishing = tuple(r for r, e in members if e == start + n)
+        segments.append(StretchSegment(start, start + n, seg_reqs, sum(seq_lens), max(seq_lens) + 1, per_step, leaving, finishing))
+        if start + n < stop:
+            break
+        pages -= pages_taken(per_step, n)
+        members = [(r, e) for r, e in members if e > stop]
+        leaving, start = finishing, stop
+    return DecodeStretch(segments, page_size) if segments else None
+
+
+def pages_taken(per_step: Sequence[int], num_steps: int) -> int:
+    """Pages that num_steps steps take, step j per_step[j % len(per_step)]."""
+    whole, part = divmod(num_steps, len(per_step))
+    return whole * sum(per_step) + sum(per_step[:part])
 
 
 def pages_per_step(seq_lens: Sequence[int], page_size: int) -> list[int]:

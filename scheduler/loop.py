@@ -110,17 +110,6 @@ class _InFlight:
     launch_end: float
 
 
-def _cached_tokens(before: int, changes: list[tuple[int, int]], num_steps: int, after: int) -> np.ndarray:
-    """The cache's evictable tokens after each of a stretch's steps: `before` until the first
-    change, each change (step j, value) from its step on, and `after` (the scheduler's, once
-    the last step is scheduled) at the last step."""
-    col = np.full(num_steps, before, dtype=np.int64)
-    for j, value in changes:
-        col[j:] = value
-    col[-1] = after
-    return col
-
-
 class DeadlockError(RuntimeError):
     pass
 
@@ -228,32 +217,35 @@ class EventLoop:
         first_step = self._num_steps + 1
         self._num_steps += m
         self.num_stretches += 1
-        bs = stretch.batch_size
         mode = launched.plan.mode.value
+        # The state after each step's processing (when its row is written), step by step.
         kv_used = stretch.kv_used_after(kv_before, m)
-        # With overlap, requests that leave at the first step release their KV when it processes
-        # the batch in flight: before any of the rows below is written.
-        kv_used += sched.kv_used_tokens() - int(kv_used[-1])
-        cached = _cached_tokens(cached_before, stretch.cached_changes, m, sched.tree_cache.evictable_size())
-        after = (sched.running_batch.batch_size(), len(sched.waiting_queue))
+        assert kv_used[-1] == sched.kv_used_tokens(), "a decode stretch lost count of the KV in use"
+        cached = stretch.cached_after(cached_before, m, sched.tree_cache.evictable_size())
+        segments = stretch.taken(m)
+        running = np.repeat([seg.batch_size for seg in segments], [min(seg.stop, m) - seg.first_step for seg in segments])
+        waiting = len(sched.waiting_queue)
         t = (times.schedule_start, times.schedule_end, times.schedule_end, times.launch_end,
              times.device_start, times.device_end, times.process_start, times.process_end)
-        if prev is None:
-            self.steps.extend_stretch(StretchRows(first_step, m, mode, bs, stretch.sum_prefix_len, stretch.max_seq_len,
-                                                  t, kv_used, cached, *after))
-        else:
-            # With overlap, step j's row is written when the step launched before it is processed:
-            # the first row is the batch in flight before the stretch (its own record), row j >= 1
-            # the stretch's launch j - 1.
+        # Step j's row is written when its batch is processed: at step j, or with overlap at step
+        # j + 1 (the first row is then the batch in flight before the stretch, its own record).
+        shift = 0 if prev is None else 1
+        if prev is not None:
             plan, inflight = prev.launched.plan, times.inflight_device
             self.steps.append(prev.step, mode, plan.batch_size, plan.num_tokens, plan.sum_prefix_len, prev.launched.cache_hit_tokens,
                               prev.schedule_start, prev.schedule_end, prev.schedule_end, prev.launch_end,
                               inflight[0], inflight[1], times.process_start[0], times.process_end[0],
-                              int(kv_used[0]), int(cached[0]), *after, prev.launched.num_retracted, plan.max_seq_len,
-                              plan.attention_pairs)
-            launched_rows = tuple(c[: m - 1] for c in t[:6]) + tuple(c[1:] for c in t[6:])
-            self.steps.extend_stretch(StretchRows(first_step, m - 1, mode, bs, stretch.sum_prefix_len, stretch.max_seq_len,
-                                                  launched_rows, kv_used[1:], cached[1:], *after))
+                              int(kv_used[0]), int(cached[0]), int(running[0]), waiting, prev.launched.num_retracted,
+                              plan.max_seq_len, plan.attention_pairs)
+        for seg in segments:
+            a, b = seg.first_step, min(seg.stop, m - shift)
+            if a >= b:
+                continue
+            p0, p1 = a + shift, b + shift  # where the rows' processing happened
+            rows = tuple(c[a:b] for c in t[:6]) + tuple(c[p0:p1] for c in t[6:])
+            self.steps.extend_stretch(StretchRows(first_step + a, b - a, mode, seg.batch_size, seg.sum_prefix_len,
+                                                  seg.max_seq_len, rows, kv_used[p0:p1], cached[p0:p1],
+                                                  running[p0:p1], waiting))
         if self.progress is not None:
             self.progress(len(sched.done))
         return _InFlight(launched, times.last_handle, self._num_steps, times.schedule_start[m - 1],

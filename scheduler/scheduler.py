@@ -16,12 +16,13 @@ from scheduler.chunk_cache import ChunkCache
 from scheduler.config import SchedulerConfig
 from scheduler.decode_stretch import (
     DecodeStretch,
+    StretchSegment,
     append_tokens,
     bulk_decode_slots,
     pages_per_step,
-    steps_before_finish,
+    exit_steps,
     steps_with_pages,
-    stretch_within_free_pages,
+    stretch_through_finishes,
 )
 from scheduler.forward_plan import ForwardMode, ForwardPlan
 from scheduler.future_indices import FUTURE_MAP_SIZE, FutureIndices
@@ -361,14 +362,18 @@ class Scheduler:
             if len(out) >= req.max_new_tokens or not req.sampling_params.ignore_eos:
                 req.check_finished()
             if req.finished_reason is not None:
-                req.finish_time = now
-                self.tree_cache.cache_finished_req(req)
-                req.req_pool_idx = None
-                req.pending_token = None
-                req.release_tokens()
-                self.done.append(req)
+                self._finish(req, now)
             elif i < num_extend:
                 self.tree_cache.cache_unfinished_req(req)
+
+    def _finish(self, req: Req, now: float) -> None:
+        """A request has its last token: its KV goes to the cache (or is freed), its row too."""
+        req.finish_time = now
+        self.tree_cache.cache_finished_req(req)
+        req.req_pool_idx = None
+        req.pending_token = None
+        req.release_tokens()
+        self.done.append(req)
 
     # -- decode stretches (scheduler/decode_stretch.py) ---------------------------------
     def decode_stretch(self, inflight: LaunchedBatch | None, token_id: int) -> DecodeStretch | None:
@@ -397,49 +402,84 @@ class Scheduler:
                 return None  # the batch shrinks (no longer full): the next step's prefill branch looks at the queue
             gone = set(map(id, leaving))
             reqs = [r for r in reqs if id(r) not in gone]
-        limit = steps_before_finish(reqs, token_id) if reqs else 0
-        if limit <= 0:
+        exits = exit_steps(reqs, token_id, self.config.overlap)
+        if not exits:
             return None
+        if self.waiting_queue:
+            # The batch is full: the stretch ends before anyone leaves (with it the batch would no
+            # longer be full, and the next step's prefill branch would look at the queue).
+            limit = min(exits) if self.config.overlap else min(exits) - 1
+        else:
+            limit = max(exits)
         # No retraction: every step finds a page for every request free or in evictable cache
         # (each page evicted is a page freed: free + evictable only shrinks by what steps take).
         ps = self.allocator.page_size
         pages = self.allocator.num_free_pages() + self.tree_cache.evictable_size() // ps
-        return stretch_within_free_pages(reqs, limit, pages, ps, page_for_every_request=True, leaving=tuple(leaving))
+        return stretch_through_finishes(reqs, exits, limit, pages, ps, tuple(leaving))
 
     def advance_decode_stretch(self, stretch: DecodeStretch, num_steps: int, launch_time: float,
                                token_times: array, token_id: int) -> LaunchedBatch:
         """Take the stretch's first num_steps steps: the first num_steps - 1 in bulk, the last
-        scheduled and launched (at launch_time) as stepping does; every request gets one token
-        per step at token_times. Returns the last step's launched batch (in flight with overlap)."""
-        reqs, batch, bulk = stretch.reqs, self.running_batch, num_steps - 1
-        overlap = self.config.overlap
-        if overlap:
-            prev = self.inflight.pop(0)  # the batch in flight is processed by the stretch's first step
-        first = 0  # the first bulk step whose processing appends the tokens below
-        if stretch.leaving:
-            batch.filter_batch(exclude=stretch.leaving)
-            batch.batch_is_full = False  # (as a shrinking batch is)
-            if overlap:
-                # Step 0 is scheduled before the batch in flight is processed: its slots are taken
-                # first; then that processing finishes the leaving requests and releases their KV.
-                self._bulk_decode(stretch, 0, 1)
-                self.process_batch_result(prev, [token_id] * len(prev.reqs), token_times[0])
-                stretch.cached_changes.append((0, self.tree_cache.evictable_size()))
-                first = 1
-        if bulk > first:
-            self._bulk_decode(stretch, first, bulk - first)
-            append_tokens(reqs, token_id, token_times[first:bulk])
-        last = self.get_next_batch_to_run()
-        assert last is batch and last.forward_mode is ForwardMode.DECODE and last.reqs == reqs, "a decode stretch changed its batch"
-        launched = self.launch(last, launch_time, overlap)
-        append_tokens(reqs, token_id, token_times[bulk:])
+        scheduled and launched (at launch_time) as stepping does; each step's processing gives
+        its requests one token at token_times, and finishes those at their length. Returns the
+        last step's launched batch (in flight with overlap)."""
+        batch, overlap, last = self.running_batch, self.config.overlap, num_steps - 1
+        # Overlap: step j processes the batch launched at step j - 1 (at 0: the one in flight).
+        processed = self.inflight.pop(0).reqs if overlap else []
+        launched = None
+        for seg in stretch.taken(num_steps):
+            j, stop = seg.first_step, min(seg.stop, num_steps)
+            if seg.leaving:
+                batch.filter_batch(exclude=seg.leaving)
+                batch.batch_is_full = False  # (as a shrinking batch is)
+            if overlap and seg.leaving:
+                # Step j is scheduled before the batch launched at j - 1 is processed; that
+                # processing gives the leaving requests their last token and finishes them.
+                launched = self._decode_steps(stretch, seg, j, j + 1, last, launch_time, token_times, token_id, processed)
+                self._finish_leaving(stretch, seg.leaving, j, token_times[j])
+                j += 1
+            if j < stop:
+                # (at step 0 with overlap the batch in flight is these very requests)
+                launched = self._decode_steps(stretch, seg, j, stop, last, launch_time, token_times, token_id, seg.reqs) or launched
+            if not overlap and seg.finishing and stop == seg.stop:
+                self._finish_leaving(stretch, seg.finishing, stop - 1, token_times[stop - 1])
+            processed = seg.reqs
+        assert launched is not None
         return launched
 
-    def _bulk_decode(self, stretch: DecodeStretch, first_step: int, num_steps: int) -> None:
-        """The scheduling side of the stretch's steps first_step .. first_step + num_steps - 1:
-        their evictions and KV slots, the decay of new_token_ratio, and (overlap) the future
-        indices their launches would name."""
-        alloc, batch, reqs = self.allocator, self.running_batch, stretch.reqs
+    def _decode_steps(self, stretch: DecodeStretch, seg: StretchSegment, start: int, stop: int, last: int,
+                      launch_time: float, token_times: array, token_id: int, processed: list[Req]) -> LaunchedBatch | None:
+        """Steps start .. stop - 1 of segment seg: scheduled in bulk, but for the stretch's last
+        step (scheduled and launched by the ordinary code, after the tokens of the steps before);
+        each processing gives `processed` its token. Returns the last step's launched batch."""
+        bulk_stop = min(stop, last)
+        if start < bulk_stop:
+            self._bulk_decode(stretch, seg, start, bulk_stop - start)
+            append_tokens(processed, token_id, token_times[start:bulk_stop])
+        if stop <= last:
+            return None
+        batch = self.running_batch
+        scheduled = self.get_next_batch_to_run()
+        assert scheduled is batch and scheduled.forward_mode is ForwardMode.DECODE and scheduled.reqs == seg.reqs, "a decode stretch changed its batch"
+        launched = self.launch(scheduled, launch_time, self.config.overlap)
+        append_tokens(processed, token_id, token_times[last:])
+        return launched
+
+    def _finish_leaving(self, stretch: DecodeStretch, reqs: tuple[Req, ...], step: int, now: float) -> None:
+        """The requests' last tokens were processed at the stretch's step `step`: they finish."""
+        kv_before = self.kv_used_tokens()
+        for r in reqs:
+            r.check_finished()
+            assert r.finished_reason is not None, "a decode stretch's request did not finish at its length"
+            self._finish(r, now)
+        stretch.kv_changes.append((step, self.kv_used_tokens() - kv_before))
+        stretch.cached_changes.append((step, self.tree_cache.evictable_size()))
+
+    def _bulk_decode(self, stretch: DecodeStretch, seg: StretchSegment, first_step: int, num_steps: int) -> None:
+        """The scheduling side of the stretch's steps first_step .. first_step + num_steps - 1
+        (of segment seg): their evictions and KV slots, the decay of new_token_ratio, and
+        (overlap) the future indices their launches would name."""
+        alloc, batch, reqs = self.allocator, self.running_batch, seg.reqs
         ps, bs = alloc.page_size, len(reqs)
         # prepare_for_decode's slots: alloc's order with page size 1; alloc_decode pops its new pages from the end.
         take = alloc.take_pages_in_steps if ps == 1 else (lambda n, _: reversed(alloc._take_pages(n)))

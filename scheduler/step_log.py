@@ -61,7 +61,7 @@ class StretchRows:
     times: tuple[array, ...]  # TIME_COLUMNS, num_rows floats each (typecode 'd')
     kv_used_tokens: np.ndarray  # after each row's step
     kv_cached_tokens: np.ndarray  # after each row's step
-    num_running: int
+    num_running: np.ndarray  # after each row's step
     num_waiting: int
 
 
@@ -176,8 +176,8 @@ def _stretch_columns(stretches: list[StretchRows], starts: list[int], total: int
         out[name] = column(np.frombuffer(joined, dtype=np.float64), np.float64)
     out["kv_used_tokens"] = column(np.concatenate([s.kv_used_tokens for s in stretches]))
     out["kv_cached_tokens"] = column(np.concatenate([s.kv_cached_tokens for s in stretches]))
-    for name in ("num_running", "num_waiting"):
-        out[name] = column(each(name))
+    out["num_running"] = column(np.concatenate([s.num_running for s in stretches]))
+    out["num_waiting"] = column(each("num_waiting"))
     out["max_seq_len"] = column(each("max_seq_len") + within)
     out["attention_pairs"] = column((prefix + bs).astype(np.float64), np.float64)
     return out

@@ -23,7 +23,7 @@ from typing import Any, Generator, Iterator
 
 import simpy
 
-from scheduler.decode_stretch import DecodeStretch
+from scheduler.decode_stretch import StretchSegment
 from scheduler.forward_plan import ForwardMode, ForwardPlan
 from scheduler.ids import ids
 from scheduler.loop import AwaitResult, CpuWork, EventLoop, FastForward, ForwardResult, Launch, StretchTimes, WaitForArrival
@@ -148,37 +148,46 @@ class SimDriver:
         remain. Otherwise the times, and SimPy's time and the CPU time pending where the
         stretch ends (device_free_at is set)."""
         stretch, cost = ff.stretch, self.cost_model
-        bs, k = stretch.batch_size, stretch.max_steps
         overlap = ff.inflight is not None
-        process = cost.cpu_time("process", bs, bs)
-        first_process = cost.cpu_time("process", ff.inflight.plan.batch_size, ff.inflight.plan.num_tokens) if overlap else process
-        costs = StepCosts(cost.cpu_time("schedule", bs, bs), cost.cpu_time("launch", bs, bs), process, overlap, first_process)
-        # The cost model reads a decode plan's summaries only: one plan, its summaries set per step
-        # (or all steps priced at once, where the cost model can: decode_forward_times).
-        plan = ForwardPlan(ForwardMode.DECODE, [0] * bs, [], [], [], [], [], ids(), num_tokens=bs)
         bulk_price = getattr(cost, "decode_forward_times", None)
-        durations = bulk_price(bs, stretch.sum_prefix_len, stretch.max_seq_len, k) if bulk_price else None
-        if durations is not None:
-            listed = durations.tolist()
-            duration = listed.__getitem__
-        else:
-            def duration(j: int) -> float:
-                set_decode_step(plan, stretch, j)
-                return cost.forward_time(plan)
+        # The cost model reads a decode plan's summaries only: one plan, its summaries set per step
+        # (or a segment's steps priced at once, where the cost model can: decode_forward_times).
+        plan = ForwardPlan(ForwardMode.DECODE, [], [], [], [], [], [], ids())
         arrival = math.inf if ff.next_arrival is None else ff.next_arrival
         clock = DriverClock(self.env.now, self.cpu_pending, self.device_free_at, ff.inflight.end if overlap else 0.0)
         out = StretchColumns()
-        # A step at a time first (a short stretch does not pay numpy's fixed costs), then the
-        # rest in bulk where the cost model priced them so.
-        cut = scalar_steps(clock, costs, duration, 0, min(k, SCALAR_STEPS), arrival, out)
-        if durations is not None and not cut and len(out) < k:
-            _, cut = vector_steps(clock, costs, durations[len(out):], arrival, out)
-        if not cut:
-            scalar_steps(clock, costs, duration, len(out), k, arrival, out)
+        # With overlap a step processes the batch launched before it: at a segment's first step,
+        # the one in flight or the segment before's.
+        before = cost.cpu_time("process", ff.inflight.plan.batch_size, ff.inflight.plan.num_tokens) if overlap else None
+        cut = False
+        for seg in stretch.segments:
+            bs, k = seg.batch_size, seg.stop - seg.first_step
+            process = cost.cpu_time("process", bs, bs)
+            costs = StepCosts(cost.cpu_time("schedule", bs, bs), cost.cpu_time("launch", bs, bs), process, overlap,
+                              before if overlap else process)
+            before = process
+            durations = bulk_price(bs, seg.sum_prefix_len, seg.max_seq_len, k) if bulk_price else None
+            if durations is not None:
+                duration = durations.tolist().__getitem__
+            else:
+                def duration(i: int, seg: StretchSegment = seg) -> float:
+                    set_decode_step(plan, seg, i)
+                    return cost.forward_time(plan)
+            # A step at a time first (a short stretch does not pay numpy's fixed costs), then the
+            # rest in bulk where the cost model priced them so.
+            first = seg.first_step
+            cut = scalar_steps(clock, costs, duration, 0, min(k, SCALAR_STEPS), arrival, out, first)
+            if durations is not None and not cut and len(out) - first < k:
+                _, cut = vector_steps(clock, costs, durations[len(out) - first:], arrival, out)
+            if not cut:
+                cut = scalar_steps(clock, costs, duration, len(out) - first, k, arrival, out, first)
+            if cut:
+                break
         m = len(out)
         if m < 2:
             return None
-        set_decode_step(plan, stretch, m - 1)  # the last step's summaries on the plan its handle carries
+        last = stretch.taken(m)[-1]
+        set_decode_step(plan, last, m - 1 - last.first_step)  # the last step's summaries on the plan its handle carries
         self.device_free_at = clock.dfree
         inflight_device = (ff.inflight.start, ff.inflight.end) if overlap else None
         t0s, t1s, t2s, starts, ends, t3s, t4s = out.cols
@@ -186,10 +195,14 @@ class SimDriver:
         return times, clock.now, clock.p
 
 
-def set_decode_step(plan: ForwardPlan, stretch: DecodeStretch, j: int) -> None:
-    """The summaries of the stretch's step j on a decode plan (what a cost model reads)."""
-    sum_prefix = stretch.sum_prefix_len + j * stretch.batch_size
+def set_decode_step(plan: ForwardPlan, seg: StretchSegment, i: int) -> None:
+    """The summaries of the segment's step i (from its first) on a decode plan (what a cost model reads)."""
+    bs = seg.batch_size
+    sum_prefix = seg.sum_prefix_len + i * bs
+    if len(plan.req_pool_indices) != bs:
+        plan.req_pool_indices = [0] * bs
+    plan.num_tokens = bs
     plan.sum_prefix_len = sum_prefix
-    plan.sum_seq_len = sum_prefix + stretch.batch_size
-    plan.attention_pairs = float(sum_prefix + stretch.batch_size)
-    plan.max_seq_len = stretch.max_seq_len + j
+    plan.sum_seq_len = sum_prefix + bs
+    plan.attention_pairs = float(sum_prefix + bs)
+    plan.max_seq_len = seg.max_seq_len + i

@@ -68,16 +68,18 @@ class StretchColumns:
 
 
 def scalar_steps(clock: DriverClock, costs: StepCosts, duration: Callable[[int], float], j: int, stop: int,
-                 arrival: float, out: StretchColumns) -> bool:
-    """Steps j .. stop - 1, one at a time (the module's loop). Returns True if the stretch was
-    cut before a step (after its first) whose schedule would start at or after arrival."""
+                 arrival: float, out: StretchColumns, first_step: int = 0) -> bool:
+    """Steps j .. stop - 1 of a stretch's part that starts at its step first_step (costs and
+    durations, from duration(0), are that part's), one at a time (the module's loop). Returns
+    True if the stretch was cut before a step (after its first) whose schedule would start at
+    or after arrival."""
     now, p, dfree, prev_end = clock.now, clock.p, clock.dfree, clock.prev_end
     cs, cl, overlap = costs.schedule, costs.launch, costs.overlap
     add_t0, add_t1, add_t2, add_start, add_end, add_t3, add_t4 = (c.append for c in out.cols)
     cut = False
     while j < stop:
         t0 = now + p
-        if j and t0 >= arrival:
+        if j + first_step and t0 >= arrival:
             cut = True
             break
         p += cs
