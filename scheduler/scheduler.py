@@ -435,7 +435,7 @@ class Scheduler:
             if overlap and seg.leaving:
                 # Step j is scheduled before the batch launched at j - 1 is processed; that
                 # processing gives the leaving requests their last token and finishes them.
-                launched = self._decode_steps(stretch, seg, j, j + 1, last, launch_time, token_times, token_id, processed)
+                launched = self._decode_steps(stretch, seg, j, j + 1, last, launch_time, token_times, token_id, processed) or launched
                 self._finish_leaving(stretch, seg.leaving, j, token_times[j])
                 j += 1
             if j < stop:
