@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Container, Iterable, Sequence
 
 import numpy as np
 
@@ -65,6 +65,9 @@ class DecodeStretch:
 
     segments: list[StretchSegment]
     page_size: int
+    # The first step merges the prefill scheduled just before into the running batch (SGLang):
+    # the ordinary code schedules that step (and, with overlap, processes that prefill).
+    merges_prefill: bool = False
     # Filled by advance_decode_stretch, for the rows from step j on: (j, the cache's evictable
     # tokens) where that changes at step j (a step whose schedule evicts, a finished request's KV
     # going to the cache), and (j, change of the KV in use) where finished requests release KV.
@@ -129,19 +132,19 @@ def steps_before_finish(reqs: Sequence[Req], token_id: int) -> int:
     return max(0, limit or 0)
 
 
-def exit_steps(reqs: Sequence[Req], token_id: int, overlap: bool) -> list[int] | None:
+def exit_steps(reqs: Sequence[Req], token_id: int, in_flight: Container[int] = ()) -> list[int] | None:
     """For each request, the first step of a stretch from here that it is not in: each step
-    appends one token (token_id) to every request, and a request leaves after its length
-    (with overlap the batch in flight gives each one token more first, and a request leaves
-    at the step that processes its last). None if one could stop at EOS (token_id is one),
-    or is not decoding (finished, retracted)."""
+    appends one token (token_id) to every request, and a request leaves after its length.
+    A request whose id is in in_flight has a token in flight (overlap): it counts, and the
+    request leaves at the step that processes its last. None if one could stop at EOS
+    (token_id is one), or is not decoding (finished, retracted)."""
     exits = []
     for r in reqs:
         if r.finished_reason is not None or r.is_retracted:
             return None
         if not r.sampling_params.ignore_eos and token_id in r.eos_token_ids:
             return None
-        exits.append(r.max_new_tokens - len(r.output_ids) - overlap)
+        exits.append(r.max_new_tokens - len(r.output_ids) - (id(r) in in_flight))
     return exits
 
 

@@ -213,7 +213,7 @@ class EventLoop:
             return None
         m = times.num_steps
         kv_before, cached_before = sched.kv_used_tokens(), sched.tree_cache.evictable_size()
-        launched = sched.advance_decode_stretch(stretch, m, times.schedule_end[m - 1], times.process_start, token)
+        launched = sched.advance_decode_stretch(stretch, m, times.schedule_end, times.process_start, token)
         first_step = self._num_steps + 1
         self._num_steps += m
         self.num_stretches += 1
@@ -232,7 +232,7 @@ class EventLoop:
         shift = 0 if prev is None else 1
         if prev is not None:
             plan, inflight = prev.launched.plan, times.inflight_device
-            self.steps.append(prev.step, mode, plan.batch_size, plan.num_tokens, plan.sum_prefix_len, prev.launched.cache_hit_tokens,
+            self.steps.append(prev.step, plan.mode.value, plan.batch_size, plan.num_tokens, plan.sum_prefix_len, prev.launched.cache_hit_tokens,
                               prev.schedule_start, prev.schedule_end, prev.schedule_end, prev.launch_end,
                               inflight[0], inflight[1], times.process_start[0], times.process_end[0],
                               int(kv_used[0]), int(cached[0]), int(running[0]), waiting, prev.launched.num_retracted,

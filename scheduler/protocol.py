@@ -63,5 +63,5 @@ class SchedulerCore(Protocol):
     # every sampled token in advance (the simulator's fast-forward).
     def decode_stretch(self, inflight: Launched | None, token_id: int) -> DecodeStretch | None: ...
 
-    def advance_decode_stretch(self, stretch: DecodeStretch, num_steps: int, launch_time: float,
+    def advance_decode_stretch(self, stretch: DecodeStretch, num_steps: int, launch_times: array,
                                token_times: array, token_id: int) -> Launched: ...

@@ -382,27 +382,41 @@ class Scheduler:
         Overlap: `inflight` is the launched batch not processed yet; it must be a decode of
         the same requests (each step of the stretch processes the one before)."""
         running, last = self.running_batch, self.last_batch
-        if running.is_empty() or last is not running or last.forward_mode is not ForwardMode.DECODE:
-            return None  # a prefill to merge first (or nothing decoding)
-        if self.chunked_req is not None or self.req_to_token_pool.journal is not None:
+        if self.chunked_req is not None or self.req_to_token_pool.journal is not None or last is None:
             return None
         if self.waiting_queue and (self.enable_priority_preemption or not running.batch_is_full):
             return None  # the prefill branch would look at the queue
-        reqs = running.reqs
-        if self.config.overlap:
-            if inflight is None or self.inflight != [inflight] or inflight.plan.mode is not ForwardMode.DECODE or inflight.reqs != reqs:
+        overlap = self.config.overlap
+        if last is running and last.forward_mode is ForwardMode.DECODE and not running.is_empty():
+            reqs = running.reqs
+            if overlap and (inflight is None or inflight.plan.mode is not ForwardMode.DECODE or inflight.reqs != reqs):
                 return None
-            leaving = self._reqs_finishing_inflight(running)  # the first step's update_running_batch drops them
+        elif last.forward_mode is ForwardMode.EXTEND and last.chunked_req is None and not self.waiting_queue:
+            # A whole prefill that the first step merges into the running batch (the ordinary
+            # code schedules that step; with overlap it processes the prefill).
+            reqs = running.reqs + last.reqs
+            if overlap and (inflight is None or inflight.plan.mode is not ForwardMode.EXTEND or inflight.reqs != last.reqs):
+                return None
+        else:
+            return None
+        if overlap:
+            if self.inflight != [inflight]:
+                return None
+            # The first step drops them: with overlap, those whose in-flight result finishes them.
+            near_end = {id(r) for r in inflight.reqs if len(r.output_ids) + 1 >= r.max_new_tokens}
+            leaving = [r for r in reqs if r.finished_reason is not None or id(r) in near_end]
+            if last is running and any(r.finished_reason is not None for r in reqs):
+                return None  # stopped (EOS) while its next step ran: stepping drops that step's token
         elif inflight is not None or self.inflight:
             return None
         else:
-            leaving = [r for r in reqs if r.finished_reason is not None]  # the first step's filter_batch drops them
+            leaving = [r for r in reqs if r.finished_reason is not None]
         if leaving:
             if self.waiting_queue:
                 return None  # the batch shrinks (no longer full): the next step's prefill branch looks at the queue
             gone = set(map(id, leaving))
             reqs = [r for r in reqs if id(r) not in gone]
-        exits = exit_steps(reqs, token_id, self.config.overlap)
+        exits = exit_steps(reqs, token_id, {id(r) for r in inflight.reqs} if overlap else ())
         if not exits:
             return None
         if self.waiting_queue:
@@ -415,32 +429,58 @@ class Scheduler:
         # (each page evicted is a page freed: free + evictable only shrinks by what steps take).
         ps = self.allocator.page_size
         pages = self.allocator.num_free_pages() + self.tree_cache.evictable_size() // ps
-        return stretch_through_finishes(reqs, exits, limit, pages, ps, tuple(leaving))
+        stretch = stretch_through_finishes(reqs, exits, limit, pages, ps, tuple(leaving))
+        if stretch is not None:
+            stretch.merges_prefill = last is not running
+        return stretch
 
-    def advance_decode_stretch(self, stretch: DecodeStretch, num_steps: int, launch_time: float,
+    def advance_decode_stretch(self, stretch: DecodeStretch, num_steps: int, launch_times: array,
                                token_times: array, token_id: int) -> LaunchedBatch:
-        """Take the stretch's first num_steps steps: the first num_steps - 1 in bulk, the last
-        scheduled and launched (at launch_time) as stepping does; each step's processing gives
-        its requests one token at token_times, and finishes those at their length. Returns the
-        last step's launched batch (in flight with overlap)."""
-        batch, overlap, last = self.running_batch, self.config.overlap, num_steps - 1
-        # Overlap: step j processes the batch launched at step j - 1 (at 0: the one in flight).
-        processed = self.inflight.pop(0).reqs if overlap else []
+        """Take the stretch's first num_steps steps: the first num_steps - 1 in bulk (but a
+        first step that merges a prefill), the last scheduled and launched as stepping does
+        (step j at launch_times[j]); each step's processing gives its requests one token at
+        token_times, and finishes those at their length. Returns the last step's launched
+        batch (in flight with overlap)."""
+        overlap, last = self.config.overlap, num_steps - 1
         launched = None
+        first = 0
+        if stretch.merges_prefill:
+            # Step 0 merges the prefill just scheduled into the running batch: the ordinary code
+            # schedules and launches it; with overlap it processes that prefill.
+            kv_before = self.kv_used_tokens()
+            seg = stretch.segments[0]
+            scheduled = self.get_next_batch_to_run()
+            assert scheduled is self.running_batch and scheduled.forward_mode is ForwardMode.DECODE and scheduled.reqs == seg.reqs, "a decode stretch's merge changed its batch"
+            launched = self.launch(scheduled, launch_times[0], overlap)
+            if overlap:
+                prefill = self.inflight[0]
+                self.process_batch_result(prefill, [token_id] * len(prefill.reqs), token_times[0])
+                self.inflight.pop(0)  # step 0's decode, which step 1 processes
+                # The prefill's processing caches its prompts (and finishes a one-token request).
+                taken = seg.pages_per_step[0] * self.allocator.page_size
+                stretch.kv_changes.append((0, self.kv_used_tokens() - kv_before - taken))
+                stretch.cached_changes.append((0, self.tree_cache.evictable_size()))
+            else:
+                append_tokens(seg.reqs, token_id, token_times[:1])
+                stretch.cached_changes.append((0, self.tree_cache.evictable_size()))  # (step 0 may evict)
+            first = 1
+        batch = self.running_batch
+        # Overlap: step j processes the batch launched at step j - 1 (at 0: the one in flight).
+        processed = self.inflight.pop(0).reqs if overlap and not first else []
         for seg in stretch.taken(num_steps):
-            j, stop = seg.first_step, min(seg.stop, num_steps)
-            if seg.leaving:
+            j, stop = max(seg.first_step, first), min(seg.stop, num_steps)
+            if seg.leaving and j == seg.first_step:
                 batch.filter_batch(exclude=seg.leaving)
                 batch.batch_is_full = False  # (as a shrinking batch is)
-            if overlap and seg.leaving:
-                # Step j is scheduled before the batch launched at j - 1 is processed; that
-                # processing gives the leaving requests their last token and finishes them.
-                launched = self._decode_steps(stretch, seg, j, j + 1, last, launch_time, token_times, token_id, processed) or launched
-                self._finish_leaving(stretch, seg.leaving, j, token_times[j])
-                j += 1
+                if overlap:
+                    # Step j is scheduled before the batch launched at j - 1 is processed; that
+                    # processing gives the leaving requests their last token and finishes them.
+                    launched = self._decode_steps(stretch, seg, j, j + 1, last, launch_times, token_times, token_id, processed) or launched
+                    self._finish_leaving(stretch, seg.leaving, j, token_times[j])
+                    j += 1
             if j < stop:
                 # (at step 0 with overlap the batch in flight is these very requests)
-                launched = self._decode_steps(stretch, seg, j, stop, last, launch_time, token_times, token_id, seg.reqs) or launched
+                launched = self._decode_steps(stretch, seg, j, stop, last, launch_times, token_times, token_id, seg.reqs) or launched
             if not overlap and seg.finishing and stop == seg.stop:
                 self._finish_leaving(stretch, seg.finishing, stop - 1, token_times[stop - 1])
             processed = seg.reqs
@@ -448,7 +488,7 @@ class Scheduler:
         return launched
 
     def _decode_steps(self, stretch: DecodeStretch, seg: StretchSegment, start: int, stop: int, last: int,
-                      launch_time: float, token_times: array, token_id: int, processed: list[Req]) -> LaunchedBatch | None:
+                      launch_times: array, token_times: array, token_id: int, processed: list[Req]) -> LaunchedBatch | None:
         """Steps start .. stop - 1 of segment seg: scheduled in bulk, but for the stretch's last
         step (scheduled and launched by the ordinary code, after the tokens of the steps before);
         each processing gives `processed` its token. Returns the last step's launched batch."""
@@ -461,7 +501,7 @@ class Scheduler:
         batch = self.running_batch
         scheduled = self.get_next_batch_to_run()
         assert scheduled is batch and scheduled.forward_mode is ForwardMode.DECODE and scheduled.reqs == seg.reqs, "a decode stretch changed its batch"
-        launched = self.launch(scheduled, launch_time, self.config.overlap)
+        launched = self.launch(scheduled, launch_times[last], self.config.overlap)
         append_tokens(processed, token_id, token_times[last:])
         return launched
 

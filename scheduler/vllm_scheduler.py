@@ -386,10 +386,10 @@ class VllmScheduler:
         # No eviction: every step starts with the pages it takes free.
         return stretch_within_free_pages(running, limit, self.allocator.num_free_pages(), ps, page_for_every_request=False)
 
-    def advance_decode_stretch(self, stretch: DecodeStretch, num_steps: int, launch_time: float,
+    def advance_decode_stretch(self, stretch: DecodeStretch, num_steps: int, launch_times: array,
                                token_times: array, token_id: int) -> LaunchedBatch:
         """Take the stretch's first num_steps steps: the first num_steps - 1 in bulk, the last
-        scheduled and launched (at launch_time) as stepping does; every request gets one token
+        scheduled and launched (at launch_times[num_steps - 1]) as stepping does; every request gets one token
         per step at token_times. Returns the last step's launched batch."""
         reqs, bulk = stretch.reqs, num_steps - 1
         if bulk:
@@ -401,7 +401,7 @@ class VllmScheduler:
             append_tokens(reqs, token_id, token_times[:bulk])
         batch = self.get_next_batch_to_run()
         assert batch is not None and batch.reqs == reqs and batch.plan.mode is ForwardMode.DECODE, "a decode stretch changed its batch"
-        launched = self.launch(batch, launch_time, reqs[0].pending_token is not None)
+        launched = self.launch(batch, launch_times[bulk], reqs[0].pending_token is not None)
         append_tokens(reqs, token_id, token_times[bulk:])
         return launched
 
