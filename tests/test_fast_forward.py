@@ -163,7 +163,7 @@ class _StretchRecordingScheduler(Scheduler):
         self.bulk_evictions = 0  # bulk steps' schedules that evicted
 
     def advance_decode_stretch(self, stretch, num_steps, *args):
-        self.advanced.append(stretch.taken(num_steps))  # the segments its steps went through
+        self.advanced.append((stretch.merges_prefill, stretch.taken(num_steps)))  # (and the segments its steps went through)
         return super().advance_decode_stretch(stretch, num_steps, *args)
 
     def _bulk_decode(self, *args):
@@ -209,11 +209,13 @@ def test_fast_forward_takes_decode_stretches_in_few_waits():
 def test_stretches_go_through_finishes_and_evictions_as_steps_do(overlap, page_size):
     """A KV pool the radix cache fills: once it is full every few steps evict a cached prompt.
     Stretches go on through those evictions and through requests' last tokens (the request
-    finishes and leaves the batch), with the very run stepping gives."""
+    finishes and leaves the batch), and start where a prefill merges into the batch, with the
+    very run stepping gives."""
     step_loop, step_sched = _light_run(False, overlap, kv_tokens=2500, page_size=page_size)
     ff_loop, ff_sched = _light_run(True, overlap, kv_tokens=2500, page_size=page_size)
     taken = ff_sched.advanced
-    assert sum(len(segments) - 1 for segments in taken) >= 5, "stretches did not go on past requests' last tokens"
+    assert sum(len(segments) - 1 for _, segments in taken) >= 5, "stretches did not go on past requests' last tokens"
+    assert sum(merges for merges, _ in taken) >= 5, "no stretch started where a prefill merges into the batch"
     assert ff_sched.bulk_evictions > 0, "no stretch evicted"
     assert ff_loop.waits * 3 < step_loop.waits, (ff_loop.waits, step_loop.waits)
     for name, col in step_loop.steps.cols.items():
