@@ -93,6 +93,8 @@ class DecodeStretch:
     def kv_used_after(self, kv_used: int, num_steps: int) -> np.ndarray:
         """KV slots in use after each of the first num_steps steps, from kv_used before the
         first: each step takes its pages, finished requests release theirs (kv_changes)."""
+        if self.page_size == 1 and len(self.segments) == 1 and not self.kv_changes:  # (the usual case)
+            return kv_used + self.batch_size * np.arange(1, num_steps + 1, dtype=np.int64)
         taken = []
         for seg in self.taken(num_steps):
             n = min(seg.stop, num_steps) - seg.first_step
@@ -132,19 +134,20 @@ def steps_before_finish(reqs: Sequence[Req], token_id: int) -> int:
     return max(0, limit or 0)
 
 
-def exit_steps(reqs: Sequence[Req], token_id: int, in_flight: Container[int] = ()) -> list[int] | None:
+def exit_steps(reqs: Sequence[Req], token_id: int, in_flight: bool | Container[int] = False) -> list[int] | None:
     """For each request, the first step of a stretch from here that it is not in: each step
     appends one token (token_id) to every request, and a request leaves after its length.
-    A request whose id is in in_flight has a token in flight (overlap): it counts, and the
-    request leaves at the step that processes its last. None if one could stop at EOS
-    (token_id is one), or is not decoding (finished, retracted)."""
+    A request with a token in flight (overlap: in_flight is True for all, or holds the ids of
+    those that have one) counts it, and leaves at the step that processes its last. None if
+    one could stop at EOS (token_id is one), or is not decoding (finished, retracted)."""
     exits = []
+    every = in_flight if isinstance(in_flight, bool) else None
     for r in reqs:
         if r.finished_reason is not None or r.is_retracted:
             return None
         if not r.sampling_params.ignore_eos and token_id in r.eos_token_ids:
             return None
-        exits.append(r.max_new_tokens - len(r.output_ids) - (id(r) in in_flight))
+        exits.append(r.max_new_tokens - len(r.output_ids) - (every if every is not None else id(r) in in_flight))
     return exits
 
 

@@ -19,7 +19,6 @@ from scheduler.decode_stretch import (
     StretchSegment,
     append_tokens,
     bulk_decode_slots,
-    pages_per_step,
     exit_steps,
     steps_with_pages,
     stretch_through_finishes,
@@ -399,14 +398,22 @@ class Scheduler:
                 return None
         else:
             return None
+        # The first step drops the requests that leave: finished ones, and with overlap those
+        # whose in-flight result finishes them.
+        in_flight: bool | set[int] = False  # the requests with a token in flight
         if overlap:
             if self.inflight != [inflight]:
                 return None
-            # The first step drops them: with overlap, those whose in-flight result finishes them.
-            near_end = {id(r) for r in inflight.reqs if len(r.output_ids) + 1 >= r.max_new_tokens}
-            leaving = [r for r in reqs if r.finished_reason is not None or id(r) in near_end]
-            if last is running and any(r.finished_reason is not None for r in reqs):
-                return None  # stopped (EOS) while its next step ran: stepping drops that step's token
+            near_end = [r for r in inflight.reqs if len(r.output_ids) + 1 >= r.max_new_tokens]
+            if last is running:
+                if any(r.finished_reason is not None for r in near_end):
+                    return None  # stopped (EOS) while its next step ran: stepping drops that step's token
+                # (another one that stopped makes exit_steps refuse)
+                leaving, in_flight = near_end, True
+            else:
+                ending = set(map(id, near_end))
+                leaving = [r for r in reqs if r.finished_reason is not None or id(r) in ending]
+                in_flight = set(map(id, inflight.reqs))
         elif inflight is not None or self.inflight:
             return None
         else:
@@ -416,7 +423,7 @@ class Scheduler:
                 return None  # the batch shrinks (no longer full): the next step's prefill branch looks at the queue
             gone = set(map(id, leaving))
             reqs = [r for r in reqs if id(r) not in gone]
-        exits = exit_steps(reqs, token_id, {id(r) for r in inflight.reqs} if overlap else ())
+        exits = exit_steps(reqs, token_id, in_flight)
         if not exits:
             return None
         if self.waiting_queue:
@@ -530,8 +537,9 @@ class Scheduler:
                 batch.check_decode_mem()
                 batch._evict_if_needed(bs * ps)
                 stretch.cached_changes.append((first_step + done, self.tree_cache.evictable_size()))
-            # The steps from here that find their pages free.
-            per_step = pages_per_step([r.seq_len for r in reqs], ps)
+            # The steps from here that find their pages free (the segment's cycle, from this step).
+            phase = (first_step + done - seg.first_step) % ps
+            per_step = seg.pages_per_step[phase:] + seg.pages_per_step[:phase]
             n = steps_with_pages(alloc.num_free_pages(), per_step, bs, num_steps - done)
             assert n > 0, "a decode stretch ran out of KV pages"
             bulk_decode_slots(self.req_to_token_pool, reqs, n, ps, take)
