@@ -1,8 +1,8 @@
 """A decode stretch: the next steps of a running batch that are pure repeats, taken at once.
 
-Between two events (an arrival, a request's last token, a chunk, the KV pool running
-short, a retraction, a new cached block) each decode step runs the same requests, each
-one token longer. When the sampled tokens are known in advance (the simulator's: every
+Between two events (an arrival, a chunk, the KV pool running short, a retraction, with
+vLLM a new cached block) each decode step runs the same requests, each one token longer,
+but for those that leave at their length. When the sampled tokens are known in advance (the simulator's: every
 token is the same id), a scheduler can say how many such steps come next
 (SchedulerCore.decode_stretch) and apply k of them at once (SchedulerCore.advance_decode_stretch):
 the first k - 1 steps' state changes in bulk (the same KV slots in the same order, the
@@ -10,11 +10,12 @@ same decay of new_token_ratio, k - 1 tokens for every request), then the last st
 scheduled and launched by the ordinary code, so that what stays in flight (overlap) or
 in the running batch is the very object stepping would have made.
 
-A request's last token ends the stretch that computes it, but need not delay the next
-one: when nothing waits, the step after a finish is a decode of the others, so the next
-stretch starts there, its first step dropping the finished request from the batch (with
-overlap: the request whose in-flight result finishes it, processed by that first step,
-which releases its KV; DecodeStretch.leaving).
+When nothing waits, a request's last token does not end the stretch: the stretch is
+planned in segments (StretchSegment), and the step that processes a last token finishes
+the request (its KV goes to the cache) while the next segment's first step drops it from
+the batch (StretchSegment.leaving; with overlap that is the step that processes the token
+in flight). A stretch may also start at the step that merges a whole prefill into the
+batch (DecodeStretch.merges_prefill). docs/fast-forward.md says why all this equals stepping.
 
 The loop (loop.py) asks only when its driver knows the tokens (EventLoop.fast_forward_token);
 the driver (simulator/sim_driver.py) prices the steps and cuts the stretch before the
