@@ -167,19 +167,18 @@ def steps_with_pages(free_pages: int, per_step: Sequence[int], reserve: int, lim
 
 
 def stretch_within_free_pages(reqs: Sequence[Req], limit: int, free_pages: int, page_size: int,
-                              page_for_every_request: bool, leaving: tuple[Req, ...] = ()) -> DecodeStretch | None:
+                              page_for_every_request: bool) -> DecodeStretch | None:
     """The stretch of at most `limit` steps of reqs whose every step starts with the pages it
     needs free (no eviction, no retraction); None if not even one. SGLang's check_decode_mem
     wants a page free for every request before each step (page_for_every_request); vLLM's
-    allocation only the pages a step takes (here: the most any step takes). KV that the
-    leaving requests release during the stretch is not counted: fewer steps, never a wrong one."""
+    allocation only the pages a step takes (here: the most any step takes)."""
     seq_lens = [r.seq_len for r in reqs]
     per_step = pages_per_step(seq_lens, page_size)
     reserve = len(reqs) if page_for_every_request else max(per_step)
     steps = steps_with_pages(free_pages, per_step, reserve, limit)
     if steps <= 0:
         return None
-    return DecodeStretch([StretchSegment(0, steps, list(reqs), sum(seq_lens), max(seq_lens) + 1, per_step, leaving)], page_size)
+    return DecodeStretch([StretchSegment(0, steps, list(reqs), sum(seq_lens), max(seq_lens) + 1, per_step)], page_size)
 
 
 def stretch_through_finishes(reqs: Sequence[Req], exits: Sequence[int], limit: int, free_pages: int, page_size: int,

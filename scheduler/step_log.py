@@ -50,7 +50,8 @@ class StretchRows:
     """The rows of consecutive decode steps of one batch (part of a decode stretch), kept
     compact until the log is read: row i is step first_step + i, of batch_size requests with
     sum_prefix_len + i * batch_size prefix tokens and a longest sequence of max_seq_len + i,
-    nothing retracted or hit; the times and the KV use and cache are given per row."""
+    nothing retracted or hit; the times, the KV use, the cache and the running count are given
+    per row."""
 
     first_step: int
     num_rows: int

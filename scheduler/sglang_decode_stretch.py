@@ -1,0 +1,206 @@
+"""SGLang's scheduler taking decode stretches (scheduler/decode_stretch.py): which of the next
+steps are pure decodes (decode_stretch), and taking them at once (advance_decode_stretch),
+with the state changes stepping would make. A mixin of Scheduler (scheduler.py): it reads
+and changes the scheduler's own state, and calls its ordinary step code for the steps it
+does not take in bulk. docs/fast-forward.md says why the result equals stepping."""
+
+from __future__ import annotations
+
+from array import array
+from typing import TYPE_CHECKING
+
+from scheduler.decode_stretch import (
+    DecodeStretch,
+    StretchSegment,
+    append_tokens,
+    bulk_decode_slots,
+    exit_steps,
+    steps_with_pages,
+    stretch_through_finishes,
+)
+from scheduler.forward_plan import ForwardMode
+from scheduler.req import Req
+
+if TYPE_CHECKING:
+    from scheduler.scheduler import LaunchedBatch, Scheduler
+
+
+class SglangDecodeStretches:
+    """Decode stretches for Scheduler (its only user: self is a Scheduler)."""
+
+    def decode_stretch(self: Scheduler, inflight: LaunchedBatch | None, token_id: int) -> DecodeStretch | None:
+        """The decode steps from the next get_next_batch_to_run() on that repeat the running
+        batch's step unchanged, each sampling token_id; None if the next step is not one.
+        Overlap: `inflight` is the launched batch not processed yet; it must be a decode of
+        the same requests (each step of the stretch processes the one before)."""
+        running, last = self.running_batch, self.last_batch
+        if self.chunked_req is not None or self.req_to_token_pool.journal is not None or last is None:
+            return None
+        if self.waiting_queue and (self.enable_priority_preemption or not running.batch_is_full):
+            return None  # the prefill branch would look at the queue
+        overlap = self.config.overlap
+        if last is running and last.forward_mode is ForwardMode.DECODE and not running.is_empty():
+            reqs = running.reqs
+            if overlap and (inflight is None or inflight.plan.mode is not ForwardMode.DECODE or inflight.reqs != reqs):
+                return None
+        elif last.forward_mode is ForwardMode.EXTEND and last.chunked_req is None and not self.waiting_queue:
+            # A whole prefill that the first step merges into the running batch (the ordinary
+            # code schedules that step; with overlap it processes the prefill).
+            reqs = running.reqs + last.reqs
+            if overlap and (inflight is None or inflight.plan.mode is not ForwardMode.EXTEND or inflight.reqs != last.reqs):
+                return None
+        else:
+            return None
+        # The first step drops the requests that leave: finished ones, and with overlap those
+        # whose in-flight result finishes them.
+        in_flight: bool | set[int] = False  # the requests with a token in flight
+        if overlap:
+            if self.inflight != [inflight]:
+                return None
+            near_end = self._reqs_finishing_inflight(reqs)  # (the in-flight batch's requests)
+            if last is running:
+                if any(r.finished_reason is not None for r in near_end):
+                    return None  # stopped (EOS) while its next step ran: stepping drops that step's token
+                # (another one that stopped makes exit_steps refuse)
+                leaving, in_flight = near_end, True
+            else:
+                ending = set(map(id, near_end))
+                leaving = [r for r in reqs if r.finished_reason is not None or id(r) in ending]
+                in_flight = set(map(id, inflight.reqs))
+        elif inflight is not None or self.inflight:
+            return None
+        else:
+            leaving = [r for r in reqs if r.finished_reason is not None]
+        if leaving:
+            if self.waiting_queue:
+                return None  # the batch shrinks (no longer full): the next step's prefill branch looks at the queue
+            gone = set(map(id, leaving))
+            reqs = [r for r in reqs if id(r) not in gone]
+        exits = exit_steps(reqs, token_id, in_flight)
+        if not exits:
+            return None
+        if self.waiting_queue:
+            # The batch is full: the stretch ends before anyone leaves (with it the batch would no
+            # longer be full, and the next step's prefill branch would look at the queue).
+            limit = min(exits) if self.config.overlap else min(exits) - 1
+        else:
+            limit = max(exits)
+        # No retraction: every step finds a page for every request free or in evictable cache
+        # (each page evicted is a page freed: free + evictable only shrinks by what steps take).
+        ps = self.allocator.page_size
+        pages = self.allocator.num_free_pages() + self.tree_cache.evictable_size() // ps
+        stretch = stretch_through_finishes(reqs, exits, limit, pages, ps, tuple(leaving))
+        if stretch is not None:
+            stretch.merges_prefill = last is not running
+        return stretch
+
+    def advance_decode_stretch(self: Scheduler, stretch: DecodeStretch, num_steps: int, launch_times: array,
+                               token_times: array, token_id: int) -> LaunchedBatch:
+        """Take the stretch's first num_steps steps: the first num_steps - 1 in bulk (but a
+        first step that merges a prefill), the last scheduled and launched as stepping does
+        (step j at launch_times[j]); each step's processing gives its requests one token at
+        token_times, and finishes those at their length. Returns the last step's launched
+        batch (in flight with overlap)."""
+        overlap, last = self.config.overlap, num_steps - 1
+        launched = None
+        first = 0
+        if stretch.merges_prefill:
+            # Step 0 merges the prefill just scheduled into the running batch: the ordinary code
+            # schedules and launches it; with overlap it processes that prefill.
+            kv_before = self.kv_used_tokens()
+            seg = stretch.segments[0]
+            scheduled = self.get_next_batch_to_run()
+            assert scheduled is self.running_batch and scheduled.forward_mode is ForwardMode.DECODE and scheduled.reqs == seg.reqs, "a decode stretch's merge changed its batch"
+            launched = self.launch(scheduled, launch_times[0], overlap)
+            if overlap:
+                prefill = self.inflight[0]
+                self.process_batch_result(prefill, [token_id] * len(prefill.reqs), token_times[0])
+                self.inflight.pop(0)  # step 0's decode, which step 1 processes
+                # The prefill's processing caches its prompts (and finishes a one-token request).
+                taken = seg.pages_per_step[0] * self.allocator.page_size
+                stretch.kv_changes.append((0, self.kv_used_tokens() - kv_before - taken))
+            else:
+                append_tokens(seg.reqs, token_id, token_times[:1])
+            stretch.cached_changes.append((0, self.tree_cache.evictable_size()))  # (step 0 may evict, too)
+            first = 1
+        batch = self.running_batch
+        # Overlap: step j processes the batch launched at step j - 1 (at 0: the one in flight).
+        processed = self.inflight.pop(0).reqs if overlap and not first else []
+        for seg in stretch.taken(num_steps):
+            j, stop = max(seg.first_step, first), min(seg.stop, num_steps)
+            if seg.leaving and j == seg.first_step:
+                batch.filter_batch(exclude=seg.leaving)
+                batch.batch_is_full = False  # (as a shrinking batch is)
+                if overlap:
+                    # Step j is scheduled before the batch launched at j - 1 is processed; that
+                    # processing gives the leaving requests their last token and finishes them.
+                    launched = self._decode_steps(stretch, seg, j, j + 1, last, launch_times, token_times, token_id, processed) or launched
+                    self._finish_leaving(stretch, seg.leaving, j, token_times[j])
+                    j += 1
+            if j < stop:
+                # (at step 0 with overlap the batch in flight is these very requests)
+                launched = self._decode_steps(stretch, seg, j, stop, last, launch_times, token_times, token_id, seg.reqs) or launched
+            if not overlap and seg.finishing and stop == seg.stop:
+                self._finish_leaving(stretch, seg.finishing, stop - 1, token_times[stop - 1])
+            processed = seg.reqs
+        assert launched is not None
+        return launched
+
+    def _decode_steps(self: Scheduler, stretch: DecodeStretch, seg: StretchSegment, start: int, stop: int, last: int,
+                      launch_times: array, token_times: array, token_id: int, processed: list[Req]) -> LaunchedBatch | None:
+        """Steps start .. stop - 1 of segment seg: scheduled in bulk, but for the stretch's last
+        step (scheduled and launched by the ordinary code, after the tokens of the steps before);
+        each processing gives `processed` its token. Returns the last step's launched batch."""
+        bulk_stop = min(stop, last)
+        if start < bulk_stop:
+            self._bulk_decode(stretch, seg, start, bulk_stop - start)
+            append_tokens(processed, token_id, token_times[start:bulk_stop])
+        if stop <= last:
+            return None
+        batch = self.running_batch
+        scheduled = self.get_next_batch_to_run()
+        assert scheduled is batch and scheduled.forward_mode is ForwardMode.DECODE and scheduled.reqs == seg.reqs, "a decode stretch changed its batch"
+        launched = self.launch(scheduled, launch_times[last], self.config.overlap)
+        append_tokens(processed, token_id, token_times[last:])
+        return launched
+
+    def _finish_leaving(self: Scheduler, stretch: DecodeStretch, reqs: tuple[Req, ...], step: int, now: float) -> None:
+        """The requests' last tokens were processed at the stretch's step `step`: they finish."""
+        kv_before = self.kv_used_tokens()
+        for r in reqs:
+            r.check_finished()
+            assert r.finished_reason is not None, "a decode stretch's request did not finish at its length"
+            self._finish(r, now)
+        stretch.kv_changes.append((step, self.kv_used_tokens() - kv_before))
+        stretch.cached_changes.append((step, self.tree_cache.evictable_size()))
+
+    def _bulk_decode(self: Scheduler, stretch: DecodeStretch, seg: StretchSegment, first_step: int, num_steps: int) -> None:
+        """The scheduling side of the stretch's steps first_step .. first_step + num_steps - 1
+        (of segment seg): their evictions and KV slots, the decay of new_token_ratio, and
+        (overlap) the future indices their launches would name."""
+        alloc, batch, reqs = self.allocator, self.running_batch, seg.reqs
+        ps, bs = alloc.page_size, len(reqs)
+        # prepare_for_decode's slots: alloc's order with page size 1; alloc_decode pops its new pages from the end.
+        take = alloc.take_pages_in_steps if ps == 1 else (lambda n, _: reversed(alloc._take_pages(n)))
+        done = 0
+        while done < num_steps:
+            if alloc.num_free_pages() < bs:
+                # This step's schedule evicts, as stepping's does: check_decode_mem, then prepare_for_decode.
+                batch.check_decode_mem()
+                batch._evict_if_needed(bs * ps)
+                stretch.cached_changes.append((first_step + done, self.tree_cache.evictable_size()))
+            # The steps from here that find their pages free (the segment's cycle, from this step).
+            phase = (first_step + done - seg.first_step) % ps
+            per_step = seg.pages_per_step[phase:] + seg.pages_per_step[:phase]
+            n = steps_with_pages(alloc.num_free_pages(), per_step, bs, num_steps - done)
+            assert n > 0, "a decode stretch ran out of KV pages"
+            bulk_decode_slots(self.req_to_token_pool, reqs, n, ps, take)
+            done += n
+        ratio, decay, low = self.new_token_ratio, self.config.new_token_ratio_decay, self.config.min_new_token_ratio
+        for _ in range(num_steps):
+            if ratio == low:
+                break  # max(ratio - decay, low) stays low from here on
+            ratio = max(ratio - decay, low)
+        self.new_token_ratio = ratio
+        if self.config.overlap:
+            self._future.skip(len(reqs), num_steps)
