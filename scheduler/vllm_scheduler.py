@@ -375,22 +375,18 @@ class VllmScheduler:
             if r.seq_len < r.input_len:
                 return None  # its prompt's last token: a one-token prefill chunk (an extend), not a decode
         limit = steps_before_finish(running, token_id)
-        ps = self.page_size
-        if not self.tree_cache.disabled:
-            # Stop before a step that fills a block: it enters the prefix cache.
-            for r in running:
-                have = len(r.prefix_indices)
-                limit = min(limit, (have // ps + 1) * ps - r.input_len - len(r.output_ids))
         if limit <= 0:
             return None
-        # No eviction: every step starts with the pages it takes free.
-        return stretch_within_free_pages(running, limit, self.allocator.num_free_pages(), ps, page_for_every_request=False)
+        # No eviction: every step starts with the pages it takes free. (Blocks that fill enter
+        # the prefix cache at their step: advance_decode_stretch puts them there.)
+        return stretch_within_free_pages(running, limit, self.allocator.num_free_pages(), self.page_size, page_for_every_request=False)
 
     def advance_decode_stretch(self, stretch: DecodeStretch, num_steps: int, launch_times: array,
                                token_times: array, token_id: int) -> LaunchedBatch:
         """Take the stretch's first num_steps steps: the first num_steps - 1 in bulk, the last
         scheduled and launched (at launch_times[num_steps - 1]) as stepping does; every request gets one token
-        per step at token_times. Returns the last step's launched batch."""
+        per step at token_times, and each block that fills enters the prefix cache at the step
+        that fills it. Returns the last step's launched batch."""
         reqs, bulk = stretch.reqs, num_steps - 1
         if bulk:
             # VllmKVBlocks.allocate's slots: a request at a page boundary takes one page, one at a time.
@@ -398,12 +394,39 @@ class VllmScheduler:
             bulk_decode_slots(self.req_to_token_pool, reqs, bulk, self.page_size, lambda n, steps: take(n * steps))
             if reqs[0].pending_token is not None:
                 self._future.skip(len(reqs), bulk)
-            append_tokens(reqs, token_id, token_times[:bulk])
+            self._tokens_and_filled_blocks(stretch, token_id, token_times, bulk)
         batch = self.get_next_batch_to_run()
         assert batch is not None and batch.reqs == reqs and batch.plan.mode is ForwardMode.DECODE, "a decode stretch changed its batch"
         launched = self.launch(batch, launch_times[bulk], reqs[0].pending_token is not None)
         append_tokens(reqs, token_id, token_times[bulk:])
         return launched
+
+    def _tokens_and_filled_blocks(self, stretch: DecodeStretch, token_id: int, token_times: array, num_steps: int) -> None:
+        """The processings of the stretch's steps 0 .. num_steps - 1 (a token for every request,
+        at token_times) and, in between, what those steps' scheduling does besides taking slots:
+        cache_full_blocks, which puts a request's block in the prefix cache at the step whose
+        known tokens (prompt and processed outputs) fill it. Step s is scheduled after the
+        processings before it: its known tokens are those at step 0 plus s."""
+        reqs, cache, ps = stretch.reqs, self.tree_cache, self.page_size
+        if cache.disabled:
+            append_tokens(reqs, token_id, token_times[:num_steps])
+            return
+        known = [r.input_len + len(r.output_ids) for r in reqs]  # at step 0's scheduling
+        # A request's next step with a block to cache: its known tokens reach a block past its
+        # cached ones (every step, while another request's copy of that block keeps it out).
+        due = [max(0, len(r.prefix_indices) + ps - k) for r, k in zip(reqs, known)]
+        done = 0  # processings given
+        while (step := min(due)) < num_steps:
+            append_tokens(reqs, token_id, token_times[done:step])
+            done = step
+            evictable = cache.evictable_size()
+            for i, r in enumerate(reqs):  # in the step's order of requests
+                if due[i] == step:
+                    self.kv.cache_full_blocks(r)
+                    due[i] = max(step + 1, len(r.prefix_indices) + ps - known[i])
+            if cache.evictable_size() != evictable:
+                stretch.cached_changes.append((step, cache.evictable_size()))
+        append_tokens(reqs, token_id, token_times[done:num_steps])
 
     # -- checks -------------------------------------------------------------------------
     def check_invariants(self) -> None:
