@@ -166,6 +166,18 @@ def steps_with_pages(free_pages: int, per_step: Sequence[int], reserve: int, lim
     return j
 
 
+def steps_finding_their_pages(free_pages: int, per_step: Sequence[int], limit: int) -> int:
+    """How many steps (<= limit) find the pages they take free (vLLM's allocation: no page
+    reserved beyond the step's own), when step j takes per_step[j % len(per_step)] pages."""
+    if free_pages >= pages_taken(per_step, limit):
+        return limit
+    j, n = 0, len(per_step)
+    while j < limit and free_pages >= per_step[j % n]:
+        free_pages -= per_step[j % n]
+        j += 1
+    return j
+
+
 def stretch_within_free_pages(reqs: Sequence[Req], limit: int, free_pages: int, page_size: int,
                               page_for_every_request: bool) -> DecodeStretch | None:
     """The stretch of at most `limit` steps of reqs whose every step starts with the pages it

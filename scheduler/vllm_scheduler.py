@@ -50,6 +50,7 @@ from scheduler.decode_stretch import (
     append_tokens,
     bulk_decode_slots,
     steps_before_finish,
+    steps_finding_their_pages,
     stretch_within_free_pages,
 )
 from scheduler.forward_plan import ForwardMode, ForwardPlan
@@ -377,9 +378,11 @@ class VllmScheduler:
         limit = steps_before_finish(running, token_id)
         if limit <= 0:
             return None
-        # No eviction: every step starts with the pages it takes free. (Blocks that fill enter
-        # the prefix cache at their step: advance_decode_stretch puts them there.)
-        return stretch_within_free_pages(running, limit, self.allocator.num_free_pages(), self.page_size, page_for_every_request=False)
+        # No preemption: the pages the steps take are free or in evictable cache (each page
+        # evicted is a page freed; the blocks the steps cache stay locked). advance_decode_stretch
+        # evicts where stepping would, and caches each block at the step that fills it.
+        pages = self.allocator.num_free_pages() + self.tree_cache.evictable_size() // self.page_size
+        return stretch_within_free_pages(running, limit, pages, self.page_size, page_for_every_request=False)
 
     def advance_decode_stretch(self, stretch: DecodeStretch, num_steps: int, launch_times: array,
                                token_times: array, token_id: int) -> LaunchedBatch:
@@ -389,43 +392,55 @@ class VllmScheduler:
         that fills it. Returns the last step's launched batch."""
         reqs, bulk = stretch.reqs, num_steps - 1
         if bulk:
-            # VllmKVBlocks.allocate's slots: a request at a page boundary takes one page, one at a time.
-            take = self.allocator.take_pages_singly
-            bulk_decode_slots(self.req_to_token_pool, reqs, bulk, self.page_size, lambda n, steps: take(n * steps))
+            self._bulk_decode(stretch, token_id, token_times, bulk)
             if reqs[0].pending_token is not None:
                 self._future.skip(len(reqs), bulk)
-            self._tokens_and_filled_blocks(stretch, token_id, token_times, bulk)
         batch = self.get_next_batch_to_run()
         assert batch is not None and batch.reqs == reqs and batch.plan.mode is ForwardMode.DECODE, "a decode stretch changed its batch"
         launched = self.launch(batch, launch_times[bulk], reqs[0].pending_token is not None)
         append_tokens(reqs, token_id, token_times[bulk:])
         return launched
 
-    def _tokens_and_filled_blocks(self, stretch: DecodeStretch, token_id: int, token_times: array, num_steps: int) -> None:
-        """The processings of the stretch's steps 0 .. num_steps - 1 (a token for every request,
-        at token_times) and, in between, what those steps' scheduling does besides taking slots:
-        cache_full_blocks, which puts a request's block in the prefix cache at the step whose
-        known tokens (prompt and processed outputs) fill it. Step s is scheduled after the
-        processings before it: its known tokens are those at step 0 plus s."""
-        reqs, cache, ps = stretch.reqs, self.tree_cache, self.page_size
-        if cache.disabled:
-            append_tokens(reqs, token_id, token_times[:num_steps])
-            return
-        known = [r.input_len + len(r.output_ids) for r in reqs]  # at step 0's scheduling
+    def _bulk_decode(self, stretch: DecodeStretch, token_id: int, token_times: array, num_steps: int) -> None:
+        """Steps 0 .. num_steps - 1 of the stretch, in stepping's order: at each step's schedule
+        the eviction that its pages need (evict_for_running), its slots, and the blocks that its
+        known tokens fill enter the prefix cache (cache_full_blocks); each step's processing
+        gives every request a token at token_times. Step s is scheduled after the processings
+        before it: its known tokens (prompt and processed outputs) are step 0's plus s. Between
+        two steps that evict or cache, the slots and tokens go in bulk."""
+        reqs, cache, alloc, ps = stretch.reqs, self.tree_cache, self.allocator, self.page_size
+        per_step = stretch.segments[0].pages_per_step
+        # VllmKVBlocks.allocate's slots: a request at a page boundary takes one page, one at a time.
+        take = alloc.take_pages_singly
+        known = [r.input_len + len(r.output_ids) for r in reqs]  # at step 0's schedule
         # A request's next step with a block to cache: its known tokens reach a block past its
         # cached ones (every step, while another request's copy of that block keeps it out).
         due = [max(0, len(r.prefix_indices) + ps - k) for r, k in zip(reqs, known)]
-        done = 0  # processings given
-        while (step := min(due)) < num_steps:
-            append_tokens(reqs, token_id, token_times[done:step])
-            done = step
-            evictable = cache.evictable_size()
-            for i, r in enumerate(reqs):  # in the step's order of requests
-                if due[i] == step:
-                    self.kv.cache_full_blocks(r)
-                    due[i] = max(step + 1, len(r.prefix_indices) + ps - known[i])
-            if cache.evictable_size() != evictable:
+        if cache.disabled:
+            due = [num_steps] * len(reqs)
+        step = done = 0  # steps with their slots; processings given
+        while step < num_steps:
+            phase = step % ps
+            cycle = per_step[phase:] + per_step[:phase]
+            short = cycle[0] - alloc.num_free_pages()
+            if short > 0:
+                cache.evict(short * ps)
                 stretch.cached_changes.append((step, cache.evictable_size()))
+            n = steps_finding_their_pages(alloc.num_free_pages(), cycle, min(num_steps, min(due) + 1) - step)
+            assert n > 0, "a decode stretch ran out of KV pages"
+            bulk_decode_slots(self.req_to_token_pool, reqs, n, ps, lambda k, steps: take(k * steps))
+            step += n
+            fill = step - 1
+            if due and min(due) == fill:
+                append_tokens(reqs, token_id, token_times[done:fill])
+                done = fill
+                evictable = cache.evictable_size()
+                for i, r in enumerate(reqs):  # in the step's order of requests
+                    if due[i] == fill:
+                        self.kv.cache_full_blocks(r)
+                        due[i] = max(fill + 1, len(r.prefix_indices) + ps - known[i])
+                if cache.evictable_size() != evictable:
+                    stretch.cached_changes.append((fill, cache.evictable_size()))
         append_tokens(reqs, token_id, token_times[done:num_steps])
 
     # -- checks -------------------------------------------------------------------------

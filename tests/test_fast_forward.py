@@ -32,6 +32,8 @@ from scheduler.model_config import load_model_config
 from scheduler.req import Req
 from scheduler.sampling import SamplingParams
 from scheduler.scheduler import Scheduler
+from scheduler.vllm_config import VllmSchedulerConfig
+from scheduler.vllm_scheduler import VllmScheduler
 from simulator.hardware import load_hardware
 from simulator.roofline import RooflineCostModel
 from simulator.sim_driver import SimDriver
@@ -172,13 +174,40 @@ class _StretchRecordingScheduler(Scheduler):
         self.bulk_evictions += self.tree_cache.evictable_size() < cached
 
 
-def _light_run(fast_forward: bool, overlap: bool, kv_tokens: int = 200_000, page_size: int = 1) -> tuple[_CountingLoop, Scheduler]:
+class _StretchRecordingVllm(VllmScheduler):
+    """Counts what the bulk steps of its decode stretches did besides taking slots."""
+
+    def __init__(self, config: VllmSchedulerConfig) -> None:
+        super().__init__(config)
+        self.bulk_evictions = 0  # bulk steps' schedules that evicted
+        self.bulk_cached_blocks = 0  # blocks that bulk steps put in the prefix cache
+        self._in_bulk = False
+        cache_full_blocks = self.kv.cache_full_blocks
+
+        def counting(req: Req) -> None:
+            have = len(req.prefix_indices)
+            cache_full_blocks(req)
+            self.bulk_cached_blocks += self._in_bulk and len(req.prefix_indices) > have
+
+        self.kv.cache_full_blocks = counting
+
+    def _bulk_decode(self, *args):
+        cached, self._in_bulk = self.tree_cache.evictable_size(), True
+        super()._bulk_decode(*args)
+        self._in_bulk = False
+        self.bulk_evictions += self.tree_cache.evictable_size() < cached
+
+
+def _light_run(fast_forward: bool, overlap: bool, kv_tokens: int = 200_000, page_size: int = 1,
+               scheduler: str = "sglang") -> tuple[_CountingLoop, Scheduler | VllmScheduler]:
     """20 requests 0.7 s apart, 100-400 tokens each: long decodes between arrivals."""
     rnd = random.Random(3)
     model = load_model_config("llama-3.1-8b")
     cost = RooflineCostModel(model, load_hardware("h100"))
-    config = SchedulerConfig(kv_tokens=kv_tokens, context_len=8192, overlap=overlap, page_size=page_size)
-    sched = _StretchRecordingScheduler(config)
+    if scheduler == "vllm":
+        sched = _StretchRecordingVllm(VllmSchedulerConfig(kv_tokens=kv_tokens, context_len=8192, overlap=overlap, page_size=page_size))
+    else:
+        sched = _StretchRecordingScheduler(SchedulerConfig(kv_tokens=kv_tokens, context_len=8192, overlap=overlap, page_size=page_size))
     reqs = []
     for i in range(20):
         n = rnd.randint(50, 300)
@@ -216,6 +245,22 @@ def test_stretches_go_through_finishes_and_evictions_as_steps_do(overlap, page_s
     taken = ff_sched.advanced
     assert sum(len(segments) - 1 for _, segments in taken) >= 5, "stretches did not go on past requests' last tokens"
     assert sum(merges for merges, _ in taken) >= 5, "no stretch started where a prefill merges into the batch"
+    assert ff_sched.bulk_evictions > 0, "no stretch evicted"
+    assert ff_loop.waits * 3 < step_loop.waits, (ff_loop.waits, step_loop.waits)
+    for name, col in step_loop.steps.cols.items():
+        assert list(ff_loop.steps.cols[name]) == list(col), name
+    assert [list(r.token_times) for r in ff_sched.done] == [list(r.token_times) for r in step_sched.done]
+    assert ff_sched.allocator.free_pages == step_sched.allocator.free_pages
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_vllm_stretches_go_through_filled_blocks_and_evictions_as_steps_do(overlap):
+    """vLLM with prefix caching (blocks of 16) on a KV pool its cache fills: a block that a
+    decode fills enters the cache at that step, and once the pool is full steps evict cached
+    blocks. Stretches go on through both, with the very run stepping gives."""
+    step_loop, step_sched = _light_run(False, overlap, kv_tokens=2500, page_size=16, scheduler="vllm")
+    ff_loop, ff_sched = _light_run(True, overlap, kv_tokens=2500, page_size=16, scheduler="vllm")
+    assert ff_sched.bulk_cached_blocks > 50, "stretches did not cache the blocks they filled"
     assert ff_sched.bulk_evictions > 0, "no stretch evicted"
     assert ff_loop.waits * 3 < step_loop.waits, (ff_loop.waits, step_loop.waits)
     for name, col in step_loop.steps.cols.items():
