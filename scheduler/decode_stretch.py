@@ -74,6 +74,10 @@ class DecodeStretch:
     # going to the cache), and (j, change of the KV in use) where finished requests release KV.
     cached_changes: list[tuple[int, int]] = field(default_factory=list)
     kv_changes: list[tuple[int, int]] = field(default_factory=list)
+    # (j, d): row j's running count is its batch's size + d, at row j only (vLLM drops a
+    # finished request from its running requests as it processes its last token; without
+    # overlap that is in the row of the step that computed it).
+    running_changes: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def max_steps(self) -> int:
@@ -107,6 +111,14 @@ class DecodeStretch:
         col = kv_used + np.cumsum(np.concatenate(taken) if len(taken) > 1 else taken[0])
         for j, change in self.kv_changes:
             col[j:] += change
+        return col
+
+    def running_after(self, num_steps: int) -> np.ndarray:
+        """The running requests after each of the first num_steps steps' processing."""
+        segments = self.taken(num_steps)
+        col = np.repeat([seg.batch_size for seg in segments], [min(seg.stop, num_steps) - seg.first_step for seg in segments])
+        for j, change in self.running_changes:
+            col[j] += change
         return col
 
     def cached_after(self, cached: int, num_steps: int, after: int) -> np.ndarray:

@@ -223,7 +223,7 @@ class EventLoop:
         assert kv_used[-1] == sched.kv_used_tokens(), "a decode stretch lost count of the KV in use"
         cached = stretch.cached_after(cached_before, m, sched.tree_cache.evictable_size())
         segments = stretch.taken(m)
-        running = np.repeat([seg.batch_size for seg in segments], [min(seg.stop, m) - seg.first_step for seg in segments])
+        running = stretch.running_after(m)
         waiting = len(sched.waiting_queue)
         t = (times.schedule_start, times.schedule_end, times.schedule_end, times.launch_end,
              times.device_start, times.device_end, times.process_start, times.process_end)

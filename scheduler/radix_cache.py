@@ -75,6 +75,7 @@ class RadixCache:
         self.evictable_size_ = 0
         self.protected_size_ = 0
         self._clock = 0
+        self._matched_len = 0  # the last match's length (_walk_and_stamp)
 
     # -- keys -------------------------------------------------------------
     def _child_key(self, key: array, pos: int = 0):
@@ -106,13 +107,24 @@ class RadixCache:
         slots are not gathered."""
         self._walk_and_stamp(as_ids(key), None, None)
 
-    def _walk_and_stamp(self, key: array, max_len: int | None, value: array | None) -> TreeNode:
+    def match_len_below(self, key: array, known: TreeNode, known_len: int) -> int:
+        """len(match_prefix(key)[0]), with match_prefix's splits and stamps, where known is a
+        node whose path from the root spells key[:known_len] (a request's locked last_node):
+        the walk starts there instead of comparing that path's tokens again."""
+        self._walk_and_stamp(key, None, None, known, known_len)
+        return self._matched_len
+
+    def _walk_and_stamp(self, key: array, max_len: int | None, value: array | None,
+                        node: TreeNode | None = None, pos: int = 0) -> TreeNode:
         """The match: walk key[:max_len]'s cached prefix (splitting the node it ends inside),
-        append its slots to value unless None, stamp the path; return the last node."""
+        append its slots to value unless None, stamp the path; return the last node (and
+        leave the match's length in _matched_len). The walk starts at the root, or at node
+        whose path spells key[:pos]."""
         ps = self.page_size
         end = len(key) if max_len is None else min(max_len, len(key))
         end -= end % ps
-        node, pos = self.root, 0
+        if node is None:
+            node = self.root
         while pos < end:
             child = node.children.get(self._child_key(key, pos))
             if child is None:
@@ -123,7 +135,7 @@ class RadixCache:
                     child = self._split_node(child, n)
                     if value is not None:
                         value.extend(child.value)
-                    node = child
+                    node, pos = child, pos + n
                 break
             if value is not None:
                 value.extend(child.value)
@@ -136,6 +148,7 @@ class RadixCache:
             stamped.last_access = t
             t -= 1e-5
             stamped = stamped.parent
+        self._matched_len = pos
         return node
 
     def insert(self, key: Sequence[int], value: Sequence[int]) -> int:

@@ -83,11 +83,12 @@ class VllmKVBlocks:
             return
         tokens = self.known_tokens(req)[:full]
         cache = self.tree_cache
-        matched, _ = cache.match_prefix(tokens)
-        if len(matched) > have:
+        # match_prefix(tokens) and _insert(tokens, kv), each from the request's own cached path
+        # (its locked last_node spells tokens[:have]): the same walks, splits and stamps.
+        if cache.match_len_below(tokens, req.last_node, have) > have:
             return  # another request cached some of these blocks first: ours stay private
         kv = self.req_to_token_pool.get(req.req_pool_idx, 0, full)
-        _, node = cache._insert(tokens, kv)  # the tree takes our slots past `have`
+        _, node = cache._insert(tokens, kv, known=req.last_node)  # the tree takes our slots past `have`
         cache.inc_lock_ref(node)
         cache.dec_lock_ref(req.last_node)
         req.prefix_indices, req.last_node = kv, node

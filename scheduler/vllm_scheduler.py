@@ -45,14 +45,6 @@ from array import array
 from dataclasses import dataclass
 
 from scheduler.chunk_cache import ChunkCache
-from scheduler.decode_stretch import (
-    DecodeStretch,
-    append_tokens,
-    bulk_decode_slots,
-    steps_before_finish,
-    steps_finding_their_pages,
-    stretch_within_free_pages,
-)
 from scheduler.forward_plan import ForwardMode, ForwardPlan
 from scheduler.future_indices import FutureIndices
 from scheduler.ids import ids
@@ -62,6 +54,7 @@ from scheduler.radix_cache import RadixCache
 from scheduler.req import FinishReason, Req
 from scheduler.scheduler import LaunchedBatch
 from scheduler.vllm_config import VllmSchedulerConfig
+from scheduler.vllm_decode_stretch import VllmDecodeStretches
 from scheduler.vllm_kv_blocks import VllmKVBlocks
 from scheduler.vllm_queues import RunningQueue, WaitingQueue
 
@@ -83,7 +76,7 @@ class VllmBatch:
     cache_hit_tokens: int
 
 
-class VllmScheduler:
+class VllmScheduler(VllmDecodeStretches):
     def __init__(self, config: VllmSchedulerConfig) -> None:
         self.config = config
         ps = self.page_size = config.page_size
@@ -342,106 +335,22 @@ class VllmScheduler:
                 req.check_finished()
             if req.finished_reason is None:
                 continue
-            req.finish_time = now
-            if req.req_pool_idx is not None:
-                self.tree_cache.cache_finished_req(req)  # frees its row and unlocks its blocks
-                req.req_pool_idx = None
-            else:
+            if req.req_pool_idx is None:
                 self.waiting_queue.remove(req)  # preempted while its last token was in flight
-            req.pending_token = None
-            req.release_tokens()
-            self.done.append(req)
+            self._finish(req, now)
             finished_any = True
         if finished_any:
             self.running[:] = [r for r in self.running if not r.finished()]
 
-    # -- decode stretches (scheduler/decode_stretch.py) ----------------------------------------
-    def decode_stretch(self, inflight: LaunchedBatch | None, token_id: int) -> DecodeStretch | None:
-        """The steps from the next get_next_batch_to_run() on that decode every running request
-        by one token and nothing else (no admission, preemption, eviction or newly cached
-        block), each sampling token_id; None if the next step is not one. Overlap: `inflight`
-        is the launched batch not processed yet, a decode of the same requests."""
-        running, cfg = self.running, self.config
-        bs = len(running)
-        if not bs or self.req_to_token_pool.journal is not None or bs > cfg.max_num_batched_tokens:
-            return None
-        if self.waiting_queue and bs < cfg.max_num_seqs and bs < cfg.max_num_batched_tokens:
-            return None  # the waiting pass would try to admit
-        pending = inflight is not None
-        if pending and (inflight.plan.mode is not ForwardMode.DECODE or inflight.reqs != running):
-            return None
-        for r in running:
-            if (r.pending_token is not None) != pending or r.input_len + len(r.output_ids) + pending - r.seq_len != 1:
-                return None  # not decoding (a prefill chunk), or not as the in-flight batch says
-            if r.seq_len < r.input_len:
-                return None  # its prompt's last token: a one-token prefill chunk (an extend), not a decode
-        limit = steps_before_finish(running, token_id)
-        if limit <= 0:
-            return None
-        # No preemption: the pages the steps take are free or in evictable cache (each page
-        # evicted is a page freed; the blocks the steps cache stay locked). advance_decode_stretch
-        # evicts where stepping would, and caches each block at the step that fills it.
-        pages = self.allocator.num_free_pages() + self.tree_cache.evictable_size() // self.page_size
-        return stretch_within_free_pages(running, limit, pages, self.page_size, page_for_every_request=False)
-
-    def advance_decode_stretch(self, stretch: DecodeStretch, num_steps: int, launch_times: array,
-                               token_times: array, token_id: int) -> LaunchedBatch:
-        """Take the stretch's first num_steps steps: the first num_steps - 1 in bulk, the last
-        scheduled and launched (at launch_times[num_steps - 1]) as stepping does; every request gets one token
-        per step at token_times, and each block that fills enters the prefix cache at the step
-        that fills it. Returns the last step's launched batch."""
-        reqs, bulk = stretch.reqs, num_steps - 1
-        if bulk:
-            self._bulk_decode(stretch, token_id, token_times, bulk)
-            if reqs[0].pending_token is not None:
-                self._future.skip(len(reqs), bulk)
-        batch = self.get_next_batch_to_run()
-        assert batch is not None and batch.reqs == reqs and batch.plan.mode is ForwardMode.DECODE, "a decode stretch changed its batch"
-        launched = self.launch(batch, launch_times[bulk], reqs[0].pending_token is not None)
-        append_tokens(reqs, token_id, token_times[bulk:])
-        return launched
-
-    def _bulk_decode(self, stretch: DecodeStretch, token_id: int, token_times: array, num_steps: int) -> None:
-        """Steps 0 .. num_steps - 1 of the stretch, in stepping's order: at each step's schedule
-        the eviction that its pages need (evict_for_running), its slots, and the blocks that its
-        known tokens fill enter the prefix cache (cache_full_blocks); each step's processing
-        gives every request a token at token_times. Step s is scheduled after the processings
-        before it: its known tokens (prompt and processed outputs) are step 0's plus s. Between
-        two steps that evict or cache, the slots and tokens go in bulk."""
-        reqs, cache, alloc, ps = stretch.reqs, self.tree_cache, self.allocator, self.page_size
-        per_step = stretch.segments[0].pages_per_step
-        # VllmKVBlocks.allocate's slots: a request at a page boundary takes one page, one at a time.
-        take = alloc.take_pages_singly
-        known = [r.input_len + len(r.output_ids) for r in reqs]  # at step 0's schedule
-        # A request's next step with a block to cache: its known tokens reach a block past its
-        # cached ones (every step, while another request's copy of that block keeps it out).
-        due = [max(0, len(r.prefix_indices) + ps - k) for r, k in zip(reqs, known)]
-        if cache.disabled:
-            due = [num_steps] * len(reqs)
-        step = done = 0  # steps with their slots; processings given
-        while step < num_steps:
-            phase = step % ps
-            cycle = per_step[phase:] + per_step[:phase]
-            short = cycle[0] - alloc.num_free_pages()
-            if short > 0:
-                cache.evict(short * ps)
-                stretch.cached_changes.append((step, cache.evictable_size()))
-            n = steps_finding_their_pages(alloc.num_free_pages(), cycle, min(num_steps, min(due) + 1) - step)
-            assert n > 0, "a decode stretch ran out of KV pages"
-            bulk_decode_slots(self.req_to_token_pool, reqs, n, ps, lambda k, steps: take(k * steps))
-            step += n
-            fill = step - 1
-            if due and min(due) == fill:
-                append_tokens(reqs, token_id, token_times[done:fill])
-                done = fill
-                evictable = cache.evictable_size()
-                for i, r in enumerate(reqs):  # in the step's order of requests
-                    if due[i] == fill:
-                        self.kv.cache_full_blocks(r)
-                        due[i] = max(fill + 1, len(r.prefix_indices) + ps - known[i])
-                if cache.evictable_size() != evictable:
-                    stretch.cached_changes.append((fill, cache.evictable_size()))
-        append_tokens(reqs, token_id, token_times[done:num_steps])
+    def _finish(self, req: Req, now: float) -> None:
+        """A request has its last token: its KV goes to the cache (or is freed), its row too."""
+        req.finish_time = now
+        if req.req_pool_idx is not None:
+            self.tree_cache.cache_finished_req(req)  # frees its row and unlocks its blocks
+            req.req_pool_idx = None
+        req.pending_token = None
+        req.release_tokens()
+        self.done.append(req)
 
     # -- checks -------------------------------------------------------------------------
     def check_invariants(self) -> None:

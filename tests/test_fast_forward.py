@@ -175,27 +175,45 @@ class _StretchRecordingScheduler(Scheduler):
 
 
 class _StretchRecordingVllm(VllmScheduler):
-    """Counts what the bulk steps of its decode stretches did besides taking slots."""
+    """Counts what its decode stretches did besides taking slots and giving tokens, outside
+    the one step of each that the ordinary code schedules."""
 
     def __init__(self, config: VllmSchedulerConfig) -> None:
         super().__init__(config)
-        self.bulk_evictions = 0  # bulk steps' schedules that evicted
+        self.bulk_evictions = 0  # evictions by bulk steps' schedules
         self.bulk_cached_blocks = 0  # blocks that bulk steps put in the prefix cache
+        self.bulk_finishes = 0  # requests finished by bulk processings
         self._in_bulk = False
-        cache_full_blocks = self.kv.cache_full_blocks
+        cache_full_blocks, evict = self.kv.cache_full_blocks, self.tree_cache.evict
 
-        def counting(req: Req) -> None:
+        def counting_cache(req: Req) -> None:
             have = len(req.prefix_indices)
             cache_full_blocks(req)
             self.bulk_cached_blocks += self._in_bulk and len(req.prefix_indices) > have
 
-        self.kv.cache_full_blocks = counting
+        def counting_evict(num_tokens: int):
+            self.bulk_evictions += self._in_bulk
+            return evict(num_tokens)
 
-    def _bulk_decode(self, *args):
-        cached, self._in_bulk = self.tree_cache.evictable_size(), True
-        super()._bulk_decode(*args)
-        self._in_bulk = False
-        self.bulk_evictions += self.tree_cache.evictable_size() < cached
+        self.kv.cache_full_blocks, self.tree_cache.evict = counting_cache, counting_evict
+
+    def advance_decode_stretch(self, *args):
+        self._in_bulk = True
+        try:
+            return super().advance_decode_stretch(*args)
+        finally:
+            self._in_bulk = False
+
+    def get_next_batch_to_run(self):
+        in_bulk, self._in_bulk = self._in_bulk, False
+        try:
+            return super().get_next_batch_to_run()
+        finally:
+            self._in_bulk = in_bulk
+
+    def _finish(self, req: Req, now: float) -> None:
+        self.bulk_finishes += self._in_bulk
+        super()._finish(req, now)
 
 
 def _light_run(fast_forward: bool, overlap: bool, kv_tokens: int = 200_000, page_size: int = 1,
@@ -250,22 +268,26 @@ def test_stretches_go_through_finishes_and_evictions_as_steps_do(overlap, page_s
     for name, col in step_loop.steps.cols.items():
         assert list(ff_loop.steps.cols[name]) == list(col), name
     assert [list(r.token_times) for r in ff_sched.done] == [list(r.token_times) for r in step_sched.done]
+    assert [r.finish_time for r in ff_sched.done] == [r.finish_time for r in step_sched.done]
     assert ff_sched.allocator.free_pages == step_sched.allocator.free_pages
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_vllm_stretches_go_through_filled_blocks_and_evictions_as_steps_do(overlap):
+def test_vllm_stretches_go_through_filled_blocks_evictions_and_finishes_as_steps_do(overlap):
     """vLLM with prefix caching (blocks of 16) on a KV pool its cache fills: a block that a
-    decode fills enters the cache at that step, and once the pool is full steps evict cached
-    blocks. Stretches go on through both, with the very run stepping gives."""
+    decode fills enters the cache at that step, once the pool is full steps evict cached
+    blocks, and requests finish and leave the batch. Stretches go on through all three, with
+    the very run stepping gives."""
     step_loop, step_sched = _light_run(False, overlap, kv_tokens=2500, page_size=16, scheduler="vllm")
     ff_loop, ff_sched = _light_run(True, overlap, kv_tokens=2500, page_size=16, scheduler="vllm")
     assert ff_sched.bulk_cached_blocks > 50, "stretches did not cache the blocks they filled"
     assert ff_sched.bulk_evictions > 0, "no stretch evicted"
+    assert ff_sched.bulk_finishes >= 5, "stretches did not go on past requests' last tokens"
     assert ff_loop.waits * 3 < step_loop.waits, (ff_loop.waits, step_loop.waits)
     for name, col in step_loop.steps.cols.items():
         assert list(ff_loop.steps.cols[name]) == list(col), name
     assert [list(r.token_times) for r in ff_sched.done] == [list(r.token_times) for r in step_sched.done]
+    assert [r.finish_time for r in ff_sched.done] == [r.finish_time for r in step_sched.done]
     assert ff_sched.allocator.free_pages == step_sched.allocator.free_pages
 
 

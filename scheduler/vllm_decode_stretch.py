@@ -1,0 +1,205 @@
+"""vLLM's scheduler taking decode stretches (scheduler/decode_stretch.py): which of the next
+steps are pure decodes (decode_stretch), and taking them at once (advance_decode_stretch),
+with the state changes stepping would make. A mixin of VllmScheduler (vllm_scheduler.py),
+beside SGLang's (sglang_decode_stretch.py). docs/fast-forward.md says why the result equals
+stepping.
+
+A vLLM step's schedule evicts cached blocks when the pages it takes are short
+(VllmKVBlocks.evict_for_running), takes its slots, and puts each block that its known
+tokens fill in the prefix cache (cache_full_blocks); its processing gives every request a
+token and finishes those at their length. A stretch does the same, in the same order
+(schedule 0, processing 0, schedule 1, ...), and in bulk between two steps where one of
+those does more than take slots and give tokens."""
+
+from __future__ import annotations
+
+from array import array
+from typing import TYPE_CHECKING
+
+from scheduler.decode_stretch import (
+    DecodeStretch,
+    StretchSegment,
+    append_tokens,
+    bulk_decode_slots,
+    exit_steps,
+    steps_finding_their_pages,
+    stretch_through_finishes,
+)
+from scheduler.forward_plan import ForwardMode
+from scheduler.req import Req
+
+if TYPE_CHECKING:
+    from scheduler.scheduler import LaunchedBatch
+    from scheduler.vllm_scheduler import VllmScheduler
+
+
+class VllmDecodeStretches:
+    """Decode stretches for VllmScheduler (its only user: self is a VllmScheduler)."""
+
+    def decode_stretch(self: VllmScheduler, inflight: LaunchedBatch | None, token_id: int) -> DecodeStretch | None:
+        """The steps from the next get_next_batch_to_run() on that decode the running requests
+        by one token each and admit or preempt nobody, each sampling token_id; None if the next
+        step is not one. Requests finish on the way (when nothing waits). Overlap: `inflight`
+        is the launched batch not processed yet, a decode of the running requests."""
+        running, cfg = self.running, self.config
+        bs = len(running)
+        if not bs or self.req_to_token_pool.journal is not None or bs > cfg.max_num_batched_tokens:
+            return None
+        waiting = bool(self.waiting_queue)
+        if waiting and bs < cfg.max_num_seqs and bs < cfg.max_num_batched_tokens:
+            return None  # the waiting pass would try to admit
+        pending = inflight is not None
+        if pending and (inflight.plan.mode is not ForwardMode.DECODE or inflight.reqs != running):
+            return None
+        for r in running:
+            if (r.pending_token is not None) != pending or r.input_len + len(r.output_ids) + pending - r.seq_len != 1:
+                return None  # not decoding (a prefill chunk), or not as the in-flight batch says
+            if r.seq_len < r.input_len:
+                return None  # its prompt's last token: a one-token prefill chunk (an extend), not a decode
+        # (with overlap a request's token in flight counts: it leaves at the step that processes its last)
+        exits = exit_steps(running, token_id, pending)
+        if not exits:
+            return None
+        if waiting:
+            # Nobody may leave: with a running request fewer, the waiting pass would admit.
+            limit = min(exits) if pending else min(exits) - 1
+            leaving: tuple[Req, ...] = ()
+            reqs = list(running)
+        else:
+            limit = max(exits)
+            # With overlap, those whose in-flight token is their last: not scheduled again, and
+            # finished by step 0's processing.
+            leaving = tuple(r for r, e in zip(running, exits) if e == 0)
+            reqs = [r for r, e in zip(running, exits) if e > 0] if leaving else list(running)
+            exits = [e for e in exits if e > 0] if leaving else exits
+        if limit <= 0 or not reqs:
+            return None
+        # No preemption: every step finds a page free for each request, or in evictable cache
+        # (each page evicted is a page freed; the blocks the steps cache stay locked). KV that
+        # finishing requests free is not counted: fewer steps, never a wrong one.
+        ps = self.page_size
+        pages = self.allocator.num_free_pages() + self.tree_cache.evictable_size() // ps
+        return stretch_through_finishes(reqs, exits, limit, pages, ps, leaving)
+
+    def advance_decode_stretch(self: VllmScheduler, stretch: DecodeStretch, num_steps: int, launch_times: array,
+                               token_times: array, token_id: int) -> LaunchedBatch:
+        """Take the stretch's first num_steps steps: the first num_steps - 1 in bulk, the last
+        scheduled and launched (at launch_times[num_steps - 1]) as stepping does. Processing j
+        (at token_times[j]) gives a token to each request of step j's batch (with overlap: step
+        j - 1's, at 0 the one in flight) and finishes those at their length; each block that
+        fills enters the prefix cache at the step that fills it. Returns the last step's
+        launched batch (in flight with overlap)."""
+        overlap, last = self.config.overlap, num_steps - 1
+        run = _StretchRun(self, stretch, num_steps, token_id, token_times, list(self.running))
+        run.schedule_until(last)
+        run.process_until(last)
+        batch = self.get_next_batch_to_run()
+        assert batch is not None and batch.reqs == run.segment(last).reqs and batch.plan.mode is ForwardMode.DECODE, "a decode stretch changed its batch"
+        launched = self.launch(batch, launch_times[last], overlap)
+        run.process_until(num_steps)
+        return launched
+
+
+class _StretchRun:
+    """One stretch being taken: the schedules and processings done so far (each up to a step),
+    in stepping's order: schedule s comes after processing s - 1 and before processing s."""
+
+    def __init__(self, sched: VllmScheduler, stretch: DecodeStretch, num_steps: int, token_id: int,
+                 token_times: array, running: list[Req]) -> None:
+        self.sched, self.stretch, self.token_id, self.token_times = sched, stretch, token_id, token_times
+        self.segments = stretch.taken(num_steps)
+        self.scheduled = 0  # steps scheduled: 0 .. scheduled - 1
+        self.processed = 0  # processings done
+        ps = sched.page_size
+        # A request's known tokens at schedule s are those at schedule 0 plus s (it gets a token
+        # at every processing until it leaves), and its next step with a block to cache is the
+        # one whose known tokens reach a block past its cached ones (every step, while another
+        # request's copy of that block keeps it out).
+        self.known = {id(r): r.input_len + len(r.output_ids) for r in running}
+        disabled = sched.tree_cache.disabled
+        self.due = {id(r): num_steps if disabled else max(0, len(r.prefix_indices) + ps - self.known[id(r)]) for r in running}
+        # Who processing x gives a token: step x's batch, or with overlap step x - 1's (at 0 the
+        # batch in flight, the running requests); and who it finishes.
+        self.receivers: list[tuple[int, int, list[Req]]] = []
+        self.finishes: dict[int, tuple[Req, ...]] = {}
+        if sched.config.overlap:
+            self.receivers.append((0, 1, running))
+            for seg in self.segments:
+                self.receivers.append((seg.first_step + 1, seg.stop + 1, seg.reqs))
+                if seg.leaving:
+                    self.finishes[seg.first_step] = seg.leaving
+        else:
+            for seg in self.segments:
+                self.receivers.append((seg.first_step, seg.stop, seg.reqs))
+                if seg.finishing:
+                    self.finishes[seg.stop - 1] = seg.finishing
+
+    def segment(self, step: int) -> StretchSegment:
+        return next(seg for seg in self.segments if seg.first_step <= step < seg.stop)
+
+    def schedule_until(self, stop: int) -> None:
+        """Schedule steps up to stop - 1 (processing those before each first): their evictions,
+        slots and cached blocks."""
+        sched, stretch = self.sched, self.stretch
+        alloc, cache, ps = sched.allocator, sched.tree_cache, sched.page_size
+        take = alloc.take_pages_singly  # VllmKVBlocks.allocate's: one page a request, in order
+        next_finish = min((x for x in self.finishes if x >= self.processed), default=stop)
+        while self.scheduled < stop:
+            s = self.scheduled
+            self.process_until(s)
+            seg = self.segment(s)
+            reqs = seg.reqs
+            phase = (s - seg.first_step) % ps
+            cycle = seg.pages_per_step[phase:] + seg.pages_per_step[:phase]
+            short = cycle[0] - alloc.num_free_pages()
+            if short > 0:  # evict_for_running
+                cache.evict(short * ps)
+                stretch.cached_changes.append((s, cache.evictable_size()))
+            fill = min(self.due[id(r)] for r in reqs)
+            if next_finish < s:
+                next_finish = min((x for x in self.finishes if x >= s), default=stop)
+            # Steps s .. s + n - 1 take their slots at once: up to the next one that caches a
+            # block or whose processing finishes a request (the schedule after it sees that).
+            end = min(stop, seg.stop, fill + 1, next_finish + 1)
+            n = steps_finding_their_pages(alloc.num_free_pages(), cycle, end - s)
+            assert n > 0, "a decode stretch ran out of KV pages"
+            bulk_decode_slots(sched.req_to_token_pool, reqs, n, ps, lambda k, steps: take(k * steps))
+            if sched.config.overlap:
+                sched._future.skip(len(reqs), n)
+            self.scheduled = s + n
+            if fill == s + n - 1:
+                self._cache_filled_blocks(reqs, fill)
+
+    def _cache_filled_blocks(self, reqs: list[Req], step: int) -> None:
+        """Schedule `step`'s cache_full_blocks, for its requests in order (after the processings before it)."""
+        sched, cache, ps = self.sched, self.sched.tree_cache, self.sched.page_size
+        self.process_until(step)
+        evictable = cache.evictable_size()
+        for r in reqs:
+            if self.due[id(r)] == step:
+                sched.kv.cache_full_blocks(r)
+                self.due[id(r)] = max(step + 1, len(r.prefix_indices) + ps - self.known[id(r)])
+        if cache.evictable_size() != evictable:
+            self.stretch.cached_changes.append((step, cache.evictable_size()))
+
+    def process_until(self, stop: int) -> None:
+        """Processings up to stop - 1: each receiver gets its token; the finishing ones finish."""
+        sched, times = self.sched, self.token_times
+        while self.processed < stop:
+            x = self.processed
+            _, end, reqs = next(rv for rv in self.receivers if rv[0] <= x < rv[1])
+            end = min(end, stop, min((f + 1 for f in self.finishes if f >= x), default=stop))
+            append_tokens(reqs, self.token_id, times[x:end])
+            self.processed = end
+            finishing = self.finishes.get(end - 1)
+            if finishing:
+                kv_before = sched.kv_used_tokens()
+                for r in finishing:
+                    r.check_finished()
+                    assert r.finished_reason is not None, "a decode stretch's request did not finish at its length"
+                    sched._finish(r, times[end - 1])
+                sched.running[:] = [r for r in sched.running if r.finished_reason is None]
+                if not sched.config.overlap:  # (with overlap the next step's batch lacks them already)
+                    self.stretch.running_changes.append((end - 1, -len(finishing)))
+                self.stretch.kv_changes.append((end - 1, sched.kv_used_tokens() - kv_before))
+                self.stretch.cached_changes.append((end - 1, sched.tree_cache.evictable_size()))
