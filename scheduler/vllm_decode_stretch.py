@@ -13,6 +13,7 @@ those does more than take slots and give tokens."""
 
 from __future__ import annotations
 
+import heapq
 from array import array
 from typing import TYPE_CHECKING
 
@@ -155,32 +156,38 @@ class _StretchRun:
             if short > 0:  # evict_for_running
                 cache.evict(short * ps)
                 stretch.cached_changes.append((s, cache.evictable_size()))
-            fill = min(self.due[id(r)] for r in reqs)
             if next_finish < s:
                 next_finish = min((x for x in self.finishes if x >= s), default=stop)
-            # Steps s .. s + n - 1 take their slots at once: up to the next one that caches a
-            # block or whose processing finishes a request (the schedule after it sees that).
-            end = min(stop, seg.stop, fill + 1, next_finish + 1)
-            n = steps_finding_their_pages(alloc.num_free_pages(), cycle, end - s)
+            # Steps s .. s + n - 1 take their slots at once: up to the next one whose schedule
+            # evicts, or after the next processing that finishes a request (it frees pages).
+            # The blocks they fill go to the cache after: slots are not what the cache reads.
+            n = steps_finding_their_pages(alloc.num_free_pages(), cycle, min(stop, seg.stop, next_finish + 1) - s)
             assert n > 0, "a decode stretch ran out of KV pages"
             bulk_decode_slots(sched.req_to_token_pool, reqs, n, ps, lambda k, steps: take(k * steps))
             if sched.config.overlap:
                 sched._future.skip(len(reqs), n)
             self.scheduled = s + n
-            if fill == s + n - 1:
-                self._cache_filled_blocks(reqs, fill)
+            self._cache_filled_blocks(reqs, s + n)
 
-    def _cache_filled_blocks(self, reqs: list[Req], step: int) -> None:
-        """Schedule `step`'s cache_full_blocks, for its requests in order (after the processings before it)."""
-        sched, cache, ps = self.sched, self.sched.tree_cache, self.sched.page_size
-        self.process_until(step)
-        evictable = cache.evictable_size()
-        for r in reqs:
-            if self.due[id(r)] == step:
+    def _cache_filled_blocks(self, reqs: list[Req], stop: int) -> None:
+        """cache_full_blocks of the steps scheduled before `stop` that fill a block, step by
+        step (each after the processings before it), for each step's requests in order."""
+        sched, cache, ps, due, known = self.sched, self.sched.tree_cache, self.sched.page_size, self.due, self.known
+        queue = [(due[id(r)], i) for i, r in enumerate(reqs) if due[id(r)] < stop]
+        heapq.heapify(queue)
+        while queue:
+            step = queue[0][0]
+            self.process_until(step)
+            evictable = cache.evictable_size()
+            while queue and queue[0][0] == step:
+                _, i = heapq.heappop(queue)
+                r = reqs[i]
                 sched.kv.cache_full_blocks(r)
-                self.due[id(r)] = max(step + 1, len(r.prefix_indices) + ps - self.known[id(r)])
-        if cache.evictable_size() != evictable:
-            self.stretch.cached_changes.append((step, cache.evictable_size()))
+                due[id(r)] = nxt = max(step + 1, len(r.prefix_indices) + ps - known[id(r)])
+                if nxt < stop:
+                    heapq.heappush(queue, (nxt, i))
+            if cache.evictable_size() != evictable:
+                self.stretch.cached_changes.append((step, cache.evictable_size()))
 
     def process_until(self, stop: int) -> None:
         """Processings up to stop - 1: each receiver gets its token; the finishing ones finish."""
