@@ -9,9 +9,12 @@ median wall seconds, the speedup of the medians and each path's peak RSS:
 - the Mooncake conversation trace (12,031 requests; defaults: Llama-3.1-8B on an H100,
   overlap on, FCFS, chunked prefill 8192);
 - a light load: 2,000 requests at 2 req/s, made as `testbed trace gen -n 2000 --rate 2
-  --seed 0` makes it (prompts of 100-600 tokens, outputs of 50-400).
+  --seed 0` makes it (prompts of 100-600 tokens, outputs of 50-400);
+- the same light load under the vLLM scheduler (`--scheduler vllm`: blocks of 16, prefix
+  caching, async scheduling).
 
 Both paths must give the same run: the script checks the step count and the summary.
+--max-requests N replays the first N requests of each trace (a quick run).
 Then the core alone (no driver, no cost model) at batch 256: the median time of one
 decode step stepped, and of one step of a decode stretch taken at once.
 Targets on a 2-core machine: light trace under 1 s and at least 5x --no-fast-forward;
@@ -49,28 +52,29 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def one_replay(trace: str, max_requests: int | None, fast_forward: bool) -> dict:
+def one_replay(trace: str, max_requests: int | None, fast_forward: bool, scheduler: str = "sglang") -> dict:
     """One replay in this process: what the parent prints."""
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()
-        result = replay(trace, ReplayOptions(max_requests=max_requests, fast_forward=fast_forward), out=out)
+        result = replay(trace, ReplayOptions(max_requests=max_requests, fast_forward=fast_forward, scheduler=scheduler), out=out)
         wall = time.perf_counter() - t0
     s = result.summary
     return {"wall": wall, "rss_mb": peak_rss_mb(), "summary": s}
 
 
-def run_child(trace: Path, max_requests: int | None, fast_forward: bool) -> dict:
-    cmd = [sys.executable, __file__, "--child", str(trace), "--fast-forward" if fast_forward else "--no-fast-forward"]
+def run_child(trace: Path, max_requests: int | None, fast_forward: bool, scheduler: str) -> dict:
+    cmd = [sys.executable, __file__, "--child", str(trace), "--fast-forward" if fast_forward else "--no-fast-forward",
+           "--scheduler", scheduler]
     if max_requests:
         cmd += ["--max-requests", str(max_requests)]
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 
 
-def bench_trace(name: str, trace: Path, max_requests: int | None, repeat: int) -> None:
+def bench_trace(name: str, trace: Path, max_requests: int | None, repeat: int, scheduler: str = "sglang") -> None:
     runs: dict[bool, list[dict]] = {True: [], False: []}
     for _ in range(repeat):  # interleaved: both paths see the same machine load
         for ff in (True, False):
-            runs[ff].append(run_child(trace, max_requests, ff))
+            runs[ff].append(run_child(trace, max_requests, ff, scheduler))
     walls = {ff: statistics.median(r["wall"] for r in rs) for ff, rs in runs.items()}
     s, s_step = runs[True][0]["summary"], runs[False][0]["summary"]
     assert s == s_step, f"{name}: fast-forward and step-by-step summaries differ"
@@ -139,16 +143,18 @@ def main() -> None:
     ap.add_argument("--skip-replay", action="store_true")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--fast-forward", action=argparse.BooleanOptionalAction, default=True, help=argparse.SUPPRESS)
+    ap.add_argument("--scheduler", default="sglang", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(one_replay(args.child, args.max_requests, args.fast_forward)))
+        print(json.dumps(one_replay(args.child, args.max_requests, args.fast_forward, args.scheduler)))
         return
     if not args.skip_replay:
         bench_trace(args.trace.name, args.trace, args.max_requests, args.repeat)
         with tempfile.TemporaryDirectory() as tmp:
             light = Path(tmp) / "light-2000-2rps.jsonl"
             generate_trace(LIGHT).write(light)
-            bench_trace("light load (2,000 requests at 2 req/s)", light, None, args.repeat)
+            bench_trace("light load (2,000 requests at 2 req/s)", light, args.max_requests, args.repeat)
+            bench_trace("light load under vLLM's scheduler", light, args.max_requests, args.repeat, scheduler="vllm")
     times = bench_decode_step(256, 200)
     print(f"core decode step at batch 256: median {statistics.median(times) * 1e6:.0f} us, "
           f"p90 {statistics.quantiles(times, n=10)[-1] * 1e6:.0f} us over {len(times)} steps")
