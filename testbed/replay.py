@@ -20,7 +20,7 @@ from scheduler.vllm_config import VllmSchedulerConfig
 from scheduler.vllm_scheduler import VllmScheduler
 from testbed.options import ReplayOptions, check_options, resolved_options, with_scheduler_defaults
 from testbed.runs import metrics
-from testbed.runs.folder import REQUESTS_FILE, STEPS_FILE, RunLoadError, read_run_meta, steps_frame, versions
+from testbed.runs.folder import REQUESTS_FILE, STEPS_FILE, RunLoadError, read_run_meta, versions
 from testbed.runs.writer import RunWriter
 from testbed.traces.formats import load_trace
 from testbed.traces.schema import Trace, materialize_input_ids
@@ -189,5 +189,5 @@ def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
             meta["status"] = status
             meta["summary"] = metrics.run_summary(df, len(loop.steps), driver.clock(), kv_tokens)
             wall_s = time.perf_counter() - wall_start
-            writer.finish(meta, df, steps_frame(loop.steps.columns(0, len(loop.steps))), wall_s)
+            writer.finish(meta, df, loop.steps.columns(0, len(loop.steps)), wall_s)
     return ReplayResult(run_dir, status, meta["summary"], wall_s, meta, metrics.rejection_counts(df))

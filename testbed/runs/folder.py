@@ -27,16 +27,15 @@ from __future__ import annotations
 import json
 import os
 import platform
-from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from scheduler.step_log import FLOAT_COLUMNS, STEP_COLUMNS
-from testbed.runs.journal import is_locked, read_journal
+from testbed.runs.journal import is_locked, read_journal, record_batch
 from testbed.runs.metrics import REQUESTS_SCHEMA, run_summary
 
 RUN_FILE = "run.json"
@@ -58,6 +57,9 @@ STEP_SCHEMA = pa.schema(
 )
 
 
+_STEP_FILE_SCHEMA = pa.schema([pa.field(f.name, pa.large_string() if f.type == pa.string() else f.type) for f in STEP_SCHEMA])
+
+
 def _write_atomic(path: Path, write) -> None:
     tmp = path.with_name(path.name + ".tmp")
     write(tmp)
@@ -75,6 +77,14 @@ def write_parquet(path: Path, df: pd.DataFrame) -> None:
     _write_atomic(path, lambda p: df.to_parquet(p, index=False, use_dictionary=text))
 
 
+def write_steps(path: Path, cols: dict) -> None:
+    """steps.parquet from StepLog.columns(...), straight from its typed columns (no DataFrame
+    on the way: a long run has 100k+ rows); it reads back as write_parquet's tables do."""
+    table = pa.Table.from_batches([record_batch(cols, STEP_SCHEMA)])
+    table = table.cast(_STEP_FILE_SCHEMA)  # (text as pandas writes it: large_string)
+    _write_atomic(path, lambda p: pq.write_table(table, p, use_dictionary=["mode"]))
+
+
 def versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -85,12 +95,6 @@ def versions() -> dict:
         except PackageNotFoundError:
             pass
     return out
-
-
-def steps_frame(cols: dict) -> pd.DataFrame:
-    """The steps table of StepLog.columns(...)."""
-    # A typed array through its buffer: pandas would read it a Python number at a time.
-    return pd.DataFrame({name: np.asarray(cols[name]) if isinstance(cols[name], array) else cols[name] for name in STEP_COLUMNS})
 
 
 @dataclass

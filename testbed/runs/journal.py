@@ -39,7 +39,7 @@ class TableJournal:
         """Append rows given as columns (every column of the schema, equal lengths): numpy arrays,
         typed arrays (array.array, not appended to any more), lists; a list column as a sequence
         of numpy arrays."""
-        batch = pa.record_batch([_arrow(columns[f.name], f.type) for f in self.schema], schema=self.schema)
+        batch = record_batch(columns, self.schema)
         if batch.num_rows == 0:
             return
         if self._writer is None:
@@ -56,6 +56,11 @@ class TableJournal:
         if self._writer is not None:
             self._writer.close()
         self._file.close()
+
+
+def record_batch(columns: Mapping[str, Any], schema: pa.Schema) -> pa.RecordBatch:
+    """The columns (as TableJournal.append takes them) as a record batch of the schema."""
+    return pa.record_batch([_arrow(columns[f.name], f.type) for f in schema], schema=schema)
 
 
 def _arrow(values: Any, type: pa.DataType) -> pa.Array:

@@ -34,6 +34,7 @@ from testbed.runs.folder import (
     WALL_FILE,
     write_json,
     write_parquet,
+    write_steps,
 )
 from testbed.runs.journal import TableJournal
 
@@ -68,12 +69,13 @@ class RunWriter:
                 self.requests.append(metrics.requests_columns(done[self.requests.rows :]))
         self._next_flush = time.monotonic() + self.flush_interval_s
 
-    def finish(self, meta: dict, requests: pd.DataFrame, steps: pd.DataFrame, wall_s: float) -> None:
-        """The final tables, run.json (its status and summary) and wall.json; the journals go.
-        A second Ctrl-C meanwhile waits until all is written."""
+    def finish(self, meta: dict, requests: pd.DataFrame, steps: dict, wall_s: float) -> None:
+        """The final tables (steps as StepLog.columns gives them), run.json (its status and
+        summary) and wall.json; the journals go. A second Ctrl-C meanwhile waits until all is
+        written."""
         with deferred_interrupts():
             write_parquet(self.run_dir / REQUESTS_FILE, requests)
-            write_parquet(self.run_dir / STEPS_FILE, steps)
+            write_steps(self.run_dir / STEPS_FILE, steps)
             write_json(self.run_dir / RUN_FILE, meta)
             created = datetime.now(timezone.utc).isoformat(timespec="seconds")
             write_json(self.run_dir / WALL_FILE, {"created_at": created, "wall_s": round(wall_s, 3)})
