@@ -75,7 +75,6 @@ class RadixCache:
         self.evictable_size_ = 0
         self.protected_size_ = 0
         self._clock = 0
-        self._matched_len = 0  # the last match's length (_walk_and_stamp)
 
     # -- keys -------------------------------------------------------------
     def _child_key(self, key: array, pos: int = 0):
@@ -100,7 +99,7 @@ class RadixCache:
     def match_prefix(self, key: Sequence[int], max_len: int | None = None) -> tuple[array, TreeNode]:
         """KV slots of the longest cached prefix of key[:max_len] (page aligned), and its last node."""
         value = ids()
-        return value, self._walk_and_stamp(as_ids(key), max_len, value)
+        return value, self._walk_and_stamp(as_ids(key), max_len, value)[0]
 
     def touch_prefix(self, key: Sequence[int]) -> None:
         """Refresh the LRU stamps of key's cached prefix: a match (its splits included) whose
@@ -111,15 +110,13 @@ class RadixCache:
         """len(match_prefix(key)[0]), with match_prefix's splits and stamps, where known is a
         node whose path from the root spells key[:known_len] (a request's locked last_node):
         the walk starts there instead of comparing that path's tokens again."""
-        self._walk_and_stamp(key, None, None, known, known_len)
-        return self._matched_len
+        return self._walk_and_stamp(key, None, None, known, known_len)[1]
 
     def _walk_and_stamp(self, key: array, max_len: int | None, value: array | None,
-                        node: TreeNode | None = None, pos: int = 0) -> TreeNode:
+                        node: TreeNode | None = None, pos: int = 0) -> tuple[TreeNode, int]:
         """The match: walk key[:max_len]'s cached prefix (splitting the node it ends inside),
-        append its slots to value unless None, stamp the path; return the last node (and
-        leave the match's length in _matched_len). The walk starts at the root, or at node
-        whose path spells key[:pos]."""
+        append its slots to value unless None, stamp the path; return the last node and the
+        match's length. The walk starts at the root, or at node whose path spells key[:pos]."""
         ps = self.page_size
         end = len(key) if max_len is None else min(max_len, len(key))
         end -= end % ps
@@ -148,8 +145,7 @@ class RadixCache:
             stamped.last_access = t
             t -= 1e-5
             stamped = stamped.parent
-        self._matched_len = pos
-        return node
+        return node, pos
 
     def insert(self, key: Sequence[int], value: Sequence[int]) -> int:
         """Insert key -> value; return how many leading tokens were already cached.

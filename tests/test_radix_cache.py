@@ -495,6 +495,18 @@ class RadixMachine(RuleBasedStateMachine):
         assert tree_snapshot(self.cache) == tree_snapshot(twin)
 
     @precondition(lambda self: self.locks)
+    @rule(pick=st.integers(0, 10**6), suffix=st.lists(ALPHABET, max_size=12))
+    def match_below_lock(self, pick, suffix):
+        """A match from a request's locked node (vLLM's cache_full_blocks) finds the length,
+        and makes the splits and stamps, of match_prefix from the root."""
+        path, _, node = self.locks[pick % len(self.locks)]
+        key = array("q", list(path) + suffix)
+        twin = copy.deepcopy(self.cache)
+        slots, _ = twin.match_prefix(key)
+        assert self.cache.match_len_below(key, node, len(path)) == len(slots)
+        assert tree_snapshot(self.cache) == tree_snapshot(twin)
+
+    @precondition(lambda self: self.locks)
     @rule(pick=st.integers(0, 10**6), suffix=st.lists(ALPHABET, max_size=12), prompt_cut=st.integers(0, 10**6))
     def insert_after_lock(self, pick, suffix, prompt_cut):
         """A request's insert past its locked node (walked without compares), then the prompt
