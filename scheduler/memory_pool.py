@@ -193,6 +193,9 @@ class TokenToKVPoolAllocator:
         ps = self.page_size
         if ps == 1:
             self.free_pages.extend(locs)
-        else:
+        elif len(locs) < 64:
             # Freeing any slot of a page frees the page.
             self.free_pages.extend(sorted({loc // ps for loc in locs}, reverse=True))
+        else:  # (a long prompt's slots: the same pages, sorted by numpy)
+            pages = np.unique(np.asarray(locs, dtype=np.int64) // ps)[::-1]
+            self.free_pages.frombytes(pages.tobytes())

@@ -81,7 +81,8 @@ class VllmKVBlocks:
         have = len(req.prefix_indices)
         if full <= have:
             return
-        tokens = self.known_tokens(req)[:full]
+        prompt = req.origin_input_ids
+        tokens = prompt[:full] if full <= len(prompt) else prompt + ids(req.output_ids[: full - len(prompt)])  # known_tokens(req)[:full]
         cache = self.tree_cache
         # match_prefix(tokens) and _insert(tokens, kv), each from the request's own cached path
         # (its locked last_node spells tokens[:have]): the same walks, splits and stamps.
