@@ -132,21 +132,6 @@ class DecodeStretch:
         return col
 
 
-def steps_before_finish(reqs: Sequence[Req], token_id: int) -> int:
-    """Steps whose processing finishes no request: each step appends one token (token_id)
-    to every request, and a request finishes at its length (or at EOS, if token_id is one)."""
-    limit = None
-    for r in reqs:
-        if r.finished_reason is not None or r.is_retracted:
-            return 0
-        if not r.sampling_params.ignore_eos and token_id in r.eos_token_ids:
-            return 0
-        left = r.max_new_tokens - len(r.output_ids) - 1
-        if limit is None or left < limit:
-            limit = left
-    return max(0, limit or 0)
-
-
 def exit_steps(reqs: Sequence[Req], token_id: int, in_flight: bool | Container[int] = False) -> list[int] | None:
     """For each request, the first step of a stretch from here that it is not in: each step
     appends one token (token_id) to every request, and a request leaves after its length.
@@ -188,21 +173,6 @@ def steps_finding_their_pages(free_pages: int, per_step: Sequence[int], limit: i
         free_pages -= per_step[j % n]
         j += 1
     return j
-
-
-def stretch_within_free_pages(reqs: Sequence[Req], limit: int, free_pages: int, page_size: int,
-                              page_for_every_request: bool) -> DecodeStretch | None:
-    """The stretch of at most `limit` steps of reqs whose every step starts with the pages it
-    needs free (no eviction, no retraction); None if not even one. SGLang's check_decode_mem
-    wants a page free for every request before each step (page_for_every_request); vLLM's
-    allocation only the pages a step takes (here: the most any step takes)."""
-    seq_lens = [r.seq_len for r in reqs]
-    per_step = pages_per_step(seq_lens, page_size)
-    reserve = len(reqs) if page_for_every_request else max(per_step)
-    steps = steps_with_pages(free_pages, per_step, reserve, limit)
-    if steps <= 0:
-        return None
-    return DecodeStretch([StretchSegment(0, steps, list(reqs), sum(seq_lens), max(seq_lens) + 1, per_step)], page_size)
 
 
 def stretch_through_finishes(reqs: Sequence[Req], exits: Sequence[int], limit: int, free_pages: int, page_size: int,

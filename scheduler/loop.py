@@ -34,7 +34,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Iterator
 
-
 from scheduler.decode_stretch import DecodeStretch
 from scheduler.forward_plan import ForwardPlan
 from scheduler.protocol import Launched, SchedulerCore

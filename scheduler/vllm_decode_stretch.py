@@ -138,13 +138,17 @@ class _StretchRun:
     def segment(self, step: int) -> StretchSegment:
         return next(seg for seg in self.segments if seg.first_step <= step < seg.stop)
 
+    def _next_finish(self, x: int, default: int) -> int:
+        """The first processing from x on that finishes requests (default if none)."""
+        return min((f for f in self.finishes if f >= x), default=default)
+
     def schedule_until(self, stop: int) -> None:
         """Schedule steps up to stop - 1 (processing those before each first): their evictions,
         slots and cached blocks."""
         sched, stretch = self.sched, self.stretch
         alloc, cache, ps = sched.allocator, sched.tree_cache, sched.page_size
         take = alloc.take_pages_singly  # VllmKVBlocks.allocate's: one page a request, in order
-        next_finish = min((x for x in self.finishes if x >= self.processed), default=stop)
+        next_finish = self._next_finish(self.processed, stop)
         while self.scheduled < stop:
             s = self.scheduled
             self.process_until(s)
@@ -157,7 +161,7 @@ class _StretchRun:
                 cache.evict(short * ps)
                 stretch.cached_changes.append((s, cache.evictable_size()))
             if next_finish < s:
-                next_finish = min((x for x in self.finishes if x >= s), default=stop)
+                next_finish = self._next_finish(s, stop)
             # Steps s .. s + n - 1 take their slots at once: up to the next one whose schedule
             # evicts, or after the next processing that finishes a request (it frees pages).
             # The blocks they fill go to the cache after: slots are not what the cache reads.
@@ -195,7 +199,7 @@ class _StretchRun:
         while self.processed < stop:
             x = self.processed
             _, end, reqs = next(rv for rv in self.receivers if rv[0] <= x < rv[1])
-            end = min(end, stop, min((f + 1 for f in self.finishes if f >= x), default=stop))
+            end = min(end, stop, self._next_finish(x, stop) + 1)
             append_tokens(reqs, self.token_id, times[x:end])
             self.processed = end
             finishing = self.finishes.get(end - 1)

@@ -24,9 +24,13 @@ class VllmKVBlocks:
         self.page_size = page_size
 
     @staticmethod
-    def known_tokens(req: Req) -> array:
+    def known_tokens(req: Req, end: int | None = None) -> array:
+        """The request's known tokens (prompt, then outputs), the first `end` of them if given."""
         prompt = req.origin_input_ids
-        return prompt + ids(req.output_ids) if req.output_ids else prompt
+        if end is not None and end <= len(prompt):
+            return prompt[:end]
+        outs = req.output_ids if end is None else req.output_ids[: end - len(prompt)]
+        return prompt + ids(outs) if outs else prompt
 
     def evict_for_running(self, running: list[Req], budget: int) -> None:
         """Evict, once, the cached blocks the running requests' next tokens will need: one
@@ -81,8 +85,7 @@ class VllmKVBlocks:
         have = len(req.prefix_indices)
         if full <= have:
             return
-        prompt = req.origin_input_ids
-        tokens = prompt[:full] if full <= len(prompt) else prompt + ids(req.output_ids[: full - len(prompt)])  # known_tokens(req)[:full]
+        tokens = self.known_tokens(req, full)
         cache = self.tree_cache
         # match_prefix(tokens) and _insert(tokens, kv), each from the request's own cached path
         # (its locked last_node spells tokens[:have]): the same walks, splits and stamps.

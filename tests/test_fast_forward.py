@@ -238,6 +238,16 @@ def _light_run(fast_forward: bool, overlap: bool, kv_tokens: int = 200_000, page
     return loop, sched
 
 
+def _assert_same_run(ff_loop, ff_sched, step_loop, step_sched) -> None:
+    """Every step row, every request's token and finish times, and the allocator's free list
+    as stepping left them."""
+    for name, col in step_loop.steps.cols.items():
+        assert list(ff_loop.steps.cols[name]) == list(col), name
+    assert [list(r.token_times) for r in ff_sched.done] == [list(r.token_times) for r in step_sched.done]
+    assert [r.finish_time for r in ff_sched.done] == [r.finish_time for r in step_sched.done]
+    assert ff_sched.allocator.free_pages == step_sched.allocator.free_pages
+
+
 def test_fast_forward_takes_decode_stretches_in_few_waits():
     for overlap in (False, True):
         step_loop, step_sched = _light_run(False, overlap)
@@ -246,9 +256,7 @@ def test_fast_forward_takes_decode_stretches_in_few_waits():
         assert ff_loop.num_stretches > 0 and ff_loop.stretch_waits >= ff_loop.num_stretches
         # Stepping yields ~4 waits a step; the stretches cover most steps in one wait each.
         assert ff_loop.waits * 5 < step_loop.waits, (ff_loop.waits, step_loop.waits)
-        for name, col in step_loop.steps.cols.items():
-            assert list(ff_loop.steps.cols[name]) == list(col), name
-        assert [list(r.token_times) for r in ff_sched.done] == [list(r.token_times) for r in step_sched.done]
+        _assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -265,11 +273,7 @@ def test_stretches_go_through_finishes_and_evictions_as_steps_do(overlap, page_s
     assert sum(merges for merges, _ in taken) >= 5, "no stretch started where a prefill merges into the batch"
     assert ff_sched.bulk_evictions > 0, "no stretch evicted"
     assert ff_loop.waits * 3 < step_loop.waits, (ff_loop.waits, step_loop.waits)
-    for name, col in step_loop.steps.cols.items():
-        assert list(ff_loop.steps.cols[name]) == list(col), name
-    assert [list(r.token_times) for r in ff_sched.done] == [list(r.token_times) for r in step_sched.done]
-    assert [r.finish_time for r in ff_sched.done] == [r.finish_time for r in step_sched.done]
-    assert ff_sched.allocator.free_pages == step_sched.allocator.free_pages
+    _assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -284,11 +288,7 @@ def test_vllm_stretches_go_through_filled_blocks_evictions_and_finishes_as_steps
     assert ff_sched.bulk_evictions > 0, "no stretch evicted"
     assert ff_sched.bulk_finishes >= 5, "stretches did not go on past requests' last tokens"
     assert ff_loop.waits * 3 < step_loop.waits, (ff_loop.waits, step_loop.waits)
-    for name, col in step_loop.steps.cols.items():
-        assert list(ff_loop.steps.cols[name]) == list(col), name
-    assert [list(r.token_times) for r in ff_sched.done] == [list(r.token_times) for r in step_sched.done]
-    assert [r.finish_time for r in ff_sched.done] == [r.finish_time for r in step_sched.done]
-    assert ff_sched.allocator.free_pages == step_sched.allocator.free_pages
+    _assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
 
 
 # --- the allocator's bulk takes equal its step-by-step takes ---------------------------------------
