@@ -32,9 +32,11 @@ from simulator.stretch_clock import DriverClock, StepCosts, StretchColumns, scal
 
 # The simulator samples no tokens: traces fix output lengths. Every sampled id is this.
 SIM_TOKEN_ID = 0
-# A decode stretch's first steps are timed one at a time, the rest in bulk (stretch_clock.py):
-# about where numpy's fixed costs and the loop's cost per step meet.
-SCALAR_STEPS = 40
+# A segment's first two steps are timed one at a time (the CPU time pending at their start is not
+# the segment's process cost: the bulk sums assume it), the rest in bulk (stretch_clock.py) if more
+# than this many remain: about where numpy's fixed cost (~10 us) and the
+# loop's cost per step (~0.5 us) meet.
+BULK_MIN_STEPS = 20
 
 
 @dataclass(slots=True)
@@ -173,11 +175,12 @@ class SimDriver:
                 def duration(i: int, seg: StretchSegment = seg) -> float:
                     set_decode_step(plan, seg, i)
                     return cost.forward_time(plan)
-            # A step at a time first (a short stretch does not pay numpy's fixed costs), then the
-            # rest in bulk where the cost model priced them so.
+            # The first steps at a time, then the rest in bulk where the cost model priced them so
+            # and enough of them come before the next arrival to pay numpy's fixed costs.
             first = seg.first_step
-            cut = scalar_steps(clock, costs, duration, 0, min(k, SCALAR_STEPS), arrival, out, first)
-            if durations is not None and not cut and len(out) - first < k:
+            bulk = durations is not None and k - 2 > BULK_MIN_STEPS and arrival - clock.now > BULK_MIN_STEPS * durations[0]
+            cut = scalar_steps(clock, costs, duration, 0, 2 if bulk else k, arrival, out, first)
+            if bulk and not cut and len(out) - first < k:
                 _, cut = vector_steps(clock, costs, durations[len(out) - first:], arrival, out)
             if not cut:
                 cut = scalar_steps(clock, costs, duration, len(out) - first, k, arrival, out, first)
