@@ -23,6 +23,7 @@ from scheduler.radix_cache import RadixCache
 from scheduler.req import FinishReason, Req
 from scheduler.schedule_batch import ScheduleBatch
 from scheduler.sglang_decode_stretch import SglangDecodeStretches
+from scheduler.token_ratio import NewTokenRatioDecay
 
 __all__ = ["FUTURE_MAP_SIZE", "InvariantError", "LaunchedBatch", "Scheduler"]
 # SGLang reserves a few tokens of the longest request for the output (max_req_input_len).
@@ -62,6 +63,7 @@ class Scheduler(SglangDecodeStretches):
         # Overlap: the launched batch whose result is not processed yet (SGLang's result_queue).
         self.inflight: list[LaunchedBatch] = []
         self.new_token_ratio = config.init_new_token_ratio
+        self.ratio_decay = NewTokenRatioDecay(config.new_token_ratio_decay, config.min_new_token_ratio)
         self.done: list[Req] = []  # finished and rejected requests, in finishing order
         self.num_requests = 0
         self.num_retractions = 0
@@ -297,7 +299,7 @@ class Scheduler(SglangDecodeStretches):
             for r in retracted:
                 self._requeue_retracted(r)
         else:
-            self.new_token_ratio = max(self.new_token_ratio - self.config.new_token_ratio_decay, self.config.min_new_token_ratio)
+            self.new_token_ratio = self.ratio_decay.step(self.new_token_ratio)
         if batch.batch_size() < initial_bs:
             batch.batch_is_full = False
         if batch.is_empty():

@@ -196,11 +196,6 @@ class SglangDecodeStretches:
             assert n > 0, "a decode stretch ran out of KV pages"
             bulk_decode_slots(self.req_to_token_pool, reqs, n, ps, take)
             done += n
-        ratio, decay, low = self.new_token_ratio, self.config.new_token_ratio_decay, self.config.min_new_token_ratio
-        for _ in range(num_steps):
-            if ratio == low:
-                break  # max(ratio - decay, low) stays low from here on
-            ratio = max(ratio - decay, low)
-        self.new_token_ratio = ratio
+        self.new_token_ratio = self.ratio_decay.after(self.new_token_ratio, num_steps)
         if self.config.overlap:
             self._future.skip(len(reqs), num_steps)
