@@ -149,16 +149,26 @@ class RooflineCostModel:
         (step j: sum_prefix_len + j x batch_size prefix tokens), each equal to forward_time on
         that step's plan: the same float operations in the same order, elementwise."""
         n = b = batch_size
-        sum_prefix = sum_prefix_len + n * np.arange(num_steps, dtype=np.int64)
+        # Each step's sum_seq_len (= attention_pairs) as floats: integers below 2**53, exact, as
+        # forward_time's int-to-float conversions are. Then forward_time's operations in place
+        # (a + b and b + a are the same float; the maxima of positive floats are np.maximum's).
+        first = sum_prefix_len + n
+        seq = np.arange(first, first + n * num_steps, n, dtype=np.float64)
         dense_c = n * self._tok_flop_s + b * self._req_flop_s
         dense_m = self._weight_mem_s + n * self._tok_mem_s + b * self._req_mem_s
-        attn_c = (sum_prefix + n).astype(np.float64) * self._pair_flop_s
-        attn_m = (sum_prefix + n) * self._kv_read_s + n * self._kv_write_s
         fixed = self._overhead_s + self._ar_fixed_s + n * self._ar_tok_s if self.tp > 1 else self._overhead_s
+        attn_c = seq * self._pair_flop_s
+        attn_m = seq * self._kv_read_s
+        attn_m += n * self._kv_write_s
         if self.per_component:
-            return fixed + (dense_c if dense_c > dense_m else dense_m) + np.where(attn_c > attn_m, attn_c, attn_m)
-        c, mem = dense_c + attn_c, dense_m + attn_m
-        return fixed + np.where(c > mem, c, mem)
+            out = np.maximum(attn_c, attn_m, out=attn_c)
+            out += fixed + (dense_c if dense_c > dense_m else dense_m)
+            return out
+        attn_c += dense_c
+        attn_m += dense_m
+        out = np.maximum(attn_c, attn_m, out=attn_c)
+        out += fixed
+        return out
 
     def cpu_time(self, stage: str, num_reqs: int, num_tokens: int) -> float:
         return self.hw.cpu.time(stage, num_reqs, num_tokens)

@@ -360,7 +360,7 @@ def test_roofline_prices_a_stretch_as_each_step_alone(per_component, tp):
     for bs in (1, 7, 256):
         seq_lens = [rnd.randint(1, 30_000) for _ in range(bs)]
         bulk = cost.decode_forward_times(bs, sum(seq_lens), max(seq_lens) + 1, 300)
-        for j in (0, 1, 17, 299):
+        for j in range(300):
             before = [s + j for s in seq_lens]
             plan = ForwardPlan(ForwardMode.DECODE, list(range(bs)), before, [1] * bs, [s + 1 for s in before], [], [True] * bs,
                                ids(), num_tokens=bs, sum_seq_len=sum(before) + bs, sum_prefix_len=sum(before),
