@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Callable, Container, Iterable, Sequence
 
 import numpy as np
@@ -95,41 +96,41 @@ class DecodeStretch:
         """The segments that the first num_steps steps reach into."""
         return [seg for seg in self.segments if seg.first_step < num_steps]
 
-    def kv_used_after(self, kv_used: int, num_steps: int) -> np.ndarray:
+    # The rows' columns below are typed arrays, not numpy: a stretch's are short (tens of steps),
+    # where numpy's fixed cost a call is most of the work.
+    def kv_used_after(self, kv_used: int, num_steps: int) -> array:
         """KV slots in use after each of the first num_steps steps, from kv_used before the
         first: each step takes its pages, finished requests release theirs (kv_changes)."""
-        if self.page_size == 1 and len(self.segments) == 1 and not self.kv_changes:  # (the usual case)
-            return kv_used + self.batch_size * np.arange(1, num_steps + 1, dtype=np.int64)
-        taken = []
+        taken: list[int] = []
         for seg in self.taken(num_steps):
             n = min(seg.stop, num_steps) - seg.first_step
             if self.page_size == 1:  # every step takes a slot for every request
-                taken.append(np.full(n, seg.batch_size, dtype=np.int64))
+                taken += [seg.batch_size] * n
             else:
-                cycle = np.asarray(seg.pages_per_step, dtype=np.int64) * self.page_size
-                taken.append(np.tile(cycle, -(-n // len(cycle)))[:n])
-        col = kv_used + np.cumsum(np.concatenate(taken) if len(taken) > 1 else taken[0])
-        for j, change in self.kv_changes:
-            col[j:] += change
-        return col
+                cycle = [pages * self.page_size for pages in seg.pages_per_step]
+                taken += (cycle * -(-n // len(cycle)))[:n]
+        for j, change in self.kv_changes:  # (from step j on: the same as adding it to step j's take)
+            taken[j] += change
+        return array("q", accumulate(taken, initial=kv_used))[1:]
 
-    def running_after(self, num_steps: int) -> np.ndarray:
+    def running_after(self, num_steps: int) -> array:
         """The running requests after each of the first num_steps steps' processing."""
-        segments = self.taken(num_steps)
-        col = np.repeat([seg.batch_size for seg in segments], [min(seg.stop, num_steps) - seg.first_step for seg in segments])
+        col: list[int] = []
+        for seg in self.taken(num_steps):
+            col += [seg.batch_size] * (min(seg.stop, num_steps) - seg.first_step)
         for j, change in self.running_changes:
             col[j] += change
-        return col
+        return array("q", col)
 
-    def cached_after(self, cached: int, num_steps: int, after: int) -> np.ndarray:
+    def cached_after(self, cached: int, num_steps: int, after: int) -> array:
         """The cache's evictable tokens after each of the first num_steps steps: `cached` until
         the first change (cached_changes), and `after` (the scheduler's, once the last step is
         scheduled) at the last step."""
-        col = np.full(num_steps, cached, dtype=np.int64)
+        col = [cached] * num_steps
         for j, value in self.cached_changes:
-            col[j:] = value
+            col[j:] = [value] * (num_steps - j)
         col[-1] = after
-        return col
+        return array("q", col)
 
 
 def exit_steps(reqs: Sequence[Req], token_id: int, in_flight: bool | Container[int] = False) -> list[int] | None:
@@ -225,21 +226,26 @@ def bulk_decode_slots(pool: ReqToTokenPool, reqs: Sequence[Req], num_steps: int,
     them (request order); with page_size 1 a page is a slot and every request needs one a step."""
     bs = len(reqs)
     if page_size == 1:
-        taken = array(IDS_TYPECODE, take(bs, num_steps))
-        locs = np.frombuffer(taken, dtype=np.int64).reshape(num_steps, bs)
-    else:
+        # Step j's slots are taken[j * bs : (j + 1) * bs], in request order: request i's are
+        # taken[i::bs] (a strided slice of the array, in C).
+        taken = take(bs, num_steps)
         rows = pool.req_to_token
-        seq_lens = [r.seq_len for r in reqs]
-        new_pages: list[dict[int, int]] = [{} for _ in reqs]
-        by_phase: list[list[int]] = [[] for _ in range(page_size)]
-        for i, s in enumerate(seq_lens):
-            by_phase[(-s) % page_size].append(i)
-        for j in range(num_steps):
-            needing = by_phase[j % page_size]
-            for i, page in zip(needing, take(len(needing), 1)):
-                new_pages[i][j] = page
-        last_locs = [rows[r.req_pool_idx][r.seq_len - 1] for r in reqs]
-        locs = paged_slots(last_locs, seq_lens, new_pages, num_steps, page_size)
+        for i, r in enumerate(reqs):
+            rows[r.req_pool_idx].extend(taken[i::bs])
+            r.seq_len += num_steps
+        return
+    rows = pool.req_to_token
+    seq_lens = [r.seq_len for r in reqs]
+    new_pages: list[dict[int, int]] = [{} for _ in reqs]
+    by_phase: list[list[int]] = [[] for _ in range(page_size)]
+    for i, s in enumerate(seq_lens):
+        by_phase[(-s) % page_size].append(i)
+    for j in range(num_steps):
+        needing = by_phase[j % page_size]
+        for i, page in zip(needing, take(len(needing), 1)):
+            new_pages[i][j] = page
+    last_locs = [rows[r.req_pool_idx][r.seq_len - 1] for r in reqs]
+    locs = paged_slots(last_locs, seq_lens, new_pages, num_steps, page_size)
     append_rows(pool, reqs, locs)
 
 

@@ -60,9 +60,9 @@ class StretchRows:
     sum_prefix_len: int
     max_seq_len: int
     times: tuple[array, ...]  # TIME_COLUMNS, num_rows floats each (typecode 'd')
-    kv_used_tokens: np.ndarray  # after each row's step
-    kv_cached_tokens: np.ndarray  # after each row's step
-    num_running: np.ndarray  # after each row's step
+    kv_used_tokens: array  # after each row's step (typecode 'q')
+    kv_cached_tokens: array  # after each row's step
+    num_running: array  # after each row's step
     num_waiting: int
 
 
@@ -170,14 +170,17 @@ def _stretch_columns(stretches: list[StretchRows], starts: list[int], total: int
     out["prefix_tokens"] = column(prefix)
     out["cache_hit_tokens"] = np.zeros(total, dtype=np.int64)
     out["num_retracted"] = np.zeros(total, dtype=np.int64)
+    def joined(parts, typecode: str) -> np.ndarray:
+        out = array(typecode)  # array-to-array extends are memcpy: cheaper than np.asarray + concatenate
+        for part in parts:
+            out.extend(part)
+        return np.frombuffer(out, dtype=np.float64 if typecode == "d" else np.int64)
+
     for k, name in enumerate(TIME_COLUMNS):
-        joined = array("d")  # array-to-array extends are memcpy: cheaper than np.asarray + concatenate
-        for s in stretches:
-            joined.extend(s.times[k])
-        out[name] = column(np.frombuffer(joined, dtype=np.float64), np.float64)
-    out["kv_used_tokens"] = column(np.concatenate([s.kv_used_tokens for s in stretches]))
-    out["kv_cached_tokens"] = column(np.concatenate([s.kv_cached_tokens for s in stretches]))
-    out["num_running"] = column(np.concatenate([s.num_running for s in stretches]))
+        out[name] = column(joined((s.times[k] for s in stretches), "d"), np.float64)
+    out["kv_used_tokens"] = column(joined((s.kv_used_tokens for s in stretches), "q"))
+    out["kv_cached_tokens"] = column(joined((s.kv_cached_tokens for s in stretches), "q"))
+    out["num_running"] = column(joined((s.num_running for s in stretches), "q"))
     out["num_waiting"] = column(each("num_waiting"))
     out["max_seq_len"] = column(each("max_seq_len") + within)
     out["attention_pairs"] = column((prefix + bs).astype(np.float64), np.float64)
