@@ -15,16 +15,15 @@ exactly where the last of those waits would have.
 
 from __future__ import annotations
 
-import gc
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Generator, Iterator
+from typing import Any, Generator
 
 import simpy
 
 from scheduler.decode_stretch import StretchSegment
 from scheduler.forward_plan import ForwardMode, ForwardPlan
+from scheduler.gc_pause import gc_paused
 from scheduler.ids import ids
 from scheduler.loop import AwaitResult, CpuWork, EventLoop, FastForward, ForwardResult, Launch, StretchTimes, WaitForArrival
 from simulator.cost_model import CostModel
@@ -44,20 +43,6 @@ class SimForward:
     plan: ForwardPlan
     start: float
     end: float
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """No cyclic GC while the loop runs: its full passes walk every token list held
-    (the cache, the prompts) and took a quarter of a long replay's time. The loop
-    makes few reference cycles; reference counting frees the rest as usual."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 class SimDriver:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from scheduler.config import SchedulerConfig
+from scheduler.gc_pause import gc_paused
 from scheduler.loop import EventLoop
 from scheduler.model_config import ModelConfig, load_model_config
 from scheduler.protocol import SchedulerCore
@@ -183,7 +184,7 @@ def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
         meta["error"] = f"{type(e).__name__}: {e}"
         raise
     finally:
-        with deferred_interrupts():  # a second Ctrl-C waits for the tables
+        with deferred_interrupts(), gc_paused():  # a second Ctrl-C waits for the tables
             # Every request received: finished, rejected, or (interrupted) still unfinished.
             df = metrics.requests_frame(loop.received)
             meta["status"] = status
