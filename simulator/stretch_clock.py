@@ -41,7 +41,7 @@ class DriverClock:
     prev_end: float  # overlap: the end of the forward in flight (awaited by the next step)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StepCosts:
     """CPU seconds of a decode step's stages (the same every step of a stretch)."""
 
@@ -63,8 +63,9 @@ class StretchColumns:
         return len(self.cols[0])
 
     def extend(self, values: tuple[np.ndarray, ...]) -> None:
+        """Float64 numpy arrays (tobytes copies strided ones in order)."""
         for col, v in zip(self.cols, values):
-            col.frombytes(np.ascontiguousarray(v, dtype=np.float64).tobytes())
+            col.frombytes(v.tobytes())
 
 
 def scalar_steps(clock: DriverClock, costs: StepCosts, duration: Callable[[int], float], j: int, stop: int,
@@ -115,7 +116,10 @@ def vector_steps(clock: DriverClock, costs: StepCosts, durations: np.ndarray, ar
                  out: StretchColumns) -> tuple[int, bool]:
     """Steps whose durations are `durations` (none of them a stretch's first step), in bulk
     while the device is the bottleneck. Returns (steps taken, cut): the steps before the
-    first cut or the first step the bulk sums cannot take; the clock moves past them."""
+    first cut or the first step the bulk sums cannot take; the clock moves past them.
+    Durations are not negative (a forward's), and float sums are monotone: so a forward that
+    starts no earlier than its launch ends (t2) also starts after its schedule (t1) and ends
+    after its launch, and the schedule starts (t0) of the steps after the first never fall."""
     cp = costs.process
     if clock.p != cp or len(durations) == 0:
         return 0, False
@@ -135,7 +139,9 @@ def vector_steps(clock: DriverClock, costs: StepCosts, durations: np.ndarray, ar
         before, start, end = nows[:n], ends_[:n], ends_[1:]
         t1, t2 = before + p1, before + p2
         waited = start  # the end of the step before
-        ok = (start >= t1) & (end >= t2) & (waited >= t2) & (before + (waited - before) == waited)
+        # start >= t1, end >= t2, waited >= t2 and the await lands exactly on waited:
+        ok = start >= t2
+        ok &= before + (waited - before) == waited
         if clock.prev_end != clock.dfree:  # (after a step it is; the sums assume it)
             ok[0] = False
     else:
@@ -154,11 +160,14 @@ def vector_steps(clock: DriverClock, costs: StepCosts, durations: np.ndarray, ar
         prev[0] = clock.dfree
         prev[1:] = end[:-1]
         waited = end
-        ok = (t1 >= prev) & (end >= t2) & (before + (waited - before) == waited)
+        ok = t1 >= prev
+        ok &= end >= t2
+        ok &= before + (waited - before) == waited
     t0 = before + cp
-    hits = t0 >= arrival
-    cut_at = int(hits.argmax()) if hits.any() else n
-    bad_at = int(ok.argmin()) if not ok.all() else n
+    # The first schedule start at or after the arrival (t0 rises from the second step on).
+    cut_at = 0 if t0[0] >= arrival else 1 + int(np.searchsorted(t0[1:], arrival))
+    bad = int(ok.argmin())
+    bad_at = n if ok[bad] else bad
     m = min(cut_at, bad_at)
     if m:
         after = nows[1 : m + 1]
