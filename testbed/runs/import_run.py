@@ -20,7 +20,7 @@ from scheduler.model_config import bundled_model_names
 from scheduler.step_log import StepLog
 from testbed.errors import TraceError
 from testbed.runs import metrics
-from testbed.runs.folder import REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE, versions, write_json, write_parquet, write_steps
+from testbed.runs.folder import REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE, versions, write_json, write_requests, write_steps
 from testbed.runs.importers import load_import
 from testbed.traces.schema import Trace, TraceRequest, file_sha256
 
@@ -61,7 +61,7 @@ def import_run(path: str | Path, out: str | Path, format: str | None = None, *, 
     trace.write(trace_path)
 
     df = metrics.requests_frame(reqs)
-    write_parquet(run_dir / REQUESTS_FILE, df)
+    write_requests(run_dir / REQUESTS_FILE, df)
     write_steps(run_dir / STEPS_FILE, StepLog().cols)  # another engine's steps are unknown
     summary = metrics.summarize(df) | {"num_steps": None, "kv_tokens": imported.kv_tokens}
     summary["cache_hit_rate"] = None  # no source reports its cached tokens

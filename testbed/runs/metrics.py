@@ -104,8 +104,14 @@ def summarize(df: pd.DataFrame) -> dict:
     e2e = (done["finish"] - done["arrival"]).to_numpy()
     multi = done[done["output_tokens"] > 1]
     tpot = ((multi["finish"] - multi["first_token"]) / (multi["output_tokens"] - 1)).to_numpy()
-    gaps = [np.diff(tt) for tt in done["token_times"] if len(tt) > 1]
-    itl = np.concatenate(gaps) if gaps else np.empty(0)
+    # Every request's gaps, in request order: the differences of all token times laid end to
+    # end, less those across two requests (one np.diff, not one a request).
+    times = [tt for tt in done["token_times"] if len(tt) > 1]
+    if times:
+        across = np.cumsum([len(tt) for tt in times])[:-1] - 1
+        itl = np.delete(np.diff(np.concatenate(times)), across)
+    else:
+        itl = np.empty(0)
     for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e)):
         _stats(name, values, out)
 

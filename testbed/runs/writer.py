@@ -33,7 +33,7 @@ from testbed.runs.folder import (
     STEPS_JOURNAL,
     WALL_FILE,
     write_json,
-    write_parquet,
+    write_requests,
     write_steps,
 )
 from testbed.runs.journal import TableJournal
@@ -74,7 +74,7 @@ class RunWriter:
         summary) and wall.json; the journals go. A second Ctrl-C meanwhile waits until all is
         written."""
         with deferred_interrupts():
-            write_parquet(self.run_dir / REQUESTS_FILE, requests)
+            write_requests(self.run_dir / REQUESTS_FILE, requests)
             write_steps(self.run_dir / STEPS_FILE, steps)
             write_json(self.run_dir / RUN_FILE, meta)
             created = datetime.now(timezone.utc).isoformat(timespec="seconds")
