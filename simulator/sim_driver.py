@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Generator
 
+import numpy as np
 import simpy
 
 from scheduler.decode_stretch import StretchSegment
@@ -31,10 +32,9 @@ from simulator.stretch_clock import DriverClock, StepCosts, StretchColumns, scal
 
 # The simulator samples no tokens: traces fix output lengths. Every sampled id is this.
 SIM_TOKEN_ID = 0
-# A segment's first two steps are timed one at a time (the CPU time pending at their start is not
-# the segment's process cost: the bulk sums assume it), the rest in bulk (stretch_clock.py) if more
-# than this many remain: about where numpy's fixed cost (~10 us) and the
-# loop's cost per step (~0.5 us) meet.
+# A stretch's steps are timed in bulk (stretch_clock.py) where more than this many remain before
+# its end and the next arrival, else one at a time: about where numpy's fixed cost (~15 us) and
+# the loop's cost per step (~0.5 us) meet.
 BULK_MIN_STEPS = 20
 
 
@@ -143,34 +143,56 @@ class SimDriver:
         arrival = math.inf if ff.next_arrival is None else ff.next_arrival
         clock = DriverClock(self.env.now, self.cpu_pending, self.device_free_at, ff.inflight.end if overlap else 0.0)
         out = StretchColumns()
-        # With overlap a step processes the batch launched before it: at a segment's first step,
-        # the one in flight or the segment before's.
-        before = cost.cpu_time("process", ff.inflight.plan.batch_size, ff.inflight.plan.num_tokens) if overlap else None
-        cut = False
-        for seg in stretch.segments:
-            bs, k = seg.batch_size, seg.stop - seg.first_step
+        # Each segment's CPU costs. With overlap a step processes the batch launched before it: at
+        # a segment's first step, the one in flight or the segment before's.
+        segments = stretch.segments
+        inflight_process = cost.cpu_time("process", ff.inflight.plan.batch_size, ff.inflight.plan.num_tokens) if overlap else 0.0
+        seg_costs: list[StepCosts] = []
+        before = inflight_process
+        for seg in segments:
+            bs = seg.batch_size
             process = cost.cpu_time("process", bs, bs)
-            costs = StepCosts(cost.cpu_time("schedule", bs, bs), cost.cpu_time("launch", bs, bs), process, overlap,
-                              before if overlap else process)
+            seg_costs.append(StepCosts(cost.cpu_time("schedule", bs, bs), cost.cpu_time("launch", bs, bs), process, overlap,
+                                       before if overlap else process))
             before = process
-            durations = bulk_price(bs, seg.sum_prefix_len, seg.max_seq_len, k) if bulk_price else None
+        durations = None
+        total = stretch.max_steps
+        if bulk_price is not None:
+            # The segments up to one that ends past the next arrival (the steps after it are cut).
+            parts, reach, horizon = [], 0.0, arrival - clock.now
+            for seg in segments:
+                parts.append(bulk_price(seg.batch_size, seg.sum_prefix_len, seg.max_seq_len, seg.stop - seg.first_step))
+                reach += len(parts[-1]) * float(parts[-1][0])  # (a segment's forwards only grow longer)
+                if reach > horizon:
+                    break
+            durations = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            total = len(durations)
+        per_step = None  # the per-step cost arrays of the bulk path, made when first needed
+        j, s, cut = 0, 0, False  # the next step, its segment
+        while j < total and not cut:
+            # In bulk where the cost model priced the steps so and enough come before the next
+            # arrival to pay numpy's fixed costs; else (or from where the bulk sums stop) a step at
+            # a time to the end of the segment.
+            if durations is not None and total - j > BULK_MIN_STEPS and arrival - clock.now > BULK_MIN_STEPS * durations[j]:
+                if per_step is None:
+                    per_step = _per_step_costs(segments, seg_costs, inflight_process, overlap)
+                schedule, launch, process = per_step
+                m, cut = vector_steps(clock, durations[j:], schedule[j:total], launch[j:total], process[j:total], overlap,
+                                      arrival, out, stretch_start=j == 0)
+                j += m
+                if cut or j == total:
+                    break
+            while segments[s].stop <= j:
+                s += 1
+            seg = segments[s]
             if durations is not None:
-                duration = durations.tolist().__getitem__
+                duration = durations[seg.first_step : seg.stop].tolist().__getitem__
             else:
                 def duration(i: int, seg: StretchSegment = seg) -> float:
                     set_decode_step(plan, seg, i)
                     return cost.forward_time(plan)
-            # The first steps at a time, then the rest in bulk where the cost model priced them so
-            # and enough of them come before the next arrival to pay numpy's fixed costs.
-            first = seg.first_step
-            bulk = durations is not None and k - 2 > BULK_MIN_STEPS and arrival - clock.now > BULK_MIN_STEPS * durations[0]
-            cut = scalar_steps(clock, costs, duration, 0, 2 if bulk else k, arrival, out, first)
-            if bulk and not cut and len(out) - first < k:
-                _, cut = vector_steps(clock, costs, durations[len(out) - first:], arrival, out)
-            if not cut:
-                cut = scalar_steps(clock, costs, duration, len(out) - first, k, arrival, out, first)
-            if cut:
-                break
+            cut = scalar_steps(clock, seg_costs[s], duration, j - seg.first_step, seg.stop - seg.first_step, arrival, out, seg.first_step)
+            j = len(out)
         m = len(out)
         if m < 2:
             return None
@@ -181,6 +203,20 @@ class SimDriver:
         t0s, t1s, t2s, starts, ends, t3s, t4s = out.cols
         times = StretchTimes(m, t0s, t1s, t2s, starts, ends, t3s, t4s, SimForward(plan, starts[-1], ends[-1]), inflight_device)
         return times, clock.now, clock.p
+
+
+def _per_step_costs(segments: list[StretchSegment], seg_costs: list[StepCosts], inflight_process: float,
+                    overlap: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each step's schedule, launch and process costs (vector_steps's arrays): its segment's, but
+    the process cost of a segment's first step, which with overlap processes the batch before."""
+    lengths = [seg.stop - seg.first_step for seg in segments]
+    schedule = np.repeat([c.schedule for c in seg_costs], lengths)
+    launch = np.repeat([c.launch for c in seg_costs], lengths)
+    process = np.repeat([c.process for c in seg_costs], lengths)
+    if overlap:  # step j processes the batch launched at j - 1 (at 0: the one in flight)
+        process[1:] = process[:-1].copy()
+        process[0] = inflight_process
+    return schedule, launch, process
 
 
 def set_decode_step(plan: ForwardPlan, seg: StretchSegment, i: int) -> None:

@@ -13,13 +13,15 @@ Answering a step's waits (sim_driver.py: CpuWork "schedule", Launch, AwaitResult
     p = 0.0; t3 = now + p                         (this step's end; with overlap, the end of
     p += cp; t4 = now + p                         the step launched before)
 
-ScalarSteps runs exactly that, a step at a time. From the second step on p starts at cp, so
-when every max picks the same side at every step (the device is the bottleneck, the usual
-case) the steps are sums along one sequence: np.add.accumulate, which adds in order, gives
-the very floats of the loop. vector_steps computes that, then checks elementwise that every
-max did pick that side and that each await landed exactly on its target; the first step that
-fails the check, and every step after it, go back to the scalar loop. So both paths give the
-same floats; the vector path is only faster.
+scalar_steps runs exactly that, a step at a time. From the second step on p starts at the
+process cost charged at the step before (0.0 + cp is cp), so when every max picks the same side at
+every step (the device is the bottleneck, the usual case) the steps are sums along one sequence:
+np.add.accumulate, which adds in order, gives the very floats of the loop, and the per-step costs
+(a stretch's segments differ in batch size, so in CPU costs) are elementwise sums of the same
+floats. vector_steps computes that, then checks elementwise that every max did pick that side
+and that each await landed exactly on its target; the first step that fails the check, and
+every step after it, go back to the scalar loop. So both paths give the same floats; the
+vector path is only faster.
 """
 
 from __future__ import annotations
@@ -112,21 +114,27 @@ def scalar_steps(clock: DriverClock, costs: StepCosts, duration: Callable[[int],
     return cut
 
 
-def vector_steps(clock: DriverClock, costs: StepCosts, durations: np.ndarray, arrival: float,
-                 out: StretchColumns) -> tuple[int, bool]:
-    """Steps whose durations are `durations` (none of them a stretch's first step), in bulk
-    while the device is the bottleneck. Returns (steps taken, cut): the steps before the
-    first cut or the first step the bulk sums cannot take; the clock moves past them.
+def vector_steps(clock: DriverClock, durations: np.ndarray, schedule: np.ndarray, launch: np.ndarray,
+                 process: np.ndarray, overlap: bool, arrival: float, out: StretchColumns,
+                 stretch_start: bool = False) -> tuple[int, bool]:
+    """Steps in bulk while the device is the bottleneck: step j's forward takes durations[j], its
+    CPU stages schedule[j] and launch[j], and its processing (with overlap, of the batch launched
+    before it) process[j]; the first one starts with the clock's pending CPU time. Returns (steps
+    taken, cut): the steps before the first cut or the first step the bulk sums cannot take; the
+    clock moves past them. stretch_start: the first is the stretch's first step, which an arrival
+    does not cut (scalar_steps's rule).
     Durations are not negative (a forward's), and float sums are monotone: so a forward that
     starts no earlier than its launch ends (t2) also starts after its schedule (t1) and ends
-    after its launch, and the schedule starts (t0) of the steps after the first never fall."""
-    cp = costs.process
-    if clock.p != cp or len(durations) == 0:
-        return 0, False
+    after its launch."""
     n = len(durations)
-    p1 = cp + costs.schedule  # p after "schedule", from cp
-    p2 = p1 + costs.launch  # after "launch"
-    if costs.overlap:
+    if n == 0:
+        return 0, False
+    pending = np.empty(n)  # p at each step's start: the process cost charged at the step before
+    pending[0] = clock.p
+    pending[1:] = process[:-1]
+    p1 = pending + schedule  # p after "schedule"
+    p2 = p1 + launch  # after "launch"
+    if overlap:
         # The forward starts when the one before ends (dfree) and the await waits for that one:
         # end_j = end_{j-1} + d_j, and now_{j+1} = end_{j-1}.
         seq = np.empty(n + 1)
@@ -146,7 +154,7 @@ def vector_steps(clock: DriverClock, costs: StepCosts, durations: np.ndarray, ar
             ok[0] = False
     else:
         # The step launches when its schedule ends and the await waits for it:
-        # end_j = (now_j + p1) + d_j, and now_{j+1} = end_j.
+        # end_j = (now_j + p1_j) + d_j, and now_{j+1} = end_j.
         seq = np.empty(2 * n + 1)
         seq[0] = clock.now
         seq[1::2] = p1
@@ -163,15 +171,19 @@ def vector_steps(clock: DriverClock, costs: StepCosts, durations: np.ndarray, ar
         ok = t1 >= prev
         ok &= end >= t2
         ok &= before + (waited - before) == waited
-    t0 = before + cp
-    # The first schedule start at or after the arrival (t0 rises from the second step on).
-    cut_at = 0 if t0[0] >= arrival else 1 + int(np.searchsorted(t0[1:], arrival))
+    t0 = before + pending
+    hits = t0 >= arrival
+    if stretch_start:
+        hits[0] = False
+    cut_at = int(hits.argmax())
+    if not hits[cut_at]:
+        cut_at = n
     bad = int(ok.argmin())
     bad_at = n if ok[bad] else bad
     m = min(cut_at, bad_at)
     if m:
         after = nows[1 : m + 1]
-        out.extend((t0[:m], t1[:m], t2[:m], start[:m], end[:m], after, after + cp))
-        clock.now, clock.p = float(after[-1]), cp
+        out.extend((t0[:m], t1[:m], t2[:m], start[:m], end[:m], after, after + process[:m]))
+        clock.now, clock.p = float(after[-1]), float(process[m - 1])
         clock.dfree = clock.prev_end = float(end[m - 1])
     return m, cut_at <= bad_at and cut_at < n
