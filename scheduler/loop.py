@@ -235,15 +235,13 @@ class EventLoop:
                               inflight[0], inflight[1], times.process_start[0], times.process_end[0],
                               int(kv_used[0]), int(cached[0]), int(running[0]), waiting, prev.launched.num_retracted,
                               plan.max_seq_len, plan.attention_pairs)
-        for seg in segments:
-            a, b = seg.first_step, min(seg.stop, m - shift)
-            if a >= b:
-                continue
-            p0, p1 = a + shift, b + shift  # where the rows' processing happened
-            rows = tuple(c[a:b] for c in t[:6]) + tuple(c[p0:p1] for c in t[6:])
-            self.steps.extend_stretch(StretchRows(first_step + a, b - a, mode, seg.batch_size, seg.sum_prefix_len,
-                                                  seg.max_seq_len, rows, kv_used[p0:p1], cached[p0:p1],
-                                                  running[p0:p1], waiting))
+        n = m - shift  # the rows written now: steps 0 .. n - 1 (their processing at step + shift)
+        parts = [(min(seg.stop, n) - seg.first_step, seg.batch_size, seg.sum_prefix_len, seg.max_seq_len)
+                 for seg in segments if seg.first_step < n]
+        if shift:
+            t = tuple(c[:n] for c in t[:6]) + tuple(c[1:] for c in t[6:])
+            kv_used, cached, running = kv_used[1:], cached[1:], running[1:]
+        self.steps.extend_stretch(StretchRows(first_step, n, mode, parts, t, kv_used, cached, running, waiting))
         if self.progress is not None:
             self.progress(len(sched.done))
         return _InFlight(launched, times.last_handle, self._num_steps, times.schedule_start[m - 1],
