@@ -27,7 +27,7 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Callable, Container, Iterable, Sequence
+from typing import Callable, Container, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -65,7 +65,7 @@ class DecodeStretch:
     same requests decode, each one token longer a step; at a segment's first step requests
     that finished leave the batch (nothing else changes)."""
 
-    segments: list[StretchSegment]
+    segments: list[StretchSegment]  # those planned so far (plan() plans more)
     page_size: int
     # The first step merges the prefill scheduled just before into the running batch (SGLang):
     # the ordinary code schedules that step (and, with overlap, processes that prefill).
@@ -79,10 +79,32 @@ class DecodeStretch:
     # finished request from its running requests as it processes its last token; without
     # overlap that is in the row of the step that computed it).
     running_changes: list[tuple[int, int]] = field(default_factory=list)
+    # The segments after the planned ones, planned when asked for.
+    _unplanned: Iterator[StretchSegment] | None = None
+
+    def plan(self, num_steps: int | None = None) -> list[StretchSegment]:
+        """The segments, planned until they reach num_steps steps (None: all)."""
+        segments, more = self.segments, self._unplanned
+        while more is not None and (num_steps is None or segments[-1].stop < num_steps):
+            seg = next(more, None)
+            if seg is None:
+                self._unplanned = more = None
+            else:
+                segments.append(seg)
+        return segments
+
+    def each_segment(self) -> Iterator[StretchSegment]:
+        """The segments in order, each planned when reached."""
+        i = 0
+        while True:
+            if i == len(self.segments) and not self.plan(self.segments[-1].stop + 1)[i:]:
+                return
+            yield self.segments[i]
+            i += 1
 
     @property
     def max_steps(self) -> int:
-        return self.segments[-1].stop
+        return self.plan()[-1].stop
 
     @property
     def reqs(self) -> list[Req]:  # the first step's
@@ -94,7 +116,7 @@ class DecodeStretch:
 
     def taken(self, num_steps: int) -> list[StretchSegment]:
         """The segments that the first num_steps steps reach into."""
-        return [seg for seg in self.segments if seg.first_step < num_steps]
+        return [seg for seg in self.plan(num_steps) if seg.first_step < num_steps]
 
     # The rows' columns below are typed arrays, not numpy: a stretch's are short (tens of steps),
     # where numpy's fixed cost a call is most of the work.
@@ -181,26 +203,34 @@ def stretch_through_finishes(reqs: Sequence[Req], exits: Sequence[int], limit: i
     """The stretch of at most `limit` steps from the batch reqs (after `leaving` left), where
     reqs[i] is in steps 0 .. exits[i] - 1, whose every step finds a page free for every request
     (SGLang's check_decode_mem): segments from one exit to the next. KV that finished requests
-    release during the stretch is not counted: fewer steps, never a wrong one."""
-    segments: list[StretchSegment] = []
-    members = list(zip(reqs, exits))
+    release during the stretch is not counted: fewer steps, never a wrong one. The first segment
+    is planned now, the others when first asked for (an arrival cuts most stretches early)."""
+    plan = _plan_segments(reqs, [r.seq_len for r in reqs], exits, limit, free_pages, page_size, leaving)
+    first = next(plan, None)
+    return None if first is None else DecodeStretch([first], page_size, _unplanned=plan)
+
+
+def _plan_segments(reqs: Sequence[Req], seq_lens: Sequence[int], exits: Sequence[int], limit: int, free_pages: int,
+                   page_size: int, leaving: tuple[Req, ...]) -> Iterator[StretchSegment]:
+    """stretch_through_finishes's segments, one by one (from the lengths as they were when it was
+    asked: a stretch being taken changes the requests)."""
+    members = list(zip(reqs, seq_lens, exits))
     start, pages = 0, free_pages
     while start < limit and members:
-        stop = min(limit, min(e for _, e in members))
-        seg_reqs = [r for r, _ in members]
-        seq_lens = [r.seq_len + start for r in seg_reqs]
-        per_step = pages_per_step(seq_lens, page_size)
+        stop = min(limit, min(e for _, _, e in members))
+        seg_reqs = [r for r, _, _ in members]
+        lens = [s + start for _, s, _ in members]
+        per_step = pages_per_step(lens, page_size)
         n = steps_with_pages(pages, per_step, len(seg_reqs), stop - start)
         if n <= 0:
-            break
-        finishing = tuple(r for r, e in members if e == start + n)
-        segments.append(StretchSegment(start, start + n, seg_reqs, sum(seq_lens), max(seq_lens) + 1, per_step, leaving, finishing))
+            return
+        finishing = tuple(r for r, _, e in members if e == start + n)
+        yield StretchSegment(start, start + n, seg_reqs, sum(lens), max(lens) + 1, per_step, leaving, finishing)
         if start + n < stop:
-            break
+            return
         pages -= pages_taken(per_step, n)
-        members = [(r, e) for r, e in members if e > stop]
+        members = [m for m in members if m[2] > stop]
         leaving, start = finishing, stop
-    return DecodeStretch(segments, page_size) if segments else None
 
 
 def pages_taken(per_step: Sequence[int], num_steps: int) -> int:

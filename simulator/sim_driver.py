@@ -143,9 +143,23 @@ class SimDriver:
         arrival = math.inf if ff.next_arrival is None else ff.next_arrival
         clock = DriverClock(self.env.now, self.cpu_pending, self.device_free_at, ff.inflight.end if overlap else 0.0)
         out = StretchColumns()
+        durations = None
+        if bulk_price is not None:
+            # The segments up to one that ends past the next arrival (the steps after it are cut).
+            segments: list[StretchSegment] = []
+            parts, reach, horizon = [], 0.0, arrival - clock.now
+            for seg in stretch.each_segment():
+                segments.append(seg)
+                parts.append(bulk_price(seg.batch_size, seg.sum_prefix_len, seg.max_seq_len, seg.stop - seg.first_step))
+                reach += len(parts[-1]) * float(parts[-1][0])  # (a segment's forwards only grow longer)
+                if reach > horizon:
+                    break
+            durations = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        else:
+            segments = stretch.plan()
+        total = segments[-1].stop
         # Each segment's CPU costs. With overlap a step processes the batch launched before it: at
         # a segment's first step, the one in flight or the segment before's.
-        segments = stretch.segments
         inflight_process = cost.cpu_time("process", ff.inflight.plan.batch_size, ff.inflight.plan.num_tokens) if overlap else 0.0
         seg_costs: list[StepCosts] = []
         before = inflight_process
@@ -155,18 +169,6 @@ class SimDriver:
             seg_costs.append(StepCosts(cost.cpu_time("schedule", bs, bs), cost.cpu_time("launch", bs, bs), process, overlap,
                                        before if overlap else process))
             before = process
-        durations = None
-        total = stretch.max_steps
-        if bulk_price is not None:
-            # The segments up to one that ends past the next arrival (the steps after it are cut).
-            parts, reach, horizon = [], 0.0, arrival - clock.now
-            for seg in segments:
-                parts.append(bulk_price(seg.batch_size, seg.sum_prefix_len, seg.max_seq_len, seg.stop - seg.first_step))
-                reach += len(parts[-1]) * float(parts[-1][0])  # (a segment's forwards only grow longer)
-                if reach > horizon:
-                    break
-            durations = parts[0] if len(parts) == 1 else np.concatenate(parts)
-            total = len(durations)
         per_step = None  # the per-step cost arrays of the bulk path, made when first needed
         j, s, cut = 0, 0, False  # the next step, its segment
         while j < total and not cut:
