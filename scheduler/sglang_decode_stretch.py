@@ -80,9 +80,11 @@ class SglangDecodeStretches:
         if not exits:
             return None
         if self.waiting_queue:
-            # The batch is full: the stretch ends before anyone leaves (with it the batch would no
-            # longer be full, and the next step's prefill branch would look at the queue).
-            limit = min(exits) if self.config.overlap else min(exits) - 1
+            # The batch is full, so no step's prefill branch looks at the queue, until the step
+            # after the first request leaves: the stretch ends with the step that computes that
+            # request's last token, or with overlap the step whose schedule drops it (its last
+            # token in flight) and whose processing finishes it.
+            limit = min(exits) + 1 if self.config.overlap else min(exits)
         else:
             limit = max(exits)
         # No retraction: every step finds a page for every request free or in evictable cache
@@ -130,13 +132,18 @@ class SglangDecodeStretches:
             j, stop = max(seg.first_step, first), min(seg.stop, num_steps)
             if seg.leaving and j == seg.first_step:
                 batch.filter_batch(exclude=seg.leaving)
-                batch.batch_is_full = False  # (as a shrinking batch is)
                 if overlap:
                     # Step j is scheduled before the batch launched at j - 1 is processed; that
                     # processing gives the leaving requests their last token and finishes them.
+                    # Its schedule drops them after its prefill branch saw the batch full (with
+                    # requests waiting, the stretch's last step is this one, scheduled by the
+                    # ordinary code): then the batch is no longer full.
                     launched = self._decode_steps(stretch, seg, j, j + 1, last, launch_times, token_times, token_id, processed) or launched
+                    batch.batch_is_full = False
                     self._finish_leaving(stretch, seg.leaving, j, token_times[j])
                     j += 1
+                else:
+                    batch.batch_is_full = False  # (as a shrinking batch is)
             if j < stop:
                 # (at step 0 with overlap the batch in flight is these very requests)
                 launched = self._decode_steps(stretch, seg, j, stop, last, launch_times, token_times, token_id, seg.reqs) or launched

@@ -162,10 +162,12 @@ class _StretchRecordingScheduler(Scheduler):
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(config)
         self.advanced: list = []
+        self.advanced_waiting: list[tuple[int, int]] = []  # (requests waiting, steps taken) of each
         self.bulk_evictions = 0  # bulk steps' schedules that evicted
 
     def advance_decode_stretch(self, stretch, num_steps, *args):
         self.advanced.append((stretch.merges_prefill, stretch.taken(num_steps)))  # (and the segments its steps went through)
+        self.advanced_waiting.append((len(self.waiting_queue), num_steps))
         return super().advance_decode_stretch(stretch, num_steps, *args)
 
     def _bulk_decode(self, *args):
@@ -246,6 +248,9 @@ def _assert_same_run(ff_loop, ff_sched, step_loop, step_sched) -> None:
     assert [list(r.token_times) for r in ff_sched.done] == [list(r.token_times) for r in step_sched.done]
     assert [r.finish_time for r in ff_sched.done] == [r.finish_time for r in step_sched.done]
     assert ff_sched.allocator.free_pages == step_sched.allocator.free_pages
+    # The same cache walks (each match and insert stamps the LRU clock), so the same eviction order
+    # from here on: a prefill branch that looked at the queue when stepping's did not shows here.
+    assert ff_sched.tree_cache._clock == step_sched.tree_cache._clock
 
 
 def test_fast_forward_takes_decode_stretches_in_few_waits():
@@ -273,6 +278,43 @@ def test_stretches_go_through_finishes_and_evictions_as_steps_do(overlap, page_s
     assert sum(merges for merges, _ in taken) >= 5, "no stretch started where a prefill merges into the batch"
     assert ff_sched.bulk_evictions > 0, "no stretch evicted"
     assert ff_loop.waits * 3 < step_loop.waits, (ff_loop.waits, step_loop.waits)
+    _assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
+
+
+def _queued_run(fast_forward: bool, overlap: bool) -> tuple[_CountingLoop, _StretchRecordingScheduler]:
+    """60 requests at once on a KV pool for about a dozen: the batch is full and the rest wait,
+    each admitted when KV frees up."""
+    rnd = random.Random(5)
+    model = load_model_config("llama-3.1-8b")
+    sched = _StretchRecordingScheduler(SchedulerConfig(kv_tokens=6000, context_len=8192, overlap=overlap))
+    reqs = []
+    for i in range(60):
+        n = rnd.randint(100, 400)
+        prompt = list(range(i * 1000, i * 1000 + n))
+        reqs.append(Req(str(i), n, (lambda p=prompt: p), SamplingParams(max_new_tokens=rnd.randint(20, 200)), 0.001 * i, index=i))
+    driver = SimDriver(RooflineCostModel(model, load_hardware("h100")), fast_forward=fast_forward)
+    loop = _CountingLoop(sched, iter(reqs), driver.clock, overlap)
+    driver.run(loop)
+    sched.check_invariants()
+    return loop, sched
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_stretches_beside_a_waiting_queue_go_through_a_finish_as_steps_do(overlap):
+    """With requests waiting and the batch full, the prefill branch does not look at the queue
+    until a request has left: a stretch goes on through the step that computes the first last
+    token (with overlap, through the step whose schedule drops that request and whose processing
+    finishes it), with the very run stepping gives."""
+    step_loop, step_sched = _queued_run(False, overlap)
+    ff_loop, ff_sched = _queued_run(True, overlap)
+    through = 0
+    for (_, segments), (waiting, num_steps) in zip(ff_sched.advanced, ff_sched.advanced_waiting):
+        if waiting:
+            last = segments[-1]
+            # overlap: the last step is a segment's first, which drops the leaving request;
+            # without: the last step computes a request's last token.
+            through += bool(last.leaving and num_steps == last.first_step + 1) if overlap else bool(last.finishing and num_steps == last.stop)
+    assert through >= 10, "stretches beside a waiting queue stopped short of a finish"
     _assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
 
 
