@@ -55,8 +55,8 @@ class ChunkCache:
     def total_size(self) -> int:
         return 0
 
-    def all_values(self) -> list[int]:
-        return []
+    def all_values(self) -> array:
+        return ids()
 
     def cache_finished_req(self, req: Req) -> None:
         self.allocator.free(self.req_to_token_pool.get(req.req_pool_idx, 0, finished_kv_len(req)))

@@ -43,7 +43,7 @@ def check_end_of_run(
         errors.append("a KV page is free twice")
     if cache.protected_size() != 0:
         errors.append(f"{cache.protected_size()} KV slots still locked in the cache")
-    held = np.array(cache.all_values(), dtype=np.int64)
+    held = np.frombuffer(cache.all_values(), dtype=np.int64)
     held_pages = held // alloc.page_size
     if held.size and (held_pages.min() < 0 or held_pages.max() >= used):
         errors.append("the cache holds a page never handed out")

@@ -301,8 +301,9 @@ class RadixCache:
     def total_size(self) -> int:
         return sum(len(n.value) for n in self._iter_nodes())
 
-    def all_values(self) -> list[int]:
-        out: list[int] = []
+    def all_values(self) -> array:
+        """Every slot the tree holds (an int64 array: a long run's cache holds a million)."""
+        out = ids()
         for n in self._iter_nodes():
             out.extend(n.value)
         return out
