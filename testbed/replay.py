@@ -185,10 +185,11 @@ def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
         raise
     finally:
         with deferred_interrupts(), gc_paused():  # a second Ctrl-C waits for the tables
+            writer.write_steps(loop.steps.columns(0, len(loop.steps)))  # (on its own thread meanwhile)
             # Every request received: finished, rejected, or (interrupted) still unfinished.
             df = metrics.requests_frame(loop.received)
             meta["status"] = status
             meta["summary"] = metrics.run_summary(df, len(loop.steps), driver.clock(), kv_tokens)
             wall_s = time.perf_counter() - wall_start
-            writer.finish(meta, df, loop.steps.columns(0, len(loop.steps)), wall_s)
+            writer.finish(meta, df, wall_s)
     return ReplayResult(run_dir, status, meta["summary"], wall_s, meta, metrics.rejection_counts(df))
