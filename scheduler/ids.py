@@ -11,6 +11,8 @@ from __future__ import annotations
 from array import array
 from typing import Iterable
 
+import numpy as np
+
 IDS_TYPECODE = "q"  # int64, like torch.int64
 
 
@@ -28,3 +30,12 @@ def as_ids(values: Iterable[int]) -> array:
 
 def zeros(n: int) -> array:
     return array(IDS_TYPECODE, bytes(8 * n))
+
+
+def extend_range(out: array, start: int, stop: int) -> None:
+    """out.extend(range(start, stop)), by numpy past a few values (an array extends from a range
+    an int object at a time: 37 ns each, 12 us for a decode stretch's 320 fresh slots)."""
+    if stop - start <= 8:
+        out.extend(range(start, stop))
+    elif stop > start:
+        out.frombytes(np.arange(start, stop, dtype=np.int64).tobytes())

@@ -11,7 +11,7 @@ from array import array
 
 import numpy as np
 
-from scheduler.ids import IDS_TYPECODE, as_ids, ids
+from scheduler.ids import IDS_TYPECODE, as_ids, extend_range, ids
 
 
 class ReqToTokenPool:
@@ -90,7 +90,7 @@ class TokenToKVPoolAllocator:
         pages = free
         self.free_pages = ids()
         fresh = num_pages - len(pages)
-        pages.extend(range(self.next_fresh_page, self.next_fresh_page + fresh))
+        extend_range(pages, self.next_fresh_page, self.next_fresh_page + fresh)
         self.next_fresh_page += fresh
         return pages
 
@@ -104,7 +104,7 @@ class TokenToKVPoolAllocator:
         pages.reverse()
         fresh = num_pages - t
         if fresh:
-            pages.extend(range(self.next_fresh_page, self.next_fresh_page + fresh))
+            extend_range(pages, self.next_fresh_page, self.next_fresh_page + fresh)
             self.next_fresh_page += fresh
         return pages
 
@@ -130,7 +130,7 @@ class TokenToKVPoolAllocator:
             out.extend(free[:end])
             end = 0
             fresh = steps * num_pages - len(out)
-            out.extend(range(self.next_fresh_page, self.next_fresh_page + fresh))
+            extend_range(out, self.next_fresh_page, self.next_fresh_page + fresh)
             self.next_fresh_page += fresh
         del free[end:]
         return out
@@ -171,7 +171,7 @@ class TokenToKVPoolAllocator:
         for last, before, n in zip(last_locs, seq_lens_before, extend_lens):
             in_last_page = min(n, (-before) % ps)  # free slots left in the last page
             if in_last_page:
-                out.extend(range(last + 1, last + 1 + in_last_page))
+                extend_range(out, last + 1, last + 1 + in_last_page)
             rest = n - in_last_page
             if rest:
                 out.extend(self.alloc(rest))  # type: ignore[arg-type]
