@@ -211,12 +211,13 @@ def _per_step_costs(segments: list[StretchSegment], seg_costs: list[StepCosts], 
                     overlap: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each step's schedule, launch and process costs (vector_steps's arrays): its segment's, but
     the process cost of a segment's first step, which with overlap processes the batch before."""
-    costs = np.array([(c.schedule, c.launch, c.process) for c in seg_costs])
-    if len(segments) > 1:
-        costs = np.repeat(costs, [seg.stop - seg.first_step for seg in segments], axis=0)
+    if len(segments) == 1:
+        n, c = segments[0].stop, seg_costs[0]
+        schedule, launch, process = np.full(n, c.schedule), np.full(n, c.launch), np.full(n, c.process)
     else:
-        costs = np.broadcast_to(costs, (segments[0].stop, 3)).copy()
-    schedule, launch, process = costs.T
+        costs = np.repeat(np.array([(c.schedule, c.launch, c.process) for c in seg_costs]),
+                          [seg.stop - seg.first_step for seg in segments], axis=0)
+        schedule, launch, process = costs.T
     if overlap:  # step j processes the batch launched at j - 1 (at 0: the one in flight)
         process[1:] = process[:-1].copy()
         process[0] = inflight_process
