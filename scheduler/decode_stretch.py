@@ -97,8 +97,10 @@ class DecodeStretch:
         """The segments in order, each planned when reached."""
         i = 0
         while True:
-            if i == len(self.segments) and not self.plan(self.segments[-1].stop + 1)[i:]:
-                return
+            if i == len(self.segments):
+                self.plan(self.segments[-1].stop + 1)  # (one more, if there is one)
+                if i == len(self.segments):
+                    return
             yield self.segments[i]
             i += 1
 

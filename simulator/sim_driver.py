@@ -22,7 +22,7 @@ from typing import Any, Generator
 import numpy as np
 import simpy
 
-from scheduler.decode_stretch import StretchSegment
+from scheduler.decode_stretch import DecodeStretch, StretchSegment
 from scheduler.forward_plan import ForwardMode, ForwardPlan
 from scheduler.gc_pause import gc_paused
 from scheduler.ids import ids
@@ -143,32 +143,10 @@ class SimDriver:
         arrival = math.inf if ff.next_arrival is None else ff.next_arrival
         clock = DriverClock(self.env.now, self.cpu_pending, self.device_free_at, ff.inflight.end if overlap else 0.0)
         out = StretchColumns()
-        durations = None
-        if bulk_price is not None:
-            # The segments up to one that ends past the next arrival (the steps after it are cut).
-            segments: list[StretchSegment] = []
-            parts, reach, horizon = [], 0.0, arrival - clock.now
-            for seg in stretch.each_segment():
-                segments.append(seg)
-                parts.append(bulk_price(seg.batch_size, seg.sum_prefix_len, seg.max_seq_len, seg.stop - seg.first_step))
-                reach += len(parts[-1]) * float(parts[-1][0])  # (a segment's forwards only grow longer)
-                if reach > horizon:
-                    break
-            durations = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        else:
-            segments = stretch.plan()
+        segments, durations = _priced_segments(stretch, bulk_price, arrival - clock.now)
         total = segments[-1].stop
-        # Each segment's CPU costs. With overlap a step processes the batch launched before it: at
-        # a segment's first step, the one in flight or the segment before's.
         inflight_process = cost.cpu_time("process", ff.inflight.plan.batch_size, ff.inflight.plan.num_tokens) if overlap else 0.0
-        seg_costs: list[StepCosts] = []
-        before = inflight_process
-        for seg in segments:
-            bs = seg.batch_size
-            process = cost.cpu_time("process", bs, bs)
-            seg_costs.append(StepCosts(cost.cpu_time("schedule", bs, bs), cost.cpu_time("launch", bs, bs), process, overlap,
-                                       before if overlap else process))
-            before = process
+        seg_costs = _segment_costs(cost, segments, overlap, inflight_process)
         per_step = None  # the per-step cost arrays of the bulk path, made when first needed
         j, s, cut = 0, 0, False  # the next step, its segment
         while j < total and not cut:
@@ -205,6 +183,37 @@ class SimDriver:
         t0s, t1s, t2s, starts, ends, t3s, t4s = out.cols
         times = StretchTimes(m, t0s, t1s, t2s, starts, ends, t3s, t4s, SimForward(plan, starts[-1], ends[-1]), inflight_device)
         return times, clock.now, clock.p
+
+
+def _priced_segments(stretch: DecodeStretch, bulk_price, horizon: float) -> tuple[list[StretchSegment], np.ndarray | None]:
+    """The stretch's segments up to the one that reaches `horizon` seconds on (the next arrival
+    cuts the steps after it), with their forward times where the cost model prices a segment at
+    once (decode_forward_times); else every segment, unpriced."""
+    if bulk_price is None:
+        return stretch.plan(), None
+    segments: list[StretchSegment] = []
+    parts, reach = [], 0.0
+    for seg in stretch.each_segment():
+        segments.append(seg)
+        parts.append(bulk_price(seg.batch_size, seg.sum_prefix_len, seg.max_seq_len, seg.stop - seg.first_step))
+        reach += len(parts[-1]) * float(parts[-1][0])  # (a segment's forwards only grow longer)
+        if reach > horizon:
+            break
+    return segments, parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _segment_costs(cost: CostModel, segments: list[StretchSegment], overlap: bool, inflight_process: float) -> list[StepCosts]:
+    """Each segment's CPU costs. With overlap a step processes the batch launched before it: at a
+    segment's first step, the one in flight (its process cost given) or the segment before's."""
+    out: list[StepCosts] = []
+    before = inflight_process
+    for seg in segments:
+        bs = seg.batch_size
+        process = cost.cpu_time("process", bs, bs)
+        out.append(StepCosts(cost.cpu_time("schedule", bs, bs), cost.cpu_time("launch", bs, bs), process, overlap,
+                             before if overlap else process))
+        before = process
+    return out
 
 
 def _per_step_costs(segments: list[StretchSegment], seg_costs: list[StepCosts], inflight_process: float,
