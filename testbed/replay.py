@@ -21,7 +21,7 @@ from scheduler.vllm_config import VllmSchedulerConfig
 from scheduler.vllm_scheduler import VllmScheduler
 from testbed.options import ReplayOptions, check_options, resolved_options, with_scheduler_defaults
 from testbed.runs import metrics
-from testbed.runs.folder import REQUESTS_FILE, STEPS_FILE, RunLoadError, read_run_meta, versions
+from testbed.runs.folder import REQUESTS_FILE, STEPS_FILE, RunLoadError, read_run_meta, unused_path, versions
 from testbed.runs.writer import RunWriter
 from testbed.traces.formats import load_trace
 from testbed.traces.schema import Trace, materialize_input_ids
@@ -51,7 +51,7 @@ def finished_run_meta(run_dir: Path, trace_sha256: str, opts: ReplayOptions) -> 
 
 def default_run_dir(trace_path: str, opts: ReplayOptions) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{Path(trace_path).stem}-{opts.mode}-{opts.policy}-{stamp}"
+    return unused_path(Path("runs") / f"{Path(trace_path).stem}-{opts.mode}-{opts.policy}-{stamp}")
 
 
 def make_requests(trace: Trace, opts: ReplayOptions, model: ModelConfig, vocab_size: int | None) -> Iterator[Req]:

@@ -225,3 +225,30 @@ def test_ctrl_c_exits_130_and_leaves_an_incomplete_folder(tmp_path):
     assert run.status == "incomplete"
     assert len(run.requests) > 0 and len(run.steps) > 0
     assert (run.requests["status"] == "unfinished").any()
+
+
+def test_default_folders_named_in_one_second_do_not_collide(tmp_path, monkeypatch):
+    """Default run and study folders are named to the second: two commands in one second (a
+    quick replay, then another; two small capacity studies) get two folders, not one."""
+    from datetime import datetime
+
+    import testbed.replay as replay_mod
+    import testbed.studies.cli as studies_cli
+    from testbed.options import ReplayOptions
+
+    class OneSecond(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime(2026, 11, 25, 5, 18, 16)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(replay_mod, "datetime", OneSecond)
+    monkeypatch.setattr(studies_cli, "datetime", OneSecond)
+    for make in (lambda: replay_mod.default_run_dir("traces/a.json", ReplayOptions()),
+                 lambda: studies_cli._default_out("capacity", "traces/a.json")):
+        folders = []
+        for _ in range(3):
+            folders.append(make())
+            folders[-1].mkdir(parents=True)  # (the command writes it)
+        assert len(set(folders)) == 3, folders
+        assert folders[1].name == folders[0].name + "-2"

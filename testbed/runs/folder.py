@@ -66,6 +66,17 @@ _STEP_FILE_SCHEMA = _file_schema(STEP_SCHEMA)
 _REQUESTS_FILE_SCHEMA = _file_schema(REQUESTS_SCHEMA)
 
 
+def unused_path(path: Path) -> Path:
+    """path, or else the first of path-2, path-3, ... that does not exist: default folders are
+    named to the second, and two quick commands (a replay, a study) would share one."""
+    if not path.exists():
+        return path
+    n = 2
+    while path.with_name(f"{path.name}-{n}").exists():
+        n += 1
+    return path.with_name(f"{path.name}-{n}")
+
+
 def _write_atomic(path: Path, write) -> None:
     tmp = path.with_name(path.name + ".tmp")
     write(tmp)

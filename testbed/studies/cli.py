@@ -18,6 +18,7 @@ from typing import Any, Sequence
 from testbed.errors import EXIT_INTERRUPTED
 from testbed.options import add_replay_options, options_from_args, positive_int
 from testbed.progress import progress_bar
+from testbed.runs.folder import unused_path
 from testbed.runs.summary_table import format_summary
 from testbed.studies.capacity import (
     DEFAULT_RESOLUTION,
@@ -105,7 +106,7 @@ def _add_common(p: argparse.ArgumentParser, out_help: str) -> None:
 
 
 def _default_out(kind: str, trace: str) -> Path:
-    return Path("runs") / f"{kind}-{Path(trace).stem}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    return unused_path(Path("runs") / f"{kind}-{Path(trace).stem}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
 
 
 def _runner(args: argparse.Namespace, tasks: int):
