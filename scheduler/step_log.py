@@ -191,10 +191,10 @@ def _stretch_columns(stretches: list[StretchRows], starts: list[int], total: int
         return col
 
     def joined(parts, typecode: str) -> np.ndarray:
-        out = array(typecode)  # array-to-array extends are memcpy: cheaper than np.asarray + concatenate
+        buf = array(typecode)  # array-to-array extends are memcpy: cheaper than np.asarray + concatenate
         for part in parts:
-            out.extend(part)
-        return np.frombuffer(out, dtype=np.float64 if typecode == "d" else np.int64)
+            buf.extend(part)
+        return np.frombuffer(buf, dtype=np.float64 if typecode == "d" else np.int64)
 
     bs = np.repeat(segs[:, 1], seg_lens)
     prefix = np.repeat(segs[:, 2], seg_lens) + bs * in_seg

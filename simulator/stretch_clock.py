@@ -45,7 +45,7 @@ class DriverClock:
 
 @dataclass(slots=True)
 class StepCosts:
-    """CPU seconds of a decode step's stages (the same every step of a stretch)."""
+    """CPU seconds of a decode step's stages (the same every step of a segment)."""
 
     schedule: float
     launch: float

@@ -185,7 +185,7 @@ def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
         raise
     finally:
         with deferred_interrupts(), gc_paused():  # a second Ctrl-C waits for the tables
-            writer.write_steps(loop.steps.columns(0, len(loop.steps)))  # (on its own thread meanwhile)
+            writer.start_writing_steps(loop.steps.columns(0, len(loop.steps)))  # (on its own thread meanwhile)
             # Every request received: finished, rejected, or (interrupted) still unfinished.
             df = metrics.requests_frame(loop.received)
             meta["status"] = status

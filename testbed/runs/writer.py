@@ -13,8 +13,8 @@ interval.
 
 from __future__ import annotations
 
-import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
@@ -55,7 +55,7 @@ class RunWriter:
         self.requests = TableJournal(self.run_dir / REQUESTS_JOURNAL, metrics.REQUESTS_SCHEMA)
         write_json(self.run_dir / RUN_FILE, meta)
         self._next_flush = time.monotonic() + flush_interval_s
-        self._steps_writer: _Background | None = None  # steps.parquet being written (write_steps)
+        self._steps_written: Future | None = None  # steps.parquet being written (start_writing_steps)
 
     def after_step(self, steps: StepLog, done: Sequence[Req]) -> None:
         """Called after every step: flushes when the interval has passed."""
@@ -71,11 +71,13 @@ class RunWriter:
                 self.requests.append(metrics.requests_columns(done[self.requests.rows :]))
         self._next_flush = time.monotonic() + self.flush_interval_s
 
-    def write_steps(self, steps: dict) -> None:
+    def start_writing_steps(self, steps: dict) -> None:
         """Start writing steps.parquet (steps as StepLog.columns gives them) on a thread of its
         own: pyarrow encodes it without holding the GIL, so it takes no time from what the run
         does meanwhile (its requests table and summary). finish() waits for it."""
-        self._steps_writer = _Background(write_steps, self.run_dir / STEPS_FILE, steps)
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write-steps")
+        self._steps_written = pool.submit(write_steps, self.run_dir / STEPS_FILE, steps)
+        pool.shutdown(wait=False)  # (no other task: its thread ends with this one)
 
     def finish(self, meta: dict, requests: pd.DataFrame, wall_s: float) -> None:
         """The requests table, the steps table's end (write_steps, called before), run.json (its
@@ -83,31 +85,11 @@ class RunWriter:
         all is written."""
         with deferred_interrupts():
             write_requests(self.run_dir / REQUESTS_FILE, requests)
-            assert self._steps_writer is not None, "finish() before write_steps()"
-            self._steps_writer.join()
+            assert self._steps_written is not None, "finish() before start_writing_steps()"
+            self._steps_written.result()  # (raises what the writing raised)
             write_json(self.run_dir / RUN_FILE, meta)
             created = datetime.now(timezone.utc).isoformat(timespec="seconds")
             write_json(self.run_dir / WALL_FILE, {"created_at": created, "wall_s": round(wall_s, 3)})
             self.requests.close(remove=True)
             self.steps.close(remove=True)  # last: its lock is the writer's
 
-
-class _Background:
-    """fn(*args) on a thread; join() waits for it and raises what it raised."""
-
-    def __init__(self, fn, *args) -> None:
-        self._error: BaseException | None = None
-
-        def run() -> None:
-            try:
-                fn(*args)
-            except BaseException as e:  # (handed to join)
-                self._error = e
-
-        self._thread = threading.Thread(target=run, name="write-steps")
-        self._thread.start()
-
-    def join(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
