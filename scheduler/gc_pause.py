@@ -4,7 +4,18 @@ The loop and the writing of a run's tables make many objects and few reference c
 CPython's collector, triggered by allocations, walks every object held (the cache's token
 arrays, every request's lists) again and again: a quarter of a long simulated replay's
 time, and a third of the time its tables took to write. Reference counting frees the rest
-as usual; what cycles there are wait for the collector after the block."""
+as usual.
+
+At the end of the block the objects it made are still in the youngest generation, so the
+first allocation after it would walk them all (15-20 ms after the light trace's replay, as
+long as a sixth of its tables). Instead they join the oldest generation as they are
+(gc.freeze then gc.unfreeze: two list splices, no walk). The cycles among them (a run's
+radix tree, its loop) are then garbage that only a full collection finds, and the full
+collections that CPython triggers by itself count only what survived younger ones: so the
+next block starts with one (gc.collect), which a process that replays once (the CLI) never
+pays, and one that replays many times (a study) pays once a run, as it did before.
+(gc.unfreeze also returns objects that someone else froze to the oldest generation.)
+"""
 
 from __future__ import annotations
 
@@ -12,13 +23,25 @@ import gc
 from contextlib import contextmanager
 from typing import Iterator
 
+# A block has ended since the last full collection: its cyclic garbage waits for one.
+_collect_before_next = False
+
 
 @contextmanager
-def gc_paused() -> Iterator[None]:
+def gc_paused(collect_earlier: bool = True) -> Iterator[None]:
+    """collect_earlier=False: a block that continues the one before (a run's tables after its
+    loop), whose objects are all in use: a full collection would walk them for nothing."""
+    global _collect_before_next
     was_enabled = gc.isenabled()
+    if was_enabled and _collect_before_next and collect_earlier:
+        gc.collect()
+        _collect_before_next = False
     gc.disable()
     try:
         yield
     finally:
         if was_enabled:
+            gc.freeze()  # every tracked object, this block's too, to the permanent generation...
+            gc.unfreeze()  # ...and from there to the oldest
+            _collect_before_next = True
             gc.enable()

@@ -184,7 +184,7 @@ def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
         meta["error"] = f"{type(e).__name__}: {e}"
         raise
     finally:
-        with deferred_interrupts(), gc_paused():  # a second Ctrl-C waits for the tables
+        with deferred_interrupts(), gc_paused(collect_earlier=False):  # a second Ctrl-C waits for the tables
             writer.start_writing_steps(loop.steps.columns(0, len(loop.steps)))  # (on its own thread meanwhile)
             # Every request received: finished, rejected, or (interrupted) still unfinished.
             df = metrics.requests_frame(loop.received)
