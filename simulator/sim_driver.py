@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Generator
+from typing import Any, Callable, Generator
 
 import numpy as np
 import simpy
@@ -55,6 +55,17 @@ class SimDriver:
         # its CPU work needs no event of its own: it is folded into the next timeout,
         # and clock() counts it. One SimPy event per wait instead of one per stage.
         self.cpu_pending = 0.0
+        self._decode_cpu_costs: dict[int, tuple[float, float, float]] = {}
+
+    def _decode_cpu(self, batch_size: int) -> tuple[float, float, float]:
+        """A decode step's schedule, launch and process costs at this batch size (the cost
+        model's, kept: a stretch asks for each of its segments)."""
+        costs = self._decode_cpu_costs.get(batch_size)
+        if costs is None:
+            cpu = self.cost_model.cpu_time
+            costs = self._decode_cpu_costs[batch_size] = (cpu("schedule", batch_size, batch_size), cpu("launch", batch_size, batch_size),
+                                                          cpu("process", batch_size, batch_size))
+        return costs
 
     def clock(self) -> float:
         return self.env.now + self.cpu_pending
@@ -146,7 +157,7 @@ class SimDriver:
         segments, durations = _priced_segments(stretch, bulk_price, arrival - clock.now)
         total = segments[-1].stop
         inflight_process = cost.cpu_time("process", ff.inflight.plan.batch_size, ff.inflight.plan.num_tokens) if overlap else 0.0
-        seg_costs = _segment_costs(cost, segments, overlap, inflight_process)
+        seg_costs = _segment_costs(self._decode_cpu, segments, overlap, inflight_process)
         per_step = None  # the per-step cost arrays of the bulk path, made when first needed
         j, s, cut = 0, 0, False  # the next step, its segment
         while j < total and not cut:
@@ -202,16 +213,15 @@ def _priced_segments(stretch: DecodeStretch, bulk_price, horizon: float) -> tupl
     return segments, parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def _segment_costs(cost: CostModel, segments: list[StretchSegment], overlap: bool, inflight_process: float) -> list[StepCosts]:
-    """Each segment's CPU costs. With overlap a step processes the batch launched before it: at a
-    segment's first step, the one in flight (its process cost given) or the segment before's."""
+def _segment_costs(decode_cpu: Callable[[int], tuple[float, float, float]], segments: list[StretchSegment], overlap: bool, inflight_process: float) -> list[StepCosts]:
+    """Each segment's CPU costs (decode_cpu(batch_size): its schedule, launch and process costs).
+    With overlap a step processes the batch launched before it: at a segment's first step, the
+    one in flight (its process cost given) or the segment before's."""
     out: list[StepCosts] = []
     before = inflight_process
     for seg in segments:
-        bs = seg.batch_size
-        process = cost.cpu_time("process", bs, bs)
-        out.append(StepCosts(cost.cpu_time("schedule", bs, bs), cost.cpu_time("launch", bs, bs), process, overlap,
-                             before if overlap else process))
+        schedule, launch, process = decode_cpu(seg.batch_size)
+        out.append(StepCosts(schedule, launch, process, overlap, before if overlap else process))
         before = process
     return out
 
@@ -220,15 +230,14 @@ def _per_step_costs(segments: list[StretchSegment], seg_costs: list[StepCosts], 
                     overlap: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each step's schedule, launch and process costs (vector_steps's arrays): its segment's, but
     the process cost of a segment's first step, which with overlap processes the batch before."""
-    if len(segments) == 1:
-        n, c = segments[0].stop, seg_costs[0]
-        schedule, launch, process = np.full(n, c.schedule), np.full(n, c.launch), np.full(n, c.process)
-    else:
-        costs = np.repeat(np.array([(c.schedule, c.launch, c.process) for c in seg_costs]),
-                          [seg.stop - seg.first_step for seg in segments], axis=0)
-        schedule, launch, process = costs.T
-    if overlap:  # step j processes the batch launched at j - 1 (at 0: the one in flight)
-        process[1:] = process[:-1].copy()
+    schedule, launch, process = np.empty((3, segments[-1].stop))
+    shift = 1 if overlap else 0  # step j processes the batch launched at j - 1 (at 0: the one in flight)
+    for seg, c in zip(segments, seg_costs):
+        a, b = seg.first_step, seg.stop
+        schedule[a:b] = c.schedule
+        launch[a:b] = c.launch
+        process[a + shift : b + shift] = c.process  # (the slice stops at the last step)
+    if overlap:
         process[0] = inflight_process
     return schedule, launch, process
 
