@@ -2,8 +2,8 @@
 
 Each builder returns a Backend: the driver that runs the event loop, the KV
 pool size the scheduler gets, the vocabulary prompts are drawn from, and what
-run.json records about it. torch is imported only for the real engine, so a
-simulation starts fast on any machine.
+run.json records about it. torch is imported only for the real engine (in build_real), so a
+simulation starts fast on any machine; the simulator's modules are imported with this one.
 """
 
 from __future__ import annotations
@@ -13,6 +13,10 @@ from typing import Any, Callable
 
 from scheduler.config import SchedulerConfig
 from scheduler.model_config import ModelConfig
+from simulator.hardware import load_hardware
+from simulator.kv_capacity import kv_capacity_tokens
+from simulator.roofline import RooflineCostModel
+from simulator.sim_driver import SimDriver
 from testbed.errors import ConfigError
 from testbed.options import DEFAULT_HARDWARE
 
@@ -26,11 +30,6 @@ class Backend:
 
 
 def build_sim(opts, model: ModelConfig, make_config: Callable[[int], SchedulerConfig]) -> tuple[Backend, SchedulerConfig]:
-    from simulator.hardware import load_hardware
-    from simulator.kv_capacity import kv_capacity_tokens
-    from simulator.roofline import RooflineCostModel
-    from simulator.sim_driver import SimDriver
-
     hw = load_hardware(opts.hardware or DEFAULT_HARDWARE)
     model.check_tp(opts.tp)
     profile = None

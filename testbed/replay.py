@@ -19,6 +19,7 @@ from scheduler.scheduler import Scheduler
 from testbed.interrupts import deferred_interrupts, interrupt_once
 from scheduler.vllm_config import VllmSchedulerConfig
 from scheduler.vllm_scheduler import VllmScheduler
+from testbed.backends import build_real, build_sim
 from testbed.options import ReplayOptions, check_options, resolved_options, with_scheduler_defaults
 from testbed.runs import metrics
 from testbed.runs.folder import REQUESTS_FILE, STEPS_FILE, RunLoadError, read_run_meta, unused_path, versions
@@ -129,8 +130,6 @@ def replay(
 
 def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
     check_options(opts)
-    from testbed.backends import build_real, build_sim
-
     wall_start = time.perf_counter()
     opts = resolved_options(opts)  # run.json records what ran
     model = load_model_config(opts.model)
