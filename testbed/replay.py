@@ -175,7 +175,13 @@ def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
     loop = EventLoop(scheduler, make_requests(trace, opts, model, backend.vocab_size), driver.clock, opts.overlap, after_step)
     status = "incomplete"  # until the loop ends: Ctrl-C leaves it so
     try:
-        driver.run(loop)
+        try:
+            driver.run(loop)
+        finally:
+            # steps.parquet is written on a thread of its own while the run is checked and its
+            # other tables made (a second Ctrl-C meanwhile waits).
+            with deferred_interrupts(), gc_paused(collect_earlier=False):
+                writer.start_writing_steps(loop.steps.columns(0, len(loop.steps)))
         scheduler.check_invariants()
         status = "complete"
     except Exception as e:
@@ -184,11 +190,10 @@ def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
         raise
     finally:
         with deferred_interrupts(), gc_paused(collect_earlier=False):  # a second Ctrl-C waits for the tables
-            writer.start_writing_steps(loop.steps.columns(0, len(loop.steps)))  # (on its own thread meanwhile)
             # Every request received: finished, rejected, or (interrupted) still unfinished.
-            df = metrics.requests_frame(loop.received)
+            requests = metrics.requests_table(loop.received)
             meta["status"] = status
-            meta["summary"] = metrics.run_summary(df, len(loop.steps), driver.clock(), kv_tokens)
+            meta["summary"] = metrics.run_summary(requests, len(loop.steps), driver.clock(), kv_tokens)
             wall_s = time.perf_counter() - wall_start
-            writer.finish(meta, df, wall_s)
-    return ReplayResult(run_dir, status, meta["summary"], wall_s, meta, metrics.rejection_counts(df))
+            writer.finish(meta, requests, wall_s)
+    return ReplayResult(run_dir, status, meta["summary"], wall_s, meta, metrics.rejection_counts(requests))

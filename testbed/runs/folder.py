@@ -29,6 +29,7 @@ import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Mapping
 
 import pandas as pd
 import pyarrow as pa
@@ -87,13 +88,13 @@ def write_json(path: Path, obj: dict) -> None:
     _write_atomic(path, lambda p: p.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n"))
 
 
-def write_requests(path: Path, df: pd.DataFrame) -> None:
-    """requests.parquet from metrics.requests_frame, through Arrow with the journal's column
+def write_requests(path: Path, requests: Mapping[str, Any]) -> None:
+    """requests.parquet from metrics.requests_frame or metrics.requests_table, through Arrow with the journal's column
     conversions (pandas' to_parquet converted token_times, a column of arrays, an element at a
     time: three times as slow); it reads back as the same frame. Dictionary encoding for text
     columns only: on the float columns (timestamps, all distinct) it took three quarters of
     the write and made the file larger."""
-    table = pa.Table.from_batches([record_batch({c: df[c] for c in df.columns}, REQUESTS_SCHEMA)])
+    table = pa.Table.from_batches([record_batch(requests, REQUESTS_SCHEMA)])
     table = table.cast(_REQUESTS_FILE_SCHEMA)
     text = [f.name for f in _REQUESTS_FILE_SCHEMA if f.type == pa.large_string()]
     _write_atomic(path, lambda p: pq.write_table(table, p, use_dictionary=text))

@@ -8,7 +8,7 @@ consecutive tokens of a request. E2E: finish - arrival.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -37,7 +37,13 @@ REQUESTS_SCHEMA = pa.schema(
 
 def requests_frame(reqs: Iterable[Req]) -> pd.DataFrame:
     """One row per request, in trace order."""
-    return pd.DataFrame(requests_columns(sorted(reqs, key=lambda r: r.index)))
+    return pd.DataFrame(requests_table(reqs))
+
+
+def requests_table(reqs: Iterable[Req]) -> dict[str, Any]:
+    """requests_frame's columns (numpy arrays and lists), without the DataFrame: what a replay
+    writes and summarizes (summarize, rejection_counts and write_requests take either)."""
+    return requests_columns(sorted(reqs, key=lambda r: r.index))
 
 
 def requests_columns(rows: Sequence[Req]) -> dict[str, Any]:
@@ -74,50 +80,63 @@ def _stats(name: str, values_s: np.ndarray, out: dict) -> None:
         for p in PERCENTILES:
             out[f"p{p}_{name}_ms"] = None
         return
-    out[f"mean_{name}_ms"] = float(np.mean(ms))
-    for p, v in zip(PERCENTILES, np.percentile(ms, PERCENTILES)):
+    out[f"mean_{name}_ms"] = float(np.mean(ms))  # (before the percentiles reorder ms)
+    # In place: ms is this function's own copy (the ITL has a value per token).
+    for p, v in zip(PERCENTILES, np.percentile(ms, PERCENTILES, overwrite_input=True)):
         out[f"p{p}_{name}_ms"] = float(v)
 
 
-def summarize(df: pd.DataFrame) -> dict:
-    """The summary keys of run.json (completed, duration_s, throughputs, latency stats, cache_hit_rate)."""
-    done = df[df["status"] == "finished"]
+def _gaps(token_times: list[np.ndarray]) -> np.ndarray:
+    """Every gap between two consecutive tokens of each request, in request order: written
+    into one array (a run's token times laid end to end, then diffed and cut, made three
+    arrays of that size: a hundredfold a request's)."""
+    out = np.empty(sum(len(tt) for tt in token_times) - len(token_times))
+    at = 0
+    for tt in token_times:
+        n = len(tt) - 1
+        np.subtract(tt[1:], tt[:-1], out=out[at : at + n])
+        at += n
+    return out
+
+
+def summarize(requests: Mapping[str, Any]) -> dict:
+    """The summary keys of run.json (completed, duration_s, throughputs, latency stats,
+    cache_hit_rate), from requests_frame's columns: the frame, or requests_table's dict (numpy
+    on the columns, so both give the same floats)."""
+
+    def col(name: str, dtype=np.float64) -> np.ndarray:
+        return np.asarray(requests[name], dtype=dtype)
+
+    status = col("status", object)
+    done = status == "finished"
     out: dict = {
-        "completed": int(len(done)),
-        "rejected": int((df["status"] == "rejected").sum()),
-        "unfinished": int((df["status"] == "unfinished").sum()),
+        "completed": int(done.sum()),
+        "rejected": int((status == "rejected").sum()),
+        "unfinished": int((status == "unfinished").sum()),
         # Outputs cut at admission to fit the context or the KV pool (SGLang's rule).
-        "truncated": int(df["reason"].str.startswith("output truncated").sum()),
+        "truncated": sum(1 for reason in requests["reason"] if reason.startswith("output truncated")),
     }
-    if len(done):
-        duration = float(done["finish"].max() - df["arrival"].min())
-    else:
-        duration = 0.0
+    arrival, first_token, finish = col("arrival")[done], col("first_token")[done], col("finish")[done]
+    input_tokens, output_tokens = col("input_tokens", np.int64)[done], col("output_tokens", np.int64)[done]
+    duration = float(finish.max() - col("arrival").min()) if len(finish) else 0.0
     out["duration_s"] = duration
-    out["total_input_tokens"] = int(done["input_tokens"].sum())
-    out["total_output_tokens"] = int(done["output_tokens"].sum())
-    out["request_throughput"] = len(done) / duration if duration > 0 else 0.0
+    out["total_input_tokens"] = int(input_tokens.sum())
+    out["total_output_tokens"] = int(output_tokens.sum())
+    out["request_throughput"] = len(finish) / duration if duration > 0 else 0.0
     out["input_throughput"] = out["total_input_tokens"] / duration if duration > 0 else 0.0
     out["output_throughput"] = out["total_output_tokens"] / duration if duration > 0 else 0.0
 
-    ttft = (done["first_token"] - done["arrival"]).to_numpy()
-    e2e = (done["finish"] - done["arrival"]).to_numpy()
-    multi = done[done["output_tokens"] > 1]
-    tpot = ((multi["finish"] - multi["first_token"]) / (multi["output_tokens"] - 1)).to_numpy()
-    # Every request's gaps, in request order: the differences of all token times laid end to
-    # end, less those across two requests (one np.diff, not one a request).
-    times = [tt for tt in done["token_times"] if len(tt) > 1]
-    if times:
-        across = np.cumsum([len(tt) for tt in times])[:-1] - 1
-        itl = np.delete(np.diff(np.concatenate(times)), across)
-    else:
-        itl = np.empty(0)
+    ttft = first_token - arrival
+    e2e = finish - arrival
+    multi = output_tokens > 1
+    tpot = (finish[multi] - first_token[multi]) / (output_tokens[multi] - 1)
+    itl = _gaps([tt for tt, d in zip(requests["token_times"], done) if d and len(tt) > 1])
     for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e)):
         _stats(name, values, out)
 
-    prefill = int(df["prefill_tokens"].sum())
-    out["cache_hit_rate"] = float(df["cached_tokens"].sum() / prefill) if prefill else 0.0
-    out["num_retractions"] = int(df["num_retractions"].sum())
+    prefill = int(col("prefill_tokens", np.int64).sum())
+    out["cache_hit_rate"] = float(col("cached_tokens", np.int64).sum() / prefill) if prefill else 0.0
+    out["num_retractions"] = int(col("num_retractions", np.int64).sum())
     return out
 
 
@@ -127,12 +146,15 @@ def rejection_reason(reason: str) -> str:
     return re.sub(r"^input \d+ (\+ output \d+ )?tokens ", "", reason)
 
 
-def rejection_counts(requests: pd.DataFrame) -> dict[str, int]:
-    """How many requests were rejected for each reason, most frequent first."""
-    reasons = requests.loc[requests["status"] == "rejected", "reason"].map(rejection_reason)
-    return {str(k): int(v) for k, v in reasons.value_counts().items()}
+def rejection_counts(requests: Mapping[str, Any]) -> dict[str, int]:
+    """How many requests were rejected for each reason, most frequent first (requests_frame's
+    columns: the frame or requests_table's dict)."""
+    reasons = [rejection_reason(reason) for reason, status in zip(requests["reason"], requests["status"]) if status == "rejected"]
+    if not reasons:
+        return {}
+    return {str(k): int(v) for k, v in pd.Series(reasons).value_counts().items()}
 
 
-def run_summary(requests: pd.DataFrame, num_steps: int, simulated_s: float, kv_tokens: int | None) -> dict:
+def run_summary(requests: Mapping[str, Any], num_steps: int, simulated_s: float, kv_tokens: int | None) -> dict:
     """run.json's summary: summarize() and what the run itself knows."""
     return summarize(requests) | {"num_steps": num_steps, "simulated_s": simulated_s, "kv_tokens": kv_tokens}

@@ -17,9 +17,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
-import pandas as pd
 
 from scheduler.req import Req
 from scheduler.step_log import StepLog
@@ -79,8 +78,8 @@ class RunWriter:
         self._steps_written = pool.submit(write_steps, self.run_dir / STEPS_FILE, steps)
         pool.shutdown(wait=False)  # (no other task: its thread ends with this one)
 
-    def finish(self, meta: dict, requests: pd.DataFrame, wall_s: float) -> None:
-        """The requests table, the steps table's end (write_steps, called before), run.json (its
+    def finish(self, meta: dict, requests: Mapping[str, Any], wall_s: float) -> None:
+        """The requests table (metrics.requests_table's columns, or its frame), the steps table's end (write_steps, called before), run.json (its
         status and summary) and wall.json; the journals go. A second Ctrl-C meanwhile waits until
         all is written."""
         with deferred_interrupts():
