@@ -44,7 +44,7 @@ def check_end_of_run(
     if cache.protected_size() != 0:
         errors.append(f"{cache.protected_size()} KV slots still locked in the cache")
     held = np.frombuffer(cache.all_values(), dtype=np.int64)
-    held_pages = held // alloc.page_size
+    held_pages = held // alloc.page_size if alloc.page_size > 1 else held
     if held.size and (held_pages.min() < 0 or held_pages.max() >= used):
         errors.append("the cache holds a page never handed out")
         held_pages = held_pages[(held_pages >= 0) & (held_pages < used)]
