@@ -213,7 +213,8 @@ def _priced_segments(stretch: DecodeStretch, bulk_price, horizon: float) -> tupl
     return segments, parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def _segment_costs(decode_cpu: Callable[[int], tuple[float, float, float]], segments: list[StretchSegment], overlap: bool, inflight_process: float) -> list[StepCosts]:
+def _segment_costs(decode_cpu: Callable[[int], tuple[float, float, float]], segments: list[StretchSegment], overlap: bool,
+                   inflight_process: float) -> list[StepCosts]:
     """Each segment's CPU costs (decode_cpu(batch_size): its schedule, launch and process costs).
     With overlap a step processes the batch launched before it: at a segment's first step, the
     one in flight (its process cost given) or the segment before's."""
