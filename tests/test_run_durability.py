@@ -195,6 +195,29 @@ def test_an_interrupt_at_any_moment_is_one_line_and_leaves_nothing_half_written(
         assert "nothing was" in line and ("while starting" in line or str(out) in line), line
 
 
+def test_a_replay_started_in_the_background_answers_sigint_while_it_imports(slow_to_load, tmp_path):
+    """A shell starts a background job with SIGINT ignored, and Python keeps it so: the CLI sets
+    its handler first, so `kill -INT` during its imports stops it too (it ran on before)."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen([*CLI, "replay", str(slow_to_load), "--out", str(out), "-q"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    time.sleep(0.15)  # (the imports take about half a second)
+    assert proc.poll() is None, f"the replay ended before the signal: {proc.communicate()}"
+    proc.send_signal(signal.SIGINT)
+    _, stderr = _finish(proc)
+    assert proc.returncode == 130, stderr
+    line = _one_line(stderr)
+    assert "nothing was" in line, line
+
+
+def test_the_entry_points_interrupted_exit_code_is_the_clis():
+    from testbed import __main__ as entry
+    from testbed.errors import EXIT_INTERRUPTED
+
+    assert entry.EXIT_INTERRUPTED == EXIT_INTERRUPTED
+
+
 # --- sweeps --------------------------------------------------------------------------------------
 
 SWEEP_GRID = ["--grid", "policy=fcfs,lpm", "--grid", "overlap=on,off", "--grid", "time-scale=0.5,1"]  # 8 points
