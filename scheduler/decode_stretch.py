@@ -81,6 +81,7 @@ class DecodeStretch:
     running_changes: list[tuple[int, int]] = field(default_factory=list)
     # The segments after the planned ones, planned when asked for.
     _unplanned: Iterator[StretchSegment] | None = None
+    _taken: tuple[int, list[StretchSegment], int] | None = None  # (num_steps, taken(num_steps), segments planned then)
 
     def plan(self, num_steps: int | None = None) -> list[StretchSegment]:
         """The segments, planned until they reach num_steps steps (None: all)."""
@@ -117,8 +118,14 @@ class DecodeStretch:
         return len(self.segments[0].reqs)
 
     def taken(self, num_steps: int) -> list[StretchSegment]:
-        """The segments that the first num_steps steps reach into."""
-        return [seg for seg in self.plan(num_steps) if seg.first_step < num_steps]
+        """The segments that the first num_steps steps reach into (kept for the last num_steps
+        asked: the driver, the scheduler and the loop's rows each ask for the stretch taken)."""
+        kept = self._taken
+        if kept is not None and kept[0] == num_steps and kept[2] == len(self.segments):
+            return kept[1]
+        segments = [seg for seg in self.plan(num_steps) if seg.first_step < num_steps]
+        self._taken = (num_steps, segments, len(self.segments))
+        return segments
 
     # The rows' columns below are typed arrays, not numpy: a stretch's are short (tens of steps),
     # where numpy's fixed cost a call is most of the work.
@@ -180,6 +187,9 @@ def steps_with_pages(free_pages: int, per_step: Sequence[int], reserve: int, lim
     cycle = sum(per_step)
     if free_pages - reserve >= (limit // len(per_step) + 1) * cycle:
         return limit  # even the worst phase leaves enough: no step to count
+    if len(per_step) == 1 and cycle > 0:
+        # Pages of one slot: step j starts with free_pages - j * cycle, so the count is closed-form.
+        return max(0, min(limit, (free_pages - reserve) // cycle + 1))
     j = 0
     n = len(per_step)
     while j < limit and free_pages >= reserve:

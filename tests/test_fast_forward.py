@@ -408,3 +408,18 @@ def test_roofline_prices_a_stretch_as_each_step_alone(per_component, tp):
                                ids(), num_tokens=bs, sum_seq_len=sum(before) + bs, sum_prefix_len=sum(before),
                                attention_pairs=float(sum(before) + bs), max_seq_len=max(before) + 1)
             assert bulk[j] == cost.forward_time(plan)
+
+
+@settings(max_examples=300, deadline=None)
+@given(free=st.integers(-5, 400), per_step=st.lists(st.integers(0, 9), min_size=1, max_size=4),
+       reserve=st.integers(0, 40), limit=st.integers(0, 120))
+def test_steps_with_pages_counts_as_taking_them_one_step_at_a_time(free, per_step, reserve, limit):
+    """The stretch planner's count of steps that find their pages (closed-form where pages are
+    slots) against taking the pages a step at a time."""
+    from scheduler.decode_stretch import steps_with_pages
+
+    left, count = free, 0
+    while count < limit and left >= reserve:
+        left -= per_step[count % len(per_step)]
+        count += 1
+    assert steps_with_pages(free, per_step, reserve, limit) == count
