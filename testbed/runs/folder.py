@@ -89,9 +89,9 @@ def write_json(path: Path, obj: dict) -> None:
 
 
 def write_requests(path: Path, requests: Mapping[str, Any]) -> None:
-    """requests.parquet from metrics.requests_frame or metrics.requests_table, through Arrow with the journal's column
-    conversions (pandas' to_parquet converted token_times, a column of arrays, an element at a
-    time: three times as slow); it reads back as the same frame. Dictionary encoding for text
+    """requests.parquet from metrics.requests_table (or requests_frame), through Arrow with the
+    journal's column conversions (pandas' to_parquet converted token_times, a column of arrays,
+    an element at a time: three times as slow); it reads back as requests_frame. Dictionary encoding for text
     columns only: on the float columns (timestamps, all distinct) it took three quarters of
     the write and made the file larger."""
     table = pa.Table.from_batches([record_batch(requests, REQUESTS_SCHEMA)])

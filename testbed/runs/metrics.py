@@ -87,9 +87,9 @@ def _stats(name: str, values_s: np.ndarray, out: dict) -> None:
 
 
 def _gaps(token_times: list[np.ndarray]) -> np.ndarray:
-    """Every gap between two consecutive tokens of each request, in request order: written
-    into one array (a run's token times laid end to end, then diffed and cut, made three
-    arrays of that size: a hundredfold a request's)."""
+    """Every gap between two consecutive tokens of each request, in request order, written
+    into one array (laying the token times end to end, diffing and cutting them made three
+    arrays of a value per token)."""
     out = np.empty(sum(len(tt) for tt in token_times) - len(token_times))
     at = 0
     for tt in token_times:
