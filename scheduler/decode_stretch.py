@@ -31,7 +31,6 @@ from typing import Callable, Container, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from scheduler.ids import IDS_TYPECODE
 from scheduler.memory_pool import ReqToTokenPool
 from scheduler.req import Req
 
@@ -81,7 +80,7 @@ class DecodeStretch:
     running_changes: list[tuple[int, int]] = field(default_factory=list)
     # The segments after the planned ones, planned when asked for.
     _unplanned: Iterator[StretchSegment] | None = None
-    _taken: tuple[int, list[StretchSegment], int] | None = None  # (num_steps, taken(num_steps), segments planned then)
+    _taken: tuple[int, list[StretchSegment]] | None = None  # (num_steps, taken(num_steps))
 
     def plan(self, num_steps: int | None = None) -> list[StretchSegment]:
         """The segments, planned until they reach num_steps steps (None: all)."""
@@ -119,12 +118,13 @@ class DecodeStretch:
 
     def taken(self, num_steps: int) -> list[StretchSegment]:
         """The segments that the first num_steps steps reach into (kept for the last num_steps
-        asked: the driver, the scheduler and the loop's rows each ask for the stretch taken)."""
+        asked: the driver, the scheduler and the loop's rows each ask for the stretch taken;
+        segments planned later start at or after num_steps, so the answer stays)."""
         kept = self._taken
-        if kept is not None and kept[0] == num_steps and kept[2] == len(self.segments):
+        if kept is not None and kept[0] == num_steps:
             return kept[1]
         segments = [seg for seg in self.plan(num_steps) if seg.first_step < num_steps]
-        self._taken = (num_steps, segments, len(self.segments))
+        self._taken = (num_steps, segments)
         return segments
 
     # The rows' columns below are typed arrays, not numpy: a stretch's are short (tens of steps),
