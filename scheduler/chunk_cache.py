@@ -34,6 +34,12 @@ class ChunkCache:
     def touch_prefix(self, key: Sequence[int]) -> None:
         pass
 
+    def locked_prefix_len(self, key: Sequence[int]) -> int:
+        return 0
+
+    def cached_prefix_len(self, key: Sequence[int]) -> int:
+        return 0
+
     def insert(self, key: Sequence[int], value: Sequence[int]) -> int:
         return 0
 

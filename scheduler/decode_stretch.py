@@ -27,7 +27,7 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Callable, Container, Iterable, Iterator, Sequence
+from typing import Callable, Container, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -224,20 +224,35 @@ def steps_finding_their_pages(free_pages: int, per_step: Sequence[int], limit: i
     return j
 
 
+class AdmissionChecks(Protocol):
+    """The admission checks that a stretch beside a waiting queue goes through: the step after a
+    request leaves looks at the queue (scheduler/refused_admission.py)."""
+
+    def leave(self, seq_len: int) -> None:
+        """A request leaves, with seq_len slots at most when it finishes."""
+
+    def refuses(self, check_step: int, running: Sequence[tuple[Req, int, int]], pages_taken: int) -> bool:
+        """Whether the check at check_step surely refuses."""
+
+
 def stretch_through_finishes(reqs: Sequence[Req], exits: Sequence[int], limit: int, free_pages: int, page_size: int,
-                             leaving: tuple[Req, ...]) -> DecodeStretch | None:
+                             leaving: tuple[Req, ...], checks: AdmissionChecks | None = None,
+                             check_shift: int = 0) -> DecodeStretch | None:
     """The stretch of at most `limit` steps from the batch reqs (after `leaving` left), where
     reqs[i] is in steps 0 .. exits[i] - 1, whose every step finds a page free for every request
     (SGLang's check_decode_mem): segments from one exit to the next. KV that finished requests
     release during the stretch is not counted: fewer steps, never a wrong one. The first segment
-    is planned now, the others when first asked for (an arrival cuts most stretches early)."""
-    plan = _plan_segments(reqs, [r.seq_len for r in reqs], exits, limit, free_pages, page_size, leaving)
+    is planned now, the others when first asked for (an arrival cuts most stretches early).
+    With checks, the step check_shift steps after each exit looks at the waiting queue: the
+    stretch ends before the first such step that checks cannot show to refuse."""
+    plan = _plan_segments(reqs, [r.seq_len for r in reqs], exits, limit, free_pages, page_size, leaving, checks, check_shift)
     first = next(plan, None)
     return None if first is None else DecodeStretch([first], page_size, _unplanned=plan)
 
 
 def _plan_segments(reqs: Sequence[Req], seq_lens: Sequence[int], exits: Sequence[int], limit: int, free_pages: int,
-                   page_size: int, leaving: tuple[Req, ...]) -> Iterator[StretchSegment]:
+                   page_size: int, leaving: tuple[Req, ...], checks: AdmissionChecks | None,
+                   check_shift: int) -> Iterator[StretchSegment]:
     """stretch_through_finishes's segments, one by one (from the lengths as they were when it was
     asked: a stretch being taken changes the requests)."""
     members = list(zip(reqs, seq_lens, exits))
@@ -255,7 +270,16 @@ def _plan_segments(reqs: Sequence[Req], seq_lens: Sequence[int], exits: Sequence
         if start + n < stop:
             return
         pages -= pages_taken(per_step, n)
-        members = [m for m in members if m[2] > stop]
+        if checks is not None and stop < limit:
+            for _, s, e in members:
+                if e == stop:
+                    checks.leave(s + e)
+            members = [m for m in members if m[2] > stop]
+            check = stop + check_shift
+            if check < limit and not checks.refuses(check, members, free_pages - pages):
+                limit = check
+        else:
+            members = [m for m in members if m[2] > stop]
         leaving, start = finishing, stop
 
 

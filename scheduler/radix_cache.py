@@ -112,6 +112,30 @@ class RadixCache:
         the walk starts there instead of comparing that path's tokens again."""
         return self._walk_and_stamp(key, None, None, known, known_len)[1]
 
+    def locked_prefix_len(self, key: array) -> int:
+        """Tokens of key's cached prefix that running requests hold locked (no split, no
+        stamp: a look, not a match). Locks reach from a node up to the root, so they are the
+        prefix's first tokens."""
+        return self._look(key, locked_only=True)
+
+    def cached_prefix_len(self, key: array) -> int:
+        """Tokens of key's cached prefix (page aligned), by a look: no split, no stamp."""
+        return self._look(key, locked_only=False)
+
+    def _look(self, key: array, locked_only: bool) -> int:
+        node, pos = self.root, 0
+        end = len(key) - len(key) % self.page_size
+        while pos < end:
+            child = node.children.get(self._child_key(key, pos))
+            if child is None or (locked_only and child.lock_ref == 0):
+                break
+            n = self._match_len(child.key, key, pos, end)
+            pos += n
+            if n < len(child.key):
+                break
+            node = child
+        return pos
+
     def _walk_and_stamp(self, key: array, max_len: int | None, value: array | None,
                         node: TreeNode | None = None, pos: int = 0) -> tuple[TreeNode, int]:
         """The match: walk key[:max_len]'s cached prefix (splitting the node it ends inside),

@@ -19,6 +19,7 @@ from scheduler.decode_stretch import (
     stretch_through_finishes,
 )
 from scheduler.forward_plan import ForwardMode
+from scheduler.refused_admission import RefusedAdmissions
 from scheduler.req import Req
 
 if TYPE_CHECKING:
@@ -43,9 +44,11 @@ class SglangDecodeStretches:
             reqs = running.reqs
             if overlap and (inflight is None or inflight.plan.mode is not ForwardMode.DECODE or inflight.reqs != reqs):
                 return None
-        elif last.forward_mode is ForwardMode.EXTEND and last.chunked_req is None and not self.waiting_queue:
+        elif last.forward_mode is ForwardMode.EXTEND and last.chunked_req is None and (not self.waiting_queue or not running.is_empty()):
             # A whole prefill that the first step merges into the running batch (the ordinary
-            # code schedules that step; with overlap it processes the prefill).
+            # code schedules that step; with overlap it processes the prefill). With requests
+            # waiting, the batch is full (above) and stays so: it is not a new one (which would
+            # start not full), and no request leaves at the merge (below).
             reqs = running.reqs + last.reqs
             if overlap and (inflight is None or inflight.plan.mode is not ForwardMode.EXTEND or inflight.reqs != last.reqs):
                 return None
@@ -79,19 +82,23 @@ class SglangDecodeStretches:
         exits = exit_steps(reqs, token_id, in_flight)
         if not exits:
             return None
+        checks = None
         if self.waiting_queue:
             # The batch is full, so no step's prefill branch looks at the queue, until the step
-            # after the first request leaves: the stretch ends with the step that computes that
-            # request's last token, or with overlap the step whose schedule drops it (its last
-            # token in flight) and whose processing finishes it.
-            limit = min(exits) + 1 if self.config.overlap else min(exits)
+            # after a request leaves: without overlap the step after the one that computes its
+            # last token, with overlap the step after the one whose schedule drops it (its last
+            # token in flight) and whose processing finishes it. The stretch goes on through
+            # those checks that are sure to refuse (refused_admission.py), and ends before the
+            # first that is not.
+            checks = RefusedAdmissions.of(self, last.reqs if overlap and last is not running else ())
+            limit = max(exits) if checks is not None else min(exits) + overlap
         else:
             limit = max(exits)
         # No retraction: every step finds a page for every request free or in evictable cache
         # (each page evicted is a page freed: free + evictable only shrinks by what steps take).
         ps = self.allocator.page_size
         pages = self.allocator.num_free_pages() + self.tree_cache.evictable_size() // ps
-        stretch = stretch_through_finishes(reqs, exits, limit, pages, ps, tuple(leaving))
+        stretch = stretch_through_finishes(reqs, exits, limit, pages, ps, tuple(leaving), checks, int(overlap))
         if stretch is not None:
             stretch.merges_prefill = last is not running
         return stretch
@@ -126,24 +133,37 @@ class SglangDecodeStretches:
             stretch.cached_changes.append((0, self.tree_cache.evictable_size()))  # (step 0 may evict, too)
             first = 1
         batch = self.running_batch
+        # With requests waiting, the step after a request leaves looks at the queue: the stretch
+        # was planned through such checks only where they refuse. Its last step's (scheduled by
+        # the ordinary code) is the ordinary code's.
+        checks = bool(self.waiting_queue)
+        check_at = -1  # overlap: the step whose check is due when its segment begins
         # Overlap: step j processes the batch launched at step j - 1 (at 0: the one in flight).
         processed = self.inflight.pop(0).reqs if overlap and not first else []
         for seg in stretch.taken(num_steps):
             j, stop = max(seg.first_step, first), min(seg.stop, num_steps)
+            if j == check_at:
+                self._refused_admission_check()  # (before this step's schedule drops its leaving requests)
             if seg.leaving and j == seg.first_step:
                 batch.filter_batch(exclude=seg.leaving)
                 if overlap:
                     # Step j is scheduled before the batch launched at j - 1 is processed; that
                     # processing gives the leaving requests their last token and finishes them.
-                    # Its schedule drops them after its prefill branch saw the batch full (with
-                    # requests waiting, the stretch's last step is this one, scheduled by the
-                    # ordinary code): then the batch is no longer full.
+                    # Its schedule drops them after its prefill branch saw the batch full: then
+                    # the batch is no longer full, and step j + 1's prefill branch looks.
                     launched = self._decode_steps(stretch, seg, j, j + 1, last, launch_times, token_times, token_id, processed) or launched
                     batch.batch_is_full = False
                     self._finish_leaving(stretch, seg.leaving, j, token_times[j])
                     j += 1
+                    if checks and j < last:
+                        if j < stop:
+                            self._refused_admission_check()
+                        else:
+                            check_at = j
                 else:
                     batch.batch_is_full = False  # (as a shrinking batch is)
+                    if checks and j < last:
+                        self._refused_admission_check()
             if j < stop:
                 # (at step 0 with overlap the batch in flight is these very requests)
                 launched = self._decode_steps(stretch, seg, j, stop, last, launch_times, token_times, token_id, seg.reqs) or launched
@@ -152,6 +172,12 @@ class SglangDecodeStretches:
             processed = seg.reqs
         assert launched is not None
         return launched
+
+    def _refused_admission_check(self: Scheduler) -> None:
+        """A step's prefill branch inside a stretch, which the stretch's plan showed to refuse
+        (refused_admission.py): the ordinary code, for its stamps and the head's match."""
+        admitted = self.get_new_batch_prefill()
+        assert admitted is None and self.running_batch.batch_is_full, "a decode stretch's admission check did not refuse"
 
     def _decode_steps(self: Scheduler, stretch: DecodeStretch, seg: StretchSegment, start: int, stop: int, last: int,
                       launch_times: array, token_times: array, token_id: int, processed: list[Req]) -> LaunchedBatch | None:

@@ -136,6 +136,61 @@ def test_fast_forward_gives_the_run_that_stepping_gives(case, tmp_path_factory):
     assert ff_run.meta["options"]["fast_forward"] is True and step_run.meta["options"]["fast_forward"] is False
 
 
+@st.composite
+def _queued_case(draw):
+    """A burst of requests, some with long prompts, on a pool for a few: the batch is full, the
+    rest wait, and the step after a request leaves looks at the queue, whose head often does not
+    fit (the checks a stretch goes through, scheduler/refused_admission.py)."""
+    n = draw(st.integers(6, 24))
+    prefixes = [list(range(10_000 * (k + 1), 10_000 * (k + 1) + draw(st.sampled_from([16, 100, 300])))) for k in range(2)]
+    reqs, t = [], 0.0
+    for i in range(n):
+        t += draw(st.sampled_from([0.0, 0.001, 0.05]))
+        size = draw(st.sampled_from([20, 150, 400, 900]))
+        head = prefixes[draw(st.integers(0, 1))] if draw(st.booleans()) else []  # (a system prompt)
+        prompt = head + list(range(1000 * i + 50_000, 1000 * i + 50_000 + draw(st.integers(size // 2, size))))
+        reqs.append(TraceRequest(t, len(prompt), draw(st.integers(5, 250)), input_ids=prompt))
+    need = max(r.input_len + r.output_len for r in reqs)
+    opts = {
+        "scheduler": "sglang",
+        "overlap": draw(st.booleans()),
+        "page_size": draw(st.sampled_from([1, 16])),
+        "kv_tokens": draw(st.sampled_from([need + 200, 2 * need, 3 * need + 100])),
+        "disable_radix_cache": draw(st.booleans()),
+        "policy": draw(st.sampled_from(["fcfs", "lpm"])),
+        "chunked_prefill_size": draw(st.sampled_from([0, 256])),
+        "max_running_requests": draw(st.sampled_from([None, 4])),
+    }
+    return Trace(reqs), opts
+
+
+def _queued_trace(shapes: list[tuple[float, int, list[tuple[int, int]]]]) -> Trace:
+    """(arrival, output length, the prompt as ranges of token ids) each."""
+    return Trace([TraceRequest(t, sum(b - a for a, b in runs), out, input_ids=[x for a, b in runs for x in range(a, b)])
+                  for t, out, runs in shapes])
+
+
+# Found by the property: with overlap, the stretch's first step processes the prefill it merges,
+# whose request caches (and locks) the system prompt that the head of the queue shares, so the
+# head's locked prefix grows in the stretch (a bound from the cache alone admitted at a check).
+_PREFILL_LOCKS_THE_HEADS_PREFIX = (
+    _queued_trace([(0.0, 5, [(50_000 + 1000 * i, 50_010 + 1000 * i)]) for i in range(7)]
+                  + [(0.0, 96, [(57_000, 57_010)]), (0.001, 5, [(10_000, 10_100), (58_000, 58_075)])]
+                  + [(0.001, 6 if i == 65 else 5, [(1000 * i, 1000 * i + 10)]) for i in range(59, 66)]
+                  + [(0.001, 5, [(66_000, 66_200)]), (0.001, 5, [(10_000, 10_100), (67_000, 67_450)])]),
+    {"scheduler": "sglang", "overlap": True, "page_size": 1, "kv_tokens": 1110, "disable_radix_cache": False,
+     "policy": "fcfs", "chunked_prefill_size": 0, "max_running_requests": None},
+)
+
+
+@settings(max_examples=int(os.environ.get("FF_EXAMPLES", 80)) // 2, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(case=_queued_case())
+@example(case=_PREFILL_LOCKS_THE_HEADS_PREFIX)
+def test_stretches_through_admission_checks_give_the_run_that_stepping_gives(case, tmp_path_factory):
+    test_fast_forward_gives_the_run_that_stepping_gives.hypothesis.inner_test(case, tmp_path_factory)
+
+
 # --- the fast path is taken ------------------------------------------------------------------
 
 
@@ -169,6 +224,10 @@ class _StretchRecordingScheduler(Scheduler):
         self.advanced.append((stretch.merges_prefill, stretch.taken(num_steps)))  # (and the segments its steps went through)
         self.advanced_waiting.append((len(self.waiting_queue), num_steps))
         return super().advance_decode_stretch(stretch, num_steps, *args)
+
+    def _refused_admission_check(self):
+        self.admission_checks = getattr(self, "admission_checks", 0) + 1
+        super()._refused_admission_check()
 
     def _bulk_decode(self, *args):
         cached = self.tree_cache.evictable_size()
@@ -281,15 +340,16 @@ def test_stretches_go_through_finishes_and_evictions_as_steps_do(overlap, page_s
     _assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
 
 
-def _queued_run(fast_forward: bool, overlap: bool) -> tuple[_CountingLoop, _StretchRecordingScheduler]:
+def _queued_run(fast_forward: bool, overlap: bool, page_size: int = 1, long_every: int = 0) -> tuple[_CountingLoop, _StretchRecordingScheduler]:
     """60 requests at once on a KV pool for about a dozen: the batch is full and the rest wait,
-    each admitted when KV frees up."""
+    each admitted when KV frees up. long_every: every so many a prompt of 1,500-2,500 tokens,
+    which waits at the head of the queue for several requests to leave."""
     rnd = random.Random(5)
     model = load_model_config("llama-3.1-8b")
-    sched = _StretchRecordingScheduler(SchedulerConfig(kv_tokens=6000, context_len=8192, overlap=overlap))
+    sched = _StretchRecordingScheduler(SchedulerConfig(kv_tokens=6000, context_len=8192, overlap=overlap, page_size=page_size))
     reqs = []
     for i in range(60):
-        n = rnd.randint(100, 400)
+        n = rnd.randint(1500, 2500) if long_every and i % long_every == 0 else rnd.randint(100, 400)
         prompt = list(range(i * 1000, i * 1000 + n))
         reqs.append(Req(str(i), n, (lambda p=prompt: p), SamplingParams(max_new_tokens=rnd.randint(20, 200)), 0.001 * i, index=i))
     driver = SimDriver(RooflineCostModel(model, load_hardware("h100")), fast_forward=fast_forward)
@@ -315,6 +375,24 @@ def test_stretches_beside_a_waiting_queue_go_through_a_finish_as_steps_do(overla
             # without: the last step computes a request's last token.
             through += bool(last.leaving and num_steps == last.first_step + 1) if overlap else bool(last.finishing and num_steps == last.stop)
     assert through >= 10, "stretches beside a waiting queue stopped short of a finish"
+    _assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
+
+
+@pytest.mark.parametrize("long_every", [3, 4])  # (4: with overlap, two requests leave at consecutive steps)
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_stretches_beside_a_waiting_queue_go_through_refused_admissions_as_steps_do(overlap, page_size, long_every):
+    """Long prompts at the head of the queue wait for several requests to leave: the step after
+    each leaves looks at the queue and refuses. Stretches go on through those checks (the
+    ordinary check, run at its step inside the stretch) and start where a prefill merges into a
+    full batch beside the queue, with the very run stepping gives (the cache's LRU clock too:
+    each check matches the head's prefix)."""
+    step_loop, step_sched = _queued_run(False, overlap, page_size, long_every)
+    ff_loop, ff_sched = _queued_run(True, overlap, page_size, long_every)
+    assert getattr(ff_sched, "admission_checks", 0) >= 10, "no stretch went through a refused admission check"
+    merges = sum(1 for (merge, _), (waiting, _) in zip(ff_sched.advanced, ff_sched.advanced_waiting) if merge and waiting)
+    assert merges >= 10, "no stretch beside a waiting queue started at a prefill's merge"
+    assert ff_loop.waits * 15 < step_loop.waits, (ff_loop.waits, step_loop.waits)
     _assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
 
 

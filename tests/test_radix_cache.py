@@ -333,6 +333,28 @@ def test_locked_leaf_survives_eviction(ps):
     assert alloc.available_size() == alloc.size
 
 
+def test_locked_prefix_len_counts_the_locked_part_of_a_match_and_changes_nothing():
+    """What a running request holds locked of a key's cached prefix, by a look that neither
+    splits a node nor stamps one (a decode stretch bounds an admission check with it)."""
+    from scheduler.ids import ids
+
+    _, alloc, cache = make_cache(32, 1)
+    insert_fresh(cache, alloc, paged("abcdef"))
+    insert_fresh(cache, alloc, paged("abcxyz"))  # nodes "abc", "def", "xyz"
+    _, node = match(cache, paged("abcdef"))
+    cache.inc_lock_ref(node)  # "abc" and "def" locked, "xyz" not
+    clock, sizes = cache._clock, (cache.evictable_size(), cache.protected_size())
+    key = ids(paged("abcdeq"))
+    assert cache.locked_prefix_len(key) == 5  # "abc" whole, "de" of "def"
+    assert cache.locked_prefix_len(ids(paged("abcxyz"))) == 3  # "xyz" is not locked
+    assert cache.locked_prefix_len(ids(paged("zzz"))) == 0
+    assert cache.cached_prefix_len(ids(paged("abcxyq"))) == 5  # locked or not
+    assert (cache._clock, cache.evictable_size(), cache.protected_size()) == (clock, *sizes)
+    assert sorted(len(n.key) for n in cache._iter_nodes() if n is not cache.root) == [3, 3, 3]  # no split
+    cache.dec_lock_ref(node)
+    assert cache.locked_prefix_len(key) == 0
+
+
 def test_split_of_locked_node_keeps_accounting():
     pool, alloc, cache = make_cache(16, 1)
     _, v = insert_fresh(cache, alloc, paged("abcd"))
