@@ -46,8 +46,6 @@ on the plan's precomputed summaries (O(1) per plan, ~1 µs in CPython).
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
 
 from scheduler.forward_plan import ForwardPlan
@@ -146,40 +144,25 @@ class RooflineCostModel:
         c, mem = dense_c + attn_c, dense_m + attn_m
         return fixed + (c if c > mem else mem)
 
-    def decode_forward_times(self, batch_sizes: Sequence[int], sum_prefix_lens: Sequence[int], max_seq_lens: Sequence[int],
-                             num_steps: Sequence[int]) -> np.ndarray:
-        """forward_time of the decode steps of consecutive segments, all in one array: segment s
-        has num_steps[s] steps of the same batch_sizes[s] requests (its step i: sum_prefix_lens[s]
-        + i x batch_size prefix tokens). Each equals forward_time on that step's plan: the same
-        float operations in the same order, elementwise (max_seq_lens: unused by the roofline)."""
-        steps = np.asarray(num_steps, dtype=np.int64)
-        total = int(steps.sum())
-        # Each step's batch size and sum_seq_len (= attention_pairs) as floats: integers below
-        # 2**53, exact, as forward_time's int-to-float conversions are. Then forward_time's
-        # operations in place (a + b and b + a are the same float; the maxima of positive floats
-        # are np.maximum's).
-        n = np.repeat(np.asarray(batch_sizes, dtype=np.float64), steps)
-        within = np.arange(1, total + 1, dtype=np.float64) - np.repeat((np.cumsum(steps) - steps).astype(np.float64), steps)
-        seq = np.repeat(np.asarray(sum_prefix_lens, dtype=np.float64), steps)
-        seq += n * within  # step i of its segment: sum_prefix_len + (i + 1) x batch_size
-        dense_c = n * self._tok_flop_s
-        dense_c += n * self._req_flop_s
-        dense_m = n * self._tok_mem_s
-        dense_m += self._weight_mem_s  # (weight + n x tok, then + n x req, as forward_time adds)
-        dense_m += n * self._req_mem_s
+    def decode_forward_times(self, batch_size: int, sum_prefix_len: int, max_seq_len: int, num_steps: int) -> np.ndarray:
+        """forward_time of num_steps consecutive decode steps of the same batch_size requests
+        (step j: sum_prefix_len + j x batch_size prefix tokens), each equal to forward_time on
+        that step's plan: the same float operations in the same order, elementwise."""
+        n = b = batch_size
+        # Each step's sum_seq_len (= attention_pairs) as floats: integers below 2**53, exact, as
+        # forward_time's int-to-float conversions are. Then forward_time's operations in place
+        # (a + b and b + a are the same float; the maxima of positive floats are np.maximum's).
+        first = sum_prefix_len + n
+        seq = np.arange(first, first + n * num_steps, n, dtype=np.float64)
+        dense_c = n * self._tok_flop_s + b * self._req_flop_s
+        dense_m = self._weight_mem_s + n * self._tok_mem_s + b * self._req_mem_s
+        fixed = self._overhead_s + self._ar_fixed_s + n * self._ar_tok_s if self.tp > 1 else self._overhead_s
         attn_c = seq * self._pair_flop_s
         attn_m = seq * self._kv_read_s
         attn_m += n * self._kv_write_s
-        if self.tp > 1:
-            fixed = n * self._ar_tok_s
-            fixed += self._overhead_s + self._ar_fixed_s
-        else:
-            fixed = self._overhead_s
         if self.per_component:
             out = np.maximum(attn_c, attn_m, out=attn_c)
-            dense = np.maximum(dense_c, dense_m, out=dense_c)
-            dense += fixed
-            out += dense
+            out += fixed + (dense_c if dense_c > dense_m else dense_m)
             return out
         attn_c += dense_c
         attn_m += dense_m

@@ -149,16 +149,12 @@ class SimDriver:
         overlap = ff.inflight is not None
         bulk_price = getattr(cost, "decode_forward_times", None)
         # The cost model reads a decode plan's summaries only: one plan, its summaries set per step
-        # (or the segments' steps priced at once, where the cost model can: decode_forward_times).
+        # (or a segment's steps priced at once, where the cost model can: decode_forward_times).
         plan = ForwardPlan(ForwardMode.DECODE, [], [], [], [], [], [], ids())
         arrival = math.inf if ff.next_arrival is None else ff.next_arrival
         clock = DriverClock(self.env.now, self.cpu_pending, self.device_free_at, ff.inflight.end if overlap else 0.0)
         out = StretchColumns()
-        def first_step_time(seg: StretchSegment) -> float:
-            set_decode_step(plan, seg, 0)
-            return cost.forward_time(plan)
-
-        segments, durations = _priced_segments(stretch, bulk_price, arrival - clock.now, first_step_time)
+        segments, durations = _priced_segments(stretch, bulk_price, arrival - clock.now)
         total = segments[-1].stop
         inflight_process = cost.cpu_time("process", ff.inflight.plan.batch_size, ff.inflight.plan.num_tokens) if overlap else 0.0
         seg_costs = _segment_costs(self._decode_cpu, segments, overlap, inflight_process)
@@ -200,23 +196,21 @@ class SimDriver:
         return times, clock.now, clock.p
 
 
-def _priced_segments(stretch: DecodeStretch, bulk_price, horizon: float, first_step_time: Callable[[StretchSegment], float]
-                     ) -> tuple[list[StretchSegment], np.ndarray | None]:
+def _priced_segments(stretch: DecodeStretch, bulk_price, horizon: float) -> tuple[list[StretchSegment], np.ndarray | None]:
     """The stretch's segments up to the one that reaches `horizon` seconds on (the next arrival
-    cuts the steps after it; first_step_time(seg): the forward time of a segment's first step,
-    its shortest), with their forward times where the cost model prices segments at once
-    (decode_forward_times, one call for all); else every segment, unpriced."""
+    cuts the steps after it), with their forward times where the cost model prices a segment at
+    once (decode_forward_times); else every segment, unpriced."""
     if bulk_price is None:
         return stretch.plan(), None
     segments: list[StretchSegment] = []
-    reach = 0.0
+    parts, reach = [], 0.0
     for seg in stretch.each_segment():
         segments.append(seg)
-        reach += (seg.stop - seg.first_step) * first_step_time(seg)
+        parts.append(bulk_price(seg.batch_size, seg.sum_prefix_len, seg.max_seq_len, seg.stop - seg.first_step))
+        reach += len(parts[-1]) * float(parts[-1][0])  # (a segment's forwards only grow longer)
         if reach > horizon:
             break
-    return segments, bulk_price([seg.batch_size for seg in segments], [seg.sum_prefix_len for seg in segments],
-                                [seg.max_seq_len for seg in segments], [seg.stop - seg.first_step for seg in segments])
+    return segments, parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _segment_costs(decode_cpu: Callable[[int], tuple[float, float, float]], segments: list[StretchSegment], overlap: bool,
