@@ -170,6 +170,18 @@ def test_common_prefix_len_matches_naive(a, b):
     assert common_prefix_len(a, b) == n
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 5000), st.integers(0, 300), st.integers(0, 300), st.booleans())
+def test_common_prefix_len_of_long_arrays(shared, extra_a, extra_b, lists):
+    """Prompts of thousands of tokens that share any prefix (the windows that widen the match
+    fourfold, and the bisection of the one that differs)."""
+    a = array("q", range(shared)) + array("q", range(-1, -1 - extra_a, -1))
+    b = array("q", range(shared)) + array("q", range(-1000, -1000 - extra_b, -1))
+    if lists:
+        a, b = list(a), list(b)
+    assert common_prefix_len(a, b) == shared == common_prefix_len(b, a)  # (their tails differ from the first)
+
+
 # ---------------------------------------------------------------------------
 # units
 # ---------------------------------------------------------------------------
