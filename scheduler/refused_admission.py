@@ -80,6 +80,8 @@ class RefusedAdmissions:
         head = queue[0]
         if head.sampling_params.ignore_eos and sched.tree_cache.disabled:
             return None  # add_one_req_ignore_eos's own rule
+        if len(unprocessed_prefill) > MAX_PREFILL_LOOKED_AT:
+            return None
         outputs = len(head.output_ids)
         fill = head.origin_input_ids
         ps = sched.allocator.page_size
@@ -87,8 +89,6 @@ class RefusedAdmissions:
         tree = sched.tree_cache
         locked = tree.locked_prefix_len(fill)  # (outputs, if any, only lengthen the path)
         budget = sched.allocator.available_size() + tree.evictable_size()
-        if len(unprocessed_prefill) > MAX_PREFILL_LOOKED_AT:
-            return None
         for i, r in enumerate(unprocessed_prefill):
             locked = max(locked, common_prefix_len(fill, r.fill_ids))
             cached = max([tree.cached_prefix_len(r.fill_ids)] + [common_prefix_len(r.fill_ids, q.fill_ids) for q in unprocessed_prefill[:i]])
