@@ -270,16 +270,14 @@ def _plan_segments(reqs: Sequence[Req], seq_lens: Sequence[int], exits: Sequence
         if start + n < stop:
             return
         pages -= pages_taken(per_step, n)
-        if checks is not None and stop < limit:
+        if checks is not None:
             for _, s, e in members:
                 if e == stop:
                     checks.leave(s + e)
-            members = [m for m in members if m[2] > stop]
-            check = stop + check_shift
-            if check < limit and not checks.refuses(check, members, free_pages - pages):
-                limit = check
-        else:
-            members = [m for m in members if m[2] > stop]
+        members = [m for m in members if m[2] > stop]
+        check = stop + check_shift
+        if checks is not None and check < limit and not checks.refuses(check, members, free_pages - pages):
+            limit = check
         leaving, start = finishing, stop
 
 
