@@ -25,7 +25,7 @@ from testbed.runs import metrics
 from testbed.runs.folder import REQUESTS_FILE, STEPS_FILE, RunLoadError, read_run_meta, unused_path, versions
 from testbed.runs.writer import RunWriter
 from testbed.traces.formats import load_trace
-from testbed.traces.schema import Trace, materialize_input_ids
+from testbed.traces.schema import Trace, TracePrompts
 
 
 @dataclass
@@ -59,11 +59,12 @@ def make_requests(trace: Trace, opts: ReplayOptions, model: ModelConfig, vocab_s
     """Reqs in arrival order, made one at a time; their prompts are made when first needed."""
     eos = model.eos_token_id
     t0 = trace.requests[0].arrival_s if trace.requests else 0.0
+    prompts = TracePrompts(trace.requests, vocab_size)
     for i, tr in enumerate(trace.requests):
         yield Req(
             rid=tr.rid if tr.rid is not None else str(i),
             input_len=tr.input_len,
-            input_ids_fn=(lambda tr=tr, i=i: materialize_input_ids(tr, i, vocab_size)),
+            input_ids_fn=(lambda i=i: prompts.prompt(i)),
             sampling_params=SamplingParams(max_new_tokens=tr.output_len, ignore_eos=True),
             arrival_time=(tr.arrival_s - t0) * opts.time_scale,
             priority=tr.priority,

@@ -16,7 +16,7 @@ from testbed.errors import TraceError
 from testbed.traces import cli as traces_cli
 from testbed.traces import schema
 from testbed.traces.formats import detect_format, load_trace
-from testbed.traces.schema import Trace, TraceRequest, file_sha256, materialize_input_ids
+from testbed.traces.schema import Trace, TracePrompts, TraceRequest, file_sha256, materialize_input_ids
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 MOONCAKE = SHARED / "mooncake" / "conversation_trace.jsonl"
@@ -367,6 +367,40 @@ def test_materialize_equals_block_by_block(hashes, block_size, input_len, index,
     got = materialize_input_ids(req, index, vocab)
     assert type(got) is array and got.typecode == "q"
     assert got == _materialize_block_by_block(req, index, vocab)
+
+
+_request_strategy = st.builds(
+    lambda hashes, block_size, input_len, explicit: TraceRequest(
+        0.0, input_len, 1, input_ids=[(7 * i) % 97 for i in range(input_len)] if explicit else None,
+        block_hashes=hashes or None, block_size=block_size),
+    st.lists(st.integers(-1000, 100_000), max_size=8)
+    | st.lists(st.one_of(st.integers(-1000, 100_000), st.integers(-(2**70), 2**70)), max_size=8),
+    st.integers(1, 700),
+    st.integers(0, 4000),
+    st.booleans(),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_request_strategy, max_size=6), st.sampled_from([None, 1, 7, 50, 32_000, 1 << 16]), st.randoms())
+def test_trace_prompts_equal_materialize_input_ids(requests, vocab, rng):
+    """A replay's prompts (TracePrompts: every request's block markers in one pass) are the
+    requests' materialize_input_ids, whatever order they are asked for in."""
+    prompts = TracePrompts(requests, vocab)
+    order = list(range(len(requests)))
+    rng.shuffle(order)
+    for i in order:
+        got = prompts.prompt(i)
+        assert type(got) is array and got.typecode == "q"
+        assert got == _materialize_block_by_block(requests[i], i, vocab)
+
+
+def test_trace_prompts_of_mooncake_equal_materialize_input_ids(mooncake):
+    reqs = mooncake.requests[:300]
+    for vocab in (None, 128_256):
+        prompts = TracePrompts(reqs, vocab)
+        for i in (299, 0, 1, 150, 151):
+            assert prompts.prompt(i) == materialize_input_ids(reqs[i], i, vocab)
 
 
 def test_materialize_mooncake_equals_block_by_block(mooncake):
