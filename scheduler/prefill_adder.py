@@ -60,9 +60,10 @@ class PrefillAdder:
         self.current_offset: float = num_mixed_decode_tokens
         if running_batch is not None:
             # sum(running_offset(r) for r in running_batch.reqs), in the same order, inlined: a
-            # prefill look happens nearly every step, over every running request.
-            ratio = new_token_ratio
-            self.total_offset += sum([min(r.max_new_tokens - len(r.output_ids), CLIP_MAX_NEW_TOKENS)
+            # prefill look happens nearly every step, over every running request. (min() of two
+            # ints as a conditional: the same int, at half the cost of the call.)
+            ratio, clip = new_token_ratio, CLIP_MAX_NEW_TOKENS
+            self.total_offset += sum([(d if (d := r.max_new_tokens - len(r.output_ids)) < clip else clip)
                                       * (1.0 if r.sampling_params.ignore_eos else ratio) for r in running_batch.reqs])
         self.can_run_list: list[Req] = []
         self.preempt_list: list[Req] = []

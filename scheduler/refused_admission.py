@@ -107,10 +107,10 @@ class RefusedAdmissions:
         take at least."""
         c = check_step
         ratio = self.decay.after(self.ratio, c + 1)
-        offset = 0.0
+        offset, clip = 0.0, CLIP_MAX_NEW_TOKENS
         for r, _, exit_step in running:
             left = exit_step - c  # the request's remaining tokens at the check are at least this
             if left > 0:
-                offset += min(left, CLIP_MAX_NEW_TOKENS) * (1.0 if r.sampling_params.ignore_eos else ratio)
+                offset += (left if left < clip else clip) * (1.0 if r.sampling_params.ignore_eos else ratio)
         budget = self.budget - pages_taken * self.page_size + self.released
         return self.need + offset >= budget + MARGIN
