@@ -382,11 +382,13 @@ _request_strategy = st.builds(
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(_request_strategy, max_size=6), st.sampled_from([None, 1, 7, 50, 32_000, 1 << 16]), st.randoms())
-def test_trace_prompts_equal_materialize_input_ids(requests, vocab, rng):
-    """A replay's prompts (TracePrompts: every request's block markers in one pass) are the
-    requests' materialize_input_ids, whatever order they are asked for in."""
+@given(st.lists(_request_strategy, max_size=6), st.sampled_from([None, 1, 7, 50, 32_000, 1 << 16]), st.randoms(),
+       st.integers(1, 4))
+def test_trace_prompts_equal_materialize_input_ids(requests, vocab, rng, window):
+    """A replay's prompts (TracePrompts: a window of requests' block markers in one pass) are
+    the requests' materialize_input_ids, whatever order they are asked for in."""
     prompts = TracePrompts(requests, vocab)
+    prompts.WINDOW = window
     order = list(range(len(requests)))
     rng.shuffle(order)
     for i in order:
