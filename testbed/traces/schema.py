@@ -354,12 +354,30 @@ def _write_prompt(req: TraceRequest, index: int, vocab_size: int | None, pool_si
     return out
 
 
+@dataclass(slots=True)
+class _BlockWindow:
+    """The block markers and filler offsets of requests [first, first + len(starts) - 1):
+    request first + k's blocks are [starts[k], starts[k + 1]). exact False: huge hash ids
+    among them (their prompts are made one request at a time)."""
+
+    first: int
+    starts: list[int]
+    markers: np.ndarray
+    offsets: np.ndarray
+    exact: bool
+
+    def holds(self, index: int) -> bool:
+        return 0 <= index - self.first < len(self.starts) - 1
+
+
 class TracePrompts:
     """The prompts of a trace's requests, made on demand: prompt(i) == materialize_input_ids(
-    trace.requests[i], i, vocab_size). The block markers and filler offsets of WINDOW requests
-    from the one asked for are computed in one numpy pass (numpy's fixed cost once a window,
-    not once a request: on Mooncake's 288k blocks, 0.18 s -> 0.03 s). A replay asks for its
-    prompts about in arrival order, so one window at a time is kept (16 bytes a block)."""
+    trace.requests[i], i, vocab_size). The block markers and filler offsets of the WINDOW
+    requests around the one asked for (from a multiple of WINDOW) are computed in one numpy pass
+    (numpy's fixed cost once a window, not once a request: on Mooncake's 288k blocks, 0.18 s ->
+    0.03 s). A replay asks for each prompt once, about in arrival order (the waiting queue's
+    head, from its 128th request back to its first), so the two latest windows are kept (16
+    bytes a block): a sweep across a window's edge does not make them again."""
 
     WINDOW = 1024
 
@@ -367,38 +385,41 @@ class TracePrompts:
         self.requests = requests
         self.vocab_size = vocab_size
         self.pool_size = _check_vocab_size(vocab_size)
-        # The window: requests [_first, _first + len(_starts) - 1); request _first + k's blocks
-        # are [_starts[k], _starts[k + 1]) of _markers and _offsets.
-        self._first = 0
-        self._starts = [0]
-        self._markers = self._offsets = np.empty(0, dtype=np.int64)
-        self._exact = True  # False: huge hash ids in the window (made one request at a time)
+        self._windows: list[_BlockWindow] = []  # the latest first
 
     def prompt(self, index: int) -> array:
         req = self.requests[index]
         if req.input_ids is not None:
             return array("q", req.input_ids)
-        k = index - self._first
-        if not 0 <= k < len(self._starts) - 1:
-            self._mark_window(index)
-            k = 0
-        if not self._exact:
+        w = self._window(index)
+        if not w.exact:
             return materialize_input_ids(req, index, self.vocab_size)
-        a, b = self._starts[k], self._starts[k + 1]
-        return _write_prompt(req, index, self.vocab_size, self.pool_size, self._markers[a:b].tolist(),
-                             self._offsets[a:b].tolist())
+        k = index - w.first
+        a, b = w.starts[k], w.starts[k + 1]
+        return _write_prompt(req, index, self.vocab_size, self.pool_size, w.markers[a:b].tolist(), w.offsets[a:b].tolist())
 
-    def _mark_window(self, first: int) -> None:
+    def _window(self, index: int) -> _BlockWindow:
+        windows = self._windows
+        if windows and windows[0].holds(index):
+            return windows[0]
+        if len(windows) > 1 and windows[1].holds(index):
+            windows.reverse()
+            return windows[0]
+        w = self._mark_window(index - index % self.WINDOW)
+        self._windows = [w] + windows[:1]
+        return w
+
+    def _mark_window(self, first: int) -> _BlockWindow:
         used = [_used_hashes(req) for req in self.requests[first : first + self.WINDOW]]
         starts = [0]
         for hashes in used:
             starts.append(starts[-1] + len(hashes))
-        self._first, self._starts = first, starts
+        empty = np.empty(0, dtype=np.int64)
         try:
             h = np.fromiter(chain.from_iterable(used), dtype=np.int64, count=starts[-1])
         except OverflowError:
-            self._exact = False
-            return
-        self._exact = not len(h) or bool(h.min() >= -(1 << 61) and h.max() < 1 << 61)
-        if self._exact:
-            self._markers, self._offsets = _block_markers_and_offsets_array(h, self.vocab_size, self.pool_size)
+            return _BlockWindow(first, starts, empty, empty, exact=False)
+        if len(h) and not (h.min() >= -(1 << 61) and h.max() < 1 << 61):
+            return _BlockWindow(first, starts, empty, empty, exact=False)
+        markers, offsets = _block_markers_and_offsets_array(h, self.vocab_size, self.pool_size)
+        return _BlockWindow(first, starts, markers, offsets, exact=True)
