@@ -196,10 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
+    """Run the command argv (sys.argv's by default); parser: build_parser()'s, when already made."""
     sigterm_as_sigint()  # `kill` stops a replay as Ctrl-C does, leaving its folder readable
     try:
-        args = build_parser().parse_args(argv)
+        args = (parser or build_parser()).parse_args(argv)
         return args.func(args)
     except USER_ERRORS as e:
         print(f"testbed: error: {e}", file=sys.stderr)
