@@ -3,7 +3,8 @@
 A request carries its prompt either as explicit token ids or as a length,
 optionally with block hashes that say which blocks of the prompt are shared
 with other requests. Token ids for the latter are made on demand by
-`materialize_input_ids`, one request at a time: a Mooncake replay holds
+`materialize_input_ids`, one request at a time (a replay's through `TracePrompts`, which
+computes the block markers of a window of requests at once): a Mooncake replay holds
 about 144M prompt tokens, which must never all be in memory at once.
 
 The file format is described in docs/trace-format.md; loaders live in
