@@ -85,7 +85,11 @@ def _when_the_cli_answers_signals(proc: subprocess.Popen, timeout: float = 60) -
         return 0.0
     deadline = t0 + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        caught = next((line.split()[1] for line in status.read_text().splitlines() if line.startswith("SigCgt:")), "0")
+        try:
+            text = status.read_text()
+        except OSError:  # (it has just exited)
+            break
+        caught = next((line.split()[1] for line in text.splitlines() if line.startswith("SigCgt:")), "0")
         if int(caught, 16) & (1 << (signal.SIGTERM - 1)):
             break
         time.sleep(0.005)
