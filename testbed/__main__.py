@@ -30,13 +30,16 @@ def main() -> int:
     from testbed.interrupts import ignore_stop_signals
 
     parser = build_parser()
-    if held:
+    try:
+        for sig in STOP_SIGNALS:  # from here a signal is a KeyboardInterrupt (testbed.interrupts.sigterm_as_sigint)
+            signal.signal(sig, signal.default_int_handler)
+        if held:  # (checked after the swap: one that came just before it is in `held`)
+            raise KeyboardInterrupt
+    except KeyboardInterrupt:
         ignore_stop_signals()
         print("testbed: interrupted while starting: nothing was run", file=sys.stderr)
         sys.stderr.flush()
         os._exit(EXIT_INTERRUPTED)  # out at once: nothing was opened
-    for sig in STOP_SIGNALS:  # from here a signal is a KeyboardInterrupt (testbed.interrupts.sigterm_as_sigint)
-        signal.signal(sig, signal.default_int_handler)
     code = cli_main(parser=parser)
     ignore_stop_signals()  # done: the exit code stands
     return code
