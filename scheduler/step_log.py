@@ -73,6 +73,7 @@ class StepLog:
     def __init__(self) -> None:
         self._chunks: list[Columns] = []  # in row order
         self._chunk_rows: list[int] = []
+        self._settled_rows = 0  # sum(self._chunk_rows)
         self._pending: list[tuple | StretchRows] = []  # in row order, after the chunks
         self._pending_rows = 0
 
@@ -81,7 +82,7 @@ class StepLog:
         """Every row, as one chunk of columns."""
         self._settle()
         if len(self._chunks) != 1:
-            self._chunks, self._chunk_rows = [_join(self._chunks)], [sum(self._chunk_rows)]
+            self._chunks, self._chunk_rows = [_join(self._chunks)], [self._settled_rows]
         return self._chunks[0]
 
     def append(self, *values) -> None:
@@ -94,7 +95,7 @@ class StepLog:
         self._pending_rows += rows.num_rows
 
     def __len__(self) -> int:
-        return sum(self._chunk_rows) + self._pending_rows
+        return self._settled_rows + self._pending_rows
 
     def columns(self, start: int, stop: int) -> Columns:
         """Rows start..stop as columns: what a run folder writes (views of the log's chunks,
@@ -121,6 +122,7 @@ class StepLog:
             chunk = _chunk(pending, total)
         self._chunks.append(chunk)
         self._chunk_rows.append(total)
+        self._settled_rows += total
         self._pending, self._pending_rows = [], 0
 
 

@@ -179,10 +179,10 @@ def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
         try:
             driver.run(loop)
         finally:
-            # steps.parquet is written on a thread of its own while the run is checked and its
-            # other tables made (a second Ctrl-C meanwhile waits).
+            # steps.parquet's last part is written on a thread of its own while the run is
+            # checked and its other tables made (a second Ctrl-C meanwhile waits).
             with deferred_interrupts(), gc_paused(collect_earlier=False):
-                writer.start_writing_steps(loop.steps.columns(0, len(loop.steps)))
+                writer.finish_steps(loop.steps)
         scheduler.check_invariants()
         status = "complete"
     except Exception as e:

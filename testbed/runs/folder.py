@@ -16,7 +16,7 @@ finished requests reach two journals (testbed.runs.journal) every second or so:
     requests.journal.arrows  the requests finished (or rejected) so far
 
 The writer holds a lock on the steps journal. At the end the parquet files are written
-and the journals removed; Ctrl-C or SIGTERM ends the same way with status "incomplete".
+(steps.parquet's earlier parts as the run goes, to steps.parquet.tmp) and the journals removed; Ctrl-C or SIGTERM ends the same way with status "incomplete".
 A folder whose writer died without finishing (SIGKILL, a crash, the machine) still says
 "running" but nobody holds the lock: load_run reads it from the journals, as
 "incomplete", with every row up to the last flush.
@@ -100,12 +100,21 @@ def write_requests(path: Path, requests: Mapping[str, Any]) -> None:
     _write_atomic(path, lambda p: pq.write_table(table, p, use_dictionary=text))
 
 
+# steps.parquet's schema and encoding (testbed/runs/steps_file.py writes it a part at a time).
+STEPS_FILE_SCHEMA = _STEP_FILE_SCHEMA
+STEPS_DICTIONARY_COLUMNS = ["mode"]
+
+
+def steps_table(cols: dict) -> pa.Table:
+    """StepLog.columns(...) as a table of steps.parquet's schema, straight from its typed
+    columns (no DataFrame on the way: a long run has 100k+ rows)."""
+    return pa.Table.from_batches([record_batch(cols, STEP_SCHEMA)]).cast(STEPS_FILE_SCHEMA)  # (text as pandas writes it: large_string)
+
+
 def write_steps(path: Path, cols: dict) -> None:
-    """steps.parquet from StepLog.columns(...), straight from its typed columns (no DataFrame
-    on the way: a long run has 100k+ rows); it reads back as write_requests's tables do."""
-    table = pa.Table.from_batches([record_batch(cols, STEP_SCHEMA)])
-    table = table.cast(_STEP_FILE_SCHEMA)  # (text as pandas writes it: large_string)
-    _write_atomic(path, lambda p: pq.write_table(table, p, use_dictionary=["mode"]))
+    """steps.parquet from StepLog.columns(...) at once; it reads back as write_requests's tables do."""
+    table = steps_table(cols)
+    _write_atomic(path, lambda p: pq.write_table(table, p, use_dictionary=STEPS_DICTIONARY_COLUMNS))
 
 
 def versions() -> dict:

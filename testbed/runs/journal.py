@@ -8,7 +8,8 @@ arrays or lists), so a writer that builds its rows in bulk hands them over as th
 
 Why a stream and not parquet row groups: a parquet file can be read only once its footer
 is written, at close; a killed writer leaves none. The run folder's parquet files are
-written at the end of a run, from memory, as before (tests/golden compares them).
+finished at the end of a run, from memory (steps.parquet's earlier parts as the run goes,
+under a temporary name: steps_file.py).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 It opens the folder (run.json with status "running", and the journals, see folder.py),
 appends the new steps and the newly finished requests to the journals about once a
-second (checked after every step: a clock read), and at the end writes the parquet
-tables and run.json's status and summary from memory and removes the journals.
+second (checked after every step: a clock read), and at the end writes the requests
+table and run.json's status and summary from memory and removes the journals. The steps
+table is written as the run goes, a part at a time on a thread of its own (steps_file.py).
 
 Flushing by time keeps the cost flat whatever the run's pace: a simulation makes ~15k
 steps a second, so one flush appends a batch of ~15k rows (a few ms); a real engine makes
@@ -14,7 +15,6 @@ interval.
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -34,9 +34,9 @@ from testbed.runs.folder import (
     WALL_FILE,
     write_json,
     write_requests,
-    write_steps,
 )
 from testbed.runs.journal import TableJournal
+from testbed.runs.steps_file import StepsFile, temporary_path
 
 FLUSH_INTERVAL_S = 1.0
 
@@ -48,16 +48,22 @@ class RunWriter:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for stale in (REQUESTS_FILE, STEPS_FILE, WALL_FILE, REQUESTS_JOURNAL, STEPS_JOURNAL):
             (self.run_dir / stale).unlink(missing_ok=True)
+        temporary_path(self.run_dir / STEPS_FILE).unlink(missing_ok=True)  # (a killed run's)
         self.flush_interval_s = flush_interval_s
         # The steps journal first: its lock says "a writer is alive" from before run.json says "running".
         self.steps = TableJournal(self.run_dir / STEPS_JOURNAL, STEP_SCHEMA)
         self.requests = TableJournal(self.run_dir / REQUESTS_JOURNAL, metrics.REQUESTS_SCHEMA)
         write_json(self.run_dir / RUN_FILE, meta)
         self._next_flush = time.monotonic() + flush_interval_s
-        self._steps_written: Future | None = None  # steps.parquet being written (start_writing_steps)
+        self.steps_file = StepsFile(self.run_dir / STEPS_FILE)  # steps.parquet, written as the run goes
+        self._steps_closed = False
 
     def after_step(self, steps: StepLog, done: Sequence[Req]) -> None:
-        """Called after every step: flushes when the interval has passed."""
+        """Called after every step: hands steps.parquet its next part when the log has one, and
+        flushes the journals when the interval has passed."""
+        if self.steps_file.wants_part(len(steps)):
+            with deferred_interrupts():  # a part is handed over whole (and counted) or not at all
+                self.steps_file.append(steps.columns(self.steps_file.rows, len(steps)))
         if time.monotonic() >= self._next_flush:
             self.flush(steps, done)
 
@@ -70,22 +76,21 @@ class RunWriter:
                 self.requests.append(metrics.requests_columns(done[self.requests.rows :]))
         self._next_flush = time.monotonic() + self.flush_interval_s
 
-    def start_writing_steps(self, steps: dict) -> None:
-        """Start writing steps.parquet (steps as StepLog.columns gives them) on a thread of its
-        own: pyarrow encodes it without holding the GIL, so it takes no time from what the run
-        does meanwhile (its requests table and summary). finish() waits for it."""
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write-steps")
-        self._steps_written = pool.submit(write_steps, self.run_dir / STEPS_FILE, steps)
-        pool.shutdown(wait=False)  # (no other task: its thread ends with this one)
+    def finish_steps(self, steps: StepLog) -> None:
+        """Hand steps.parquet the rest of the log (the run's steps are all made) to finish on
+        its thread: pyarrow encodes without holding the GIL, so that takes no time from what
+        the run does meanwhile (its requests table and summary). finish() waits for it."""
+        self.steps_file.close(steps.columns(self.steps_file.rows, len(steps)))
+        self._steps_closed = True
 
     def finish(self, meta: dict, requests: Mapping[str, Any], wall_s: float) -> None:
-        """The requests table (metrics.requests_table's columns, or its frame), the steps table's end (write_steps, called before), run.json (its
+        """The requests table (metrics.requests_table's columns, or its frame), the steps table's end (finish_steps, called before), run.json (its
         status and summary) and wall.json; the journals go. A second Ctrl-C meanwhile waits until
         all is written."""
         with deferred_interrupts():
             write_requests(self.run_dir / REQUESTS_FILE, requests)
-            assert self._steps_written is not None, "finish() before start_writing_steps()"
-            self._steps_written.result()  # (raises what the writing raised)
+            assert self._steps_closed, "finish() before finish_steps()"
+            self.steps_file.result()  # (raises what the writing raised)
             write_json(self.run_dir / RUN_FILE, meta)
             created = datetime.now(timezone.utc).isoformat(timespec="seconds")
             write_json(self.run_dir / WALL_FILE, {"created_at": created, "wall_s": round(wall_s, 3)})
