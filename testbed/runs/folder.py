@@ -16,7 +16,8 @@ finished requests reach two journals (testbed.runs.journal) every second or so:
     requests.journal.arrows  the requests finished (or rejected) so far
 
 The writer holds a lock on the steps journal. At the end the parquet files are written
-(steps.parquet's earlier parts as the run goes, to steps.parquet.tmp) and the journals removed; Ctrl-C or SIGTERM ends the same way with status "incomplete".
+(steps.parquet's earlier parts as the run goes, to steps.parquet.tmp) and the journals
+removed; Ctrl-C or SIGTERM ends the same way with status "incomplete".
 A folder whose writer died without finishing (SIGKILL, a crash, the machine) still says
 "running" but nobody holds the lock: load_run reads it from the journals, as
 "incomplete", with every row up to the last flush.
