@@ -12,8 +12,8 @@ import pytest
 from testbed.options import ReplayOptions
 from testbed.replay import replay
 from testbed.runs import steps_file
-from testbed.runs.folder import STEPS_FILE, load_run
-from testbed.runs.steps_file import StepsFile, temporary_path
+from testbed.runs.folder import STEPS_FILE, load_run, temporary_path
+from testbed.runs.steps_file import StepsFile
 from testbed.traces.gen import GenConfig, generate_trace
 
 OPTIONS = dict(overlap=True, page_size=16, chunked_prefill_size=128, kv_tokens=3000, seed=42)

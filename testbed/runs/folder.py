@@ -79,8 +79,13 @@ def unused_path(path: Path) -> Path:
     return path.with_name(f"{path.name}-{n}")
 
 
+def temporary_path(path: Path) -> Path:
+    """Where a file of the folder is written before it is renamed to path (whole)."""
+    return path.with_name(path.name + ".tmp")
+
+
 def _write_atomic(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = temporary_path(path)
     write(tmp)
     os.replace(tmp, path)
 

@@ -4,7 +4,7 @@ A simulated replay makes ~150k steps in well under a second. Made and encoded at
 whole table was one row group, built in memory beside the step log's columns (the light
 trace's peak RSS: 230 MB then, 207 MB in parts), and the run then waited 13-32 ms for its
 encoding. Here the log's rows are handed over a part at a time as the run reaches them
-(ROWS_PER_PART rows or more: RunWriter.after_step asks after every step): the part's table is
+(ROWS_PER_PART rows or more: RunWriter.after_step looks after every step): the part's table is
 made on the caller's thread and encoded as a row group of the file on a writer thread, which
 holds no GIL while it encodes; at the end only the last part is left to write.
 
@@ -30,15 +30,12 @@ from testbed.runs.folder import (
     STEPS_DICTIONARY_COLUMNS,
     STEPS_FILE_SCHEMA,
     steps_table,
+    temporary_path,
     write_steps,
 )
 
 # Rows a part holds at least: a row group of ~2.5 MB; a replay of 150k steps writes ~5.
 ROWS_PER_PART = 32_768
-
-
-def temporary_path(path: Path) -> Path:
-    return path.with_name(path.name + ".tmp")
 
 
 class StepsFile:
@@ -48,15 +45,12 @@ class StepsFile:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.rows = 0  # rows handed over so far
+        self.next_part_at = ROWS_PER_PART  # a log this long has a part to hand over
         self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write-steps")
         self._writes: list[Future] = []  # in order: one thread runs them one after another
         # The writer thread's own (the main thread never reads them):
         self._writer: pq.ParquetWriter | None = None
         self._failed = False
-
-    def wants_part(self, num_rows: int) -> bool:
-        """Whether a log of num_rows rows has a part's worth that is not handed over yet."""
-        return num_rows - self.rows >= ROWS_PER_PART
 
     def append(self, cols: dict) -> None:
         """Hand over the next rows (StepLog.columns of rows self.rows on): they are written as a
@@ -68,6 +62,7 @@ class StepsFile:
         if n:
             self._writes.append(self._pool.submit(self._write_part, steps_table(cols)))
             self.rows += n
+            self.next_part_at = self.rows + ROWS_PER_PART
 
     def close(self, cols: dict) -> None:
         """Hand over the last rows (maybe none) and finish the file; the thread ends after it.

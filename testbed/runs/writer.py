@@ -33,10 +33,11 @@ from testbed.runs.folder import (
     STEPS_JOURNAL,
     WALL_FILE,
     write_json,
+    temporary_path,
     write_requests,
 )
 from testbed.runs.journal import TableJournal
-from testbed.runs.steps_file import StepsFile, temporary_path
+from testbed.runs.steps_file import StepsFile
 
 FLUSH_INTERVAL_S = 1.0
 
@@ -61,7 +62,7 @@ class RunWriter:
     def after_step(self, steps: StepLog, done: Sequence[Req]) -> None:
         """Called after every step: hands steps.parquet its next part when the log has one, and
         flushes the journals when the interval has passed."""
-        if self.steps_file.wants_part(len(steps)):
+        if len(steps) >= self.steps_file.next_part_at:  # (one compare a step: this runs after every step)
             with deferred_interrupts():  # a part is handed over whole (and counted) or not at all
                 self.steps_file.append(steps.columns(self.steps_file.rows, len(steps)))
         if time.monotonic() >= self._next_flush:
