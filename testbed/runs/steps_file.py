@@ -79,6 +79,11 @@ class StepsFile:
         # weakref callback there, where a Ctrl-C raised inside is swallowed ("Exception ignored").
         self._pool = None
 
+    @property
+    def closed(self) -> bool:
+        """close() was called: every row is handed over."""
+        return self._pool is None
+
     def result(self) -> None:
         """Wait until the file is written (or its writing failed); raise what the writing raised."""
         wait(self._writes)  # all of them: the last one cleans up after a failure

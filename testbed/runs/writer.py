@@ -57,7 +57,6 @@ class RunWriter:
         write_json(self.run_dir / RUN_FILE, meta)
         self._next_flush = time.monotonic() + flush_interval_s
         self.steps_file = StepsFile(self.run_dir / STEPS_FILE)  # steps.parquet, written as the run goes
-        self._steps_closed = False
 
     def after_step(self, steps: StepLog, done: Sequence[Req]) -> None:
         """Called after every step: hands steps.parquet its next part when the log has one, and
@@ -82,7 +81,6 @@ class RunWriter:
         its thread: pyarrow encodes without holding the GIL, so that takes no time from what
         the run does meanwhile (its requests table and summary). finish() waits for it."""
         self.steps_file.close(steps.columns(self.steps_file.rows, len(steps)))
-        self._steps_closed = True
 
     def finish(self, meta: dict, requests: Mapping[str, Any], wall_s: float) -> None:
         """The requests table (metrics.requests_table's columns, or its frame), the steps table's end (finish_steps, called before), run.json (its
@@ -90,7 +88,7 @@ class RunWriter:
         all is written."""
         with deferred_interrupts():
             write_requests(self.run_dir / REQUESTS_FILE, requests)
-            assert self._steps_closed, "finish() before finish_steps()"
+            assert self.steps_file.closed, "finish() before finish_steps()"
             self.steps_file.result()  # (raises what the writing raised)
             write_json(self.run_dir / RUN_FILE, meta)
             created = datetime.now(timezone.utc).isoformat(timespec="seconds")
