@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
-from itertools import accumulate
 from typing import Callable, Container, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
@@ -126,56 +125,6 @@ class DecodeStretch:
         segments = [seg for seg in self.plan(num_steps) if seg.first_step < num_steps]
         self._taken = (num_steps, segments)
         return segments
-
-    # The rows' columns below are typed arrays, not numpy: a stretch's are short (tens of steps),
-    # where numpy's fixed cost a call is most of the work.
-    def kv_used_after(self, kv_used: int, num_steps: int) -> array:
-        """KV slots in use after each of the first num_steps steps, from kv_used before the
-        first: each step takes its pages, finished requests release theirs (kv_changes)."""
-        changes: dict[int, int] = {}  # (from step j on: the same as adding it to step j's take)
-        for j, change in self.kv_changes:
-            changes[j] = changes.get(j, 0) + change
-        if self.page_size != 1:
-            taken: list[int] = []
-            for seg in self.taken(num_steps):
-                n = min(seg.stop, num_steps) - seg.first_step
-                cycle = [pages * self.page_size for pages in seg.pages_per_step]
-                taken += (cycle * -(-n // len(cycle)))[:n]
-            for j, change in changes.items():
-                taken[j] += change
-            return array("q", accumulate(taken, initial=kv_used))[1:]
-        # A slot a request a step: the column is runs of steps of batch_size, each run from a
-        # segment's first step or a change to the next.
-        out = array("q")
-        breaks = sorted(changes)
-        for seg in self.taken(num_steps):
-            a, stop, bs = seg.first_step, min(seg.stop, num_steps), seg.batch_size
-            while a < stop:
-                b = next((j for j in breaks if a < j < stop), stop)
-                first = kv_used + bs + changes.get(a, 0)
-                out.extend(range(first, first + bs * (b - a), bs))
-                kv_used = first + bs * (b - a - 1)
-                a = b
-        return out
-
-    def running_after(self, num_steps: int) -> array:
-        """The running requests after each of the first num_steps steps' processing."""
-        col = array("q")
-        for seg in self.taken(num_steps):
-            col += array("q", (seg.batch_size,)) * (min(seg.stop, num_steps) - seg.first_step)
-        for j, change in self.running_changes:
-            col[j] += change
-        return col
-
-    def cached_after(self, cached: int, num_steps: int, after: int) -> array:
-        """The cache's evictable tokens after each of the first num_steps steps: `cached` until
-        the first change (cached_changes), and `after` (the scheduler's, once the last step is
-        scheduled) at the last step."""
-        col = array("q", (cached,)) * num_steps
-        for j, value in self.cached_changes:
-            col[j:] = array("q", (value,)) * (num_steps - j)
-        col[-1] = after
-        return col
 
 
 def exit_steps(reqs: Sequence[Req], token_id: int, in_flight: bool | Container[int] = False) -> list[int] | None:

@@ -38,7 +38,7 @@ from scheduler.decode_stretch import DecodeStretch
 from scheduler.forward_plan import ForwardPlan
 from scheduler.protocol import Launched, SchedulerCore
 from scheduler.req import Req
-from scheduler.step_log import StepLog, StretchRows
+from scheduler.step_log import StepLog, StretchRows, StretchState
 
 
 @dataclass(slots=True)
@@ -216,32 +216,34 @@ class EventLoop:
         self._num_steps += m
         self.num_stretches += 1
         mode = launched.plan.mode.value
-        # The state after each step's processing (when its row is written), step by step.
-        kv_used = stretch.kv_used_after(kv_before, m)
-        assert kv_used[-1] == sched.kv_used_tokens(), "a decode stretch lost count of the KV in use"
-        cached = stretch.cached_after(cached_before, m, sched.tree_cache.evictable_size())
         segments = stretch.taken(m)
-        running = stretch.running_after(m)
-        waiting = len(sched.waiting_queue)
-        t = (times.schedule_start, times.schedule_end, times.schedule_end, times.launch_end,
-             times.device_start, times.device_end, times.process_start, times.process_end)
         # Step j's row is written when its batch is processed: at step j, or with overlap at step
         # j + 1 (the first row is then the batch in flight before the stretch, its own record).
         shift = 0 if prev is None else 1
+        # The KV, cache and running columns, kept as the stretch's changes (laid out in bulk when
+        # the log is read).
+        state = StretchState(m, shift, stretch.page_size,
+                             [(min(seg.stop, m) - seg.first_step, seg.batch_size, seg.pages_per_step) for seg in segments],
+                             kv_before, stretch.kv_changes, cached_before, stretch.cached_changes,
+                             sched.tree_cache.evictable_size(), stretch.running_changes)
+        assert state.kv_after_last_step() == sched.kv_used_tokens(), "a decode stretch lost count of the KV in use"
+        waiting = len(sched.waiting_queue)
+        t = (times.schedule_start, times.schedule_end, times.schedule_end, times.launch_end,
+             times.device_start, times.device_end, times.process_start, times.process_end)
         if prev is not None:
             plan, inflight = prev.launched.plan, times.inflight_device
+            kv_used, cached, running = state.after_first_step()
             self.steps.append(prev.step, plan.mode.value, plan.batch_size, plan.num_tokens, plan.sum_prefix_len, prev.launched.cache_hit_tokens,
                               prev.schedule_start, prev.schedule_end, prev.schedule_end, prev.launch_end,
                               inflight[0], inflight[1], times.process_start[0], times.process_end[0],
-                              int(kv_used[0]), int(cached[0]), int(running[0]), waiting, prev.launched.num_retracted,
+                              kv_used, cached, running, waiting, prev.launched.num_retracted,
                               plan.max_seq_len, plan.attention_pairs)
         n = m - shift  # the rows written now: steps 0 .. n - 1 (their processing at step + shift)
         parts = [(min(seg.stop, n) - seg.first_step, seg.batch_size, seg.sum_prefix_len, seg.max_seq_len)
                  for seg in segments if seg.first_step < n]
         if shift:
             t = tuple(c[:n] for c in t[:6]) + tuple(c[1:] for c in t[6:])
-            kv_used, cached, running = kv_used[1:], cached[1:], running[1:]
-        self.steps.extend_stretch(StretchRows(first_step, n, mode, parts, t, kv_used, cached, running, waiting))
+        self.steps.extend_stretch(StretchRows(first_step, n, mode, parts, t, state, waiting))
         if self.progress is not None:
             self.progress(len(sched.done))
         return _InFlight(launched, times.last_handle, self._num_steps, times.schedule_start[m - 1],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -41,21 +42,71 @@ _DTYPES = {name: None if name == "mode" else np.float64 if name in TIME_COLUMNS 
 
 
 @dataclass(slots=True)
+class StretchState:
+    """What a decode stretch's KV, cache and running columns are made of, kept as the stretch
+    gives them (a few numbers and lists) and laid out for every stretch of a chunk at once
+    (_state_columns): a stretch's own columns, step by step in Python, cost more than all of
+    its other bookkeeping.
+
+    Its steps 0 .. num_steps - 1 run in segments (steps, batch_size, pages_per_step): step i
+    of a segment takes pages_per_step[i % page_size] pages. After step j: the KV in use is
+    kv_before plus the slots steps 0..j took plus the kv_changes (j', change) with j' <= j (KV
+    that finished requests released, or a merged prefill's processing cached); the cache's
+    evictable tokens are cached_before, then the value of the last cached_change (j', value)
+    in list order with j' <= j, and cached_last at the last step; the running requests are its
+    segment's batch size plus the running_changes at j itself. Row r holds step r + shift
+    (with overlap a step's row is written when the next step processes it)."""
+
+    num_steps: int
+    shift: int
+    page_size: int
+    segments: list[tuple[int, int, Sequence[int]]]
+    kv_before: int
+    kv_changes: list[tuple[int, int]]
+    cached_before: int
+    cached_changes: list[tuple[int, int]]
+    cached_last: int
+    running_changes: list[tuple[int, int]]
+
+    def after_first_step(self) -> tuple[int, int, int]:
+        """(KV in use, cached tokens, running requests) after step 0 (with overlap, the row of
+        the batch in flight before the stretch)."""
+        _, batch_size, pages = self.segments[0]
+        kv = self.kv_before + pages[0] * self.page_size + sum(c for j, c in self.kv_changes if j == 0)
+        cached = self.cached_before
+        for j, value in self.cached_changes:
+            if j == 0:
+                cached = value
+        if self.num_steps == 1:
+            cached = self.cached_last
+        return kv, cached, batch_size + sum(d for j, d in self.running_changes if j == 0)
+
+    def cached_events(self) -> list[tuple[int, int]]:
+        """(step, value) in order: the cached tokens are `value` from `step` on, until the next."""
+        return [(0, self.cached_before), *self.cached_changes, (self.num_steps - 1, self.cached_last)]
+
+    def kv_after_last_step(self) -> int:
+        kv = self.kv_before + sum(c for _, c in self.kv_changes)
+        for steps, _, pages in self.segments:
+            whole, part = divmod(steps, len(pages))
+            kv += (whole * sum(pages) + sum(pages[:part])) * self.page_size
+        return kv
+
+
+@dataclass(slots=True)
 class StretchRows:
     """The rows of a decode stretch's consecutive steps, kept compact until the log is read:
     row i is step first_step + i. The rows come in segments (rows, batch_size, sum_prefix_len,
     max_seq_len), in row order: a segment's row r decodes batch_size requests with sum_prefix_len
     + r * batch_size prefix tokens and a longest sequence of max_seq_len + r, nothing retracted
-    or hit. The times, the KV use, the cache and the running count are given per row."""
+    or hit. The times are given per row; the KV use, the cache and the running count by state."""
 
     first_step: int
     num_rows: int
     mode: str
     segments: list[tuple[int, int, int, int]]
     times: tuple[array, ...]  # TIME_COLUMNS, num_rows floats each (typecode 'd')
-    kv_used_tokens: array  # after each row's step (typecode 'q')
-    kv_cached_tokens: array  # after each row's step
-    num_running: array  # after each row's step
+    state: StretchState
     num_waiting: int
 
 
@@ -210,11 +261,61 @@ def _stretch_columns(stretches: list[StretchRows], starts: list[int], total: int
     out["cache_hit_tokens"] = np.zeros(total, dtype=np.int64)
     for k, name in enumerate(TIME_COLUMNS):
         out[name] = column(joined([s.times[k] for s in stretches], np.float64), np.float64)
-    out["kv_used_tokens"] = column(joined([s.kv_used_tokens for s in stretches], np.int64))
-    out["kv_cached_tokens"] = column(joined([s.kv_cached_tokens for s in stretches], np.int64))
-    out["num_running"] = column(joined([s.num_running for s in stretches], np.int64))
+    kv_used, cached, running = _state_columns([s.state for s in stretches])
+    out["kv_used_tokens"] = column(kv_used)
+    out["kv_cached_tokens"] = column(cached)
+    out["num_running"] = column(running)
     out["num_waiting"] = column(np.repeat(np.fromiter((s.num_waiting for s in stretches), np.int64, len(stretches)), lens))
     out["num_retracted"] = np.zeros(total, dtype=np.int64)
     out["max_seq_len"] = column(np.repeat(segs[:, 3], seg_lens) + in_seg)
     out["attention_pairs"] = column((prefix + bs).astype(np.float64), np.float64)
     return {name: out[name] for name in STEP_COLUMNS}
+
+
+def _state_columns(states: list[StretchState]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The KV in use, the cached tokens and the running requests of every row of the stretches
+    (StretchState says what they are), in row order: computed for all their steps at once,
+    then each stretch's first `shift` steps dropped (their rows are not the stretch's)."""
+    num_steps = np.fromiter((st.num_steps for st in states), np.int64, len(states))
+    first = np.cumsum(num_steps) - num_steps  # each stretch's first step, counted over all
+    total = int(num_steps.sum())
+    at = list(zip(states, first.tolist()))
+    # Each step's segment: its batch size and the slots it takes (its cycle of pages, from the
+    # segment's first step, times the page size).
+    seg_steps, seg_bs, seg_pages = zip(*[seg for st in states for seg in st.segments])
+    seg_steps_ = np.asarray(seg_steps, dtype=np.int64)
+    running = np.repeat(np.asarray(seg_bs, dtype=np.int64), seg_steps_)
+    pages = np.asarray(seg_pages, dtype=np.int64)  # (segments, page_size)
+    page_size = states[0].page_size
+    if page_size == 1:
+        taken = np.repeat(pages[:, 0], seg_steps_)
+    else:
+        seg_of_step = np.repeat(np.arange(len(seg_steps), dtype=np.int64), seg_steps_)
+        in_seg = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(seg_steps_) - seg_steps_, seg_steps_)
+        taken = pages[seg_of_step, in_seg % page_size] * page_size
+    # KV: per stretch, kv_before plus the running sum of what each step takes and changes.
+    if any(st.kv_changes for st in states):
+        pos = [a + j for st, a in at for j, _ in st.kv_changes]
+        np.add.at(taken, np.asarray(pos, dtype=np.int64), np.fromiter((c for st in states for _, c in st.kv_changes), np.int64, len(pos)))
+    sums = np.cumsum(taken)
+    kv_before = np.fromiter((st.kv_before for st in states), np.int64, len(states))
+    kv = sums + np.repeat(kv_before - (sums[first] - taken[first]), num_steps)
+    if any(st.running_changes for st in states):
+        pos = [a + j for st, a in at for j, _ in st.running_changes]
+        np.add.at(running, np.asarray(pos, dtype=np.int64), np.fromiter((d for st in states for _, d in st.running_changes), np.int64, len(pos)))
+    # Cached: each stretch's events in order (cached_before at its first step, its changes,
+    # cached_last at its last step); a step takes the last event at or before it. Events are
+    # numbered in that order, so the last one has the greatest number: a running maximum.
+    events = [st.cached_events() for st in states]
+    pos = [a + j for (_, a), evs in zip(at, events) for j, _ in evs]
+    latest = np.full(total, -1, dtype=np.int64)
+    np.maximum.at(latest, np.asarray(pos, dtype=np.int64), np.arange(len(pos), dtype=np.int64))
+    values = np.fromiter((v for evs in events for _, v in evs), np.int64, len(pos))
+    cached = values[np.maximum.accumulate(latest)]
+    # The rows: every step but each stretch's first `shift`.
+    shifted = [a for st, a in at if st.shift]
+    if shifted:
+        keep = np.ones(total, dtype=bool)
+        keep[shifted] = False
+        return kv[keep], cached[keep], running[keep]
+    return kv, cached, running
