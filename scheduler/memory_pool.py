@@ -135,6 +135,21 @@ class TokenToKVPoolAllocator:
         del free[end:]
         return out
 
+    def take_pages_in_steps_dealt(self, num_pages: int, steps: int) -> list[array]:
+        """take_pages_in_steps(num_pages, steps) dealt out by place: entry i holds the i-th page
+        of each call, in call order (with page size 1, a decode stretch's slots of request i).
+        From the free list alone, each entry is one strided slice of it (call k's block is
+        free[end - (k + 1) * num_pages : end - k * num_pages])."""
+        free, n = self.free_pages, num_pages
+        end = len(free)
+        low = end - steps * n
+        if n == 0 or low < 0:
+            taken = self.take_pages_in_steps(n, steps)
+            return [taken[i::n] for i in range(n)]
+        dealt = [free[end - n + i : (low + i - 1 if low + i else None) : -n] for i in range(n)]
+        del free[low:]
+        return dealt
+
     def alloc(self, need_size: int) -> array | None:
         """need_size fresh slots (whole pages when page_size > 1)."""
         ps = self.page_size

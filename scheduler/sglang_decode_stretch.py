@@ -227,7 +227,7 @@ class SglangDecodeStretches:
             per_step = seg.pages_per_step[phase:] + seg.pages_per_step[:phase]
             n = steps_with_pages(alloc.num_free_pages(), per_step, bs, num_steps - done)
             assert n > 0, "a decode stretch ran out of KV pages"
-            bulk_decode_slots(self.req_to_token_pool, reqs, n, ps, take)
+            bulk_decode_slots(self.req_to_token_pool, reqs, n, ps, take, alloc.take_pages_in_steps_dealt if ps == 1 else None)
             done += n
         self.new_token_ratio = self.ratio_decay.after(self.new_token_ratio, num_steps)
         if self.config.overlap:

@@ -430,6 +430,9 @@ def test_bulk_page_takes_equal_one_take_at_a_time(seed, per_step, steps):
         taken.extend(one._take_pages(per_step))
     assert bulk.take_pages_in_steps(per_step, steps) == taken
     assert (bulk.free_pages, bulk.next_fresh_page) == (one.free_pages, one.next_fresh_page)
+    dealt = _allocator(random.Random(seed))
+    assert dealt.take_pages_in_steps_dealt(per_step, steps) == [taken[i::per_step] for i in range(per_step)]
+    assert (dealt.free_pages, dealt.next_fresh_page) == (one.free_pages, one.next_fresh_page)
     one_by_one = _allocator(random.Random(seed))
     expected = ids()
     for _ in range(per_step * steps):
