@@ -157,13 +157,26 @@ class RooflineCostModel:
         dense_c = n * self._tok_flop_s + b * self._req_flop_s
         dense_m = self._weight_mem_s + n * self._tok_mem_s + b * self._req_mem_s
         fixed = self._overhead_s + self._ar_fixed_s + n * self._ar_tok_s if self.tp > 1 else self._overhead_s
-        attn_c = seq * self._pair_flop_s
+        # Every term grows with seq (a float product or sum with a positive constant is monotone):
+        # where memory at the first step is no less than compute at the last, memory is the
+        # maximum at every step, and compute is not computed (the usual decode: memory bound).
+        last = float(first + n * (num_steps - 1))
+        kv_write = n * self._kv_write_s
         attn_m = seq * self._kv_read_s
-        attn_m += n * self._kv_write_s
+        attn_m += kv_write
         if self.per_component:
-            out = np.maximum(attn_c, attn_m, out=attn_c)
-            out += fixed + (dense_c if dense_c > dense_m else dense_m)
+            dense = fixed + (dense_c if dense_c > dense_m else dense_m)
+            if first * self._kv_read_s + kv_write >= last * self._pair_flop_s:
+                attn_m += dense
+                return attn_m
+            out = np.maximum(seq * self._pair_flop_s, attn_m, out=attn_m)
+            out += dense
             return out
+        if (first * self._kv_read_s + kv_write) + dense_m >= last * self._pair_flop_s + dense_c:
+            attn_m += dense_m
+            attn_m += fixed
+            return attn_m
+        attn_c = seq * self._pair_flop_s
         attn_c += dense_c
         attn_m += dense_m
         out = np.maximum(attn_c, attn_m, out=attn_c)

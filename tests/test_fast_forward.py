@@ -473,15 +473,20 @@ def test_every_cost_model_gives_the_same_run_fast_forwarded(tmp_path, opts):
     _assert_frames_equal(step_run.requests, ff_run.requests, "requests")
 
 
+@pytest.mark.parametrize("attention_flops", [1.0, 1e4])
 @pytest.mark.parametrize("per_component", [True, False])
 @pytest.mark.parametrize("tp", [1, 2])
-def test_roofline_prices_a_stretch_as_each_step_alone(per_component, tp):
+def test_roofline_prices_a_stretch_as_each_step_alone(per_component, tp, attention_flops):
     """decode_forward_times (all of a stretch's steps in one call) equals forward_time on the
-    plan of each step, as prepare_for_decode summarizes it."""
+    plan of each step, as prepare_for_decode summarizes it: memory bound throughout (long
+    sequences), compute bound throughout (large batches of short ones), and crossing over."""
     cost = RooflineCostModel(load_model_config("llama-3.1-8b"), load_hardware("h100"), per_component=per_component, tp=tp)
+    # Attention is memory bound in decode on every real GPU and model; made 1e4 times costlier
+    # in compute, it is compute bound, and its branch is checked too.
+    cost._pair_flop_s *= attention_flops
     rnd = random.Random(tp)
-    for bs in (1, 7, 256):
-        seq_lens = [rnd.randint(1, 30_000) for _ in range(bs)]
+    for bs, longest in ((1, 30_000), (7, 30_000), (256, 30_000), (256, 50), (1024, 10), (2048, 10)):
+        seq_lens = [rnd.randint(1, longest) for _ in range(bs)]
         bulk = cost.decode_forward_times(bs, sum(seq_lens), max(seq_lens) + 1, 300)
         for j in range(300):
             before = [s + j for s in seq_lens]
