@@ -67,6 +67,12 @@ class SimDriver:
                                                           cpu("process", batch_size, batch_size))
         return costs
 
+    def _process_cpu(self, plan: ForwardPlan) -> float:
+        """The process cost of a launched plan (a decode's is kept by batch size)."""
+        if plan.mode is ForwardMode.DECODE:
+            return self._decode_cpu(plan.batch_size)[2]
+        return self.cost_model.cpu_time("process", plan.batch_size, plan.num_tokens)
+
     def clock(self) -> float:
         return self.env.now + self.cpu_pending
 
@@ -156,7 +162,7 @@ class SimDriver:
         out = StretchColumns()
         segments, durations = _priced_segments(stretch, bulk_price, arrival - clock.now)
         total = segments[-1].stop
-        inflight_process = cost.cpu_time("process", ff.inflight.plan.batch_size, ff.inflight.plan.num_tokens) if overlap else 0.0
+        inflight_process = self._process_cpu(ff.inflight.plan) if overlap else 0.0
         seg_costs = _segment_costs(self._decode_cpu, segments, overlap, inflight_process)
         per_step = None  # the per-step cost arrays of the bulk path, made when first needed
         j, s, cut = 0, 0, False  # the next step, its segment

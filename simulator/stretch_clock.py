@@ -140,10 +140,12 @@ def vector_steps(clock: DriverClock, durations: np.ndarray, schedule: np.ndarray
         seq = np.empty(n + 1)
         seq[0] = clock.dfree
         seq[1:] = durations
-        ends_ = np.add.accumulate(seq)  # ends_[i]: end of step i - 1 (ends_[0] the one before)
-        nows = np.empty(n + 1)
-        nows[0] = clock.now
-        nows[1:] = ends_[:n]
+        # One buffer, [now, dfree + ...]: nows (now, then each step's end before it) and ends_
+        # (ends_[i]: end of step i - 1; ends_[0] the one before) are views of it.
+        buf = np.empty(n + 2)
+        buf[0] = clock.now
+        ends_ = np.add.accumulate(seq, out=buf[1:])
+        nows = buf[: n + 1]
         before, start, end = nows[:n], ends_[:n], ends_[1:]
         t1, t2 = before + p1, before + p2
         waited = start  # the end of the step before
