@@ -246,26 +246,17 @@ def pages_per_step(seq_lens: Sequence[int], page_size: int) -> list[int]:
 
 
 def bulk_decode_slots(pool: ReqToTokenPool, reqs: Sequence[Req], num_steps: int, page_size: int,
-                      take: Callable[[int, int], Iterable[int]],
-                      take_dealt: Callable[[int, int], Sequence[Iterable[int]]] | None = None) -> None:
+                      take: Callable[[int, int], Iterable]) -> None:
     """The KV slots of num_steps decode steps, written into the requests' rows as stepping
     writes them. take(n, steps) takes the n pages each of `steps` steps needs from the
     allocator, step after step, and gives them in the order the requests that need them get
-    them (request order); with page_size 1 a page is a slot and every request needs one a step
-    (take_dealt, if given, gives the same slots dealt out: request i's, step by step)."""
+    them (request order). With page_size 1 a page is a slot and every request needs one a step:
+    take gives them dealt out, one sequence a request (request i's: the i-th of each step's)."""
     bs = len(reqs)
     if page_size == 1:
         rows = pool.req_to_token
-        if take_dealt is not None:
-            for r, slots in zip(reqs, take_dealt(bs, num_steps)):
-                rows[r.req_pool_idx].extend(slots)
-                r.seq_len += num_steps
-            return
-        # Step j's slots are taken[j * bs : (j + 1) * bs], in request order: request i's are
-        # taken[i::bs] (a strided slice of the array, in C).
-        taken = take(bs, num_steps)
-        for i, r in enumerate(reqs):
-            rows[r.req_pool_idx].extend(taken[i::bs])
+        for r, slots in zip(reqs, take(bs, num_steps)):
+            rows[r.req_pool_idx].extend(slots)
             r.seq_len += num_steps
         return
     rows = pool.req_to_token

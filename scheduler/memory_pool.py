@@ -56,6 +56,12 @@ class ReqToTokenPool:
         return self.req_to_token[slot][start:end]
 
 
+def dealt(taken: array, n: int) -> list[array]:
+    """Pages taken n a step, dealt out by place: entry i holds the i-th of each step's (strided
+    slices of the array, in C)."""
+    return [taken[i::n] for i in range(n)]
+
+
 class TokenToKVPoolAllocator:
     """Free list of KV slots, page aligned.
 
@@ -145,10 +151,10 @@ class TokenToKVPoolAllocator:
         low = end - steps * n
         if n == 0 or low < 0:
             taken = self.take_pages_in_steps(n, steps)
-            return [taken[i::n] for i in range(n)]
-        dealt = [free[end - n + i : (low + i - 1 if low + i else None) : -n] for i in range(n)]
+            return dealt(taken, n)
+        out = [free[end - n + i : (low + i - 1 if low + i else None) : -n] for i in range(n)]
         del free[low:]
-        return dealt
+        return out
 
     def alloc(self, need_size: int) -> array | None:
         """need_size fresh slots (whole pages when page_size > 1)."""

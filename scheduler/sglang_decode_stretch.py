@@ -214,7 +214,7 @@ class SglangDecodeStretches:
         alloc, batch, reqs = self.allocator, self.running_batch, seg.reqs
         ps, bs = alloc.page_size, len(reqs)
         # prepare_for_decode's slots: alloc's order with page size 1; alloc_decode pops its new pages from the end.
-        take = alloc.take_pages_in_steps if ps == 1 else (lambda n, _: reversed(alloc._take_pages(n)))
+        take = alloc.take_pages_in_steps_dealt if ps == 1 else (lambda n, _: reversed(alloc._take_pages(n)))
         done = 0
         while done < num_steps:
             if alloc.num_free_pages() < bs:
@@ -227,7 +227,7 @@ class SglangDecodeStretches:
             per_step = seg.pages_per_step[phase:] + seg.pages_per_step[:phase]
             n = steps_with_pages(alloc.num_free_pages(), per_step, bs, num_steps - done)
             assert n > 0, "a decode stretch ran out of KV pages"
-            bulk_decode_slots(self.req_to_token_pool, reqs, n, ps, take, alloc.take_pages_in_steps_dealt if ps == 1 else None)
+            bulk_decode_slots(self.req_to_token_pool, reqs, n, ps, take)
             done += n
         self.new_token_ratio = self.ratio_decay.after(self.new_token_ratio, num_steps)
         if self.config.overlap:

@@ -86,6 +86,7 @@ class StretchState:
         return [(0, self.cached_before), *self.cached_changes, (self.num_steps - 1, self.cached_last)]
 
     def kv_after_last_step(self) -> int:
+        """The KV in use after the last step (what the scheduler's count must be then)."""
         kv = self.kv_before + sum(c for _, c in self.kv_changes)
         for steps, _, pages in self.segments:
             whole, part = divmod(steps, len(pages))

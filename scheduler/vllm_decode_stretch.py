@@ -27,6 +27,7 @@ from scheduler.decode_stretch import (
     stretch_through_finishes,
 )
 from scheduler.forward_plan import ForwardMode
+from scheduler.memory_pool import dealt
 from scheduler.req import Req
 
 if TYPE_CHECKING:
@@ -167,7 +168,8 @@ class _StretchRun:
             # The blocks they fill go to the cache after: slots are not what the cache reads.
             n = steps_finding_their_pages(alloc.num_free_pages(), cycle, min(stop, seg.stop, next_finish + 1) - s)
             assert n > 0, "a decode stretch ran out of KV pages"
-            bulk_decode_slots(sched.req_to_token_pool, reqs, n, ps, lambda k, steps: take(k * steps))
+            bulk_decode_slots(sched.req_to_token_pool, reqs, n, ps,
+                              (lambda k, steps: dealt(take(k * steps), k)) if ps == 1 else (lambda k, steps: take(k * steps)))
             if sched.config.overlap:
                 sched._future.skip(len(reqs), n)
             self.scheduled = s + n
