@@ -64,7 +64,7 @@ def _file_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema([pa.field(f.name, pa.large_string() if f.type == pa.string() else f.type) for f in schema])
 
 
-_STEP_FILE_SCHEMA = _file_schema(STEP_SCHEMA)
+STEPS_FILE_SCHEMA = _file_schema(STEP_SCHEMA)  # steps.parquet's (steps_file.py writes it a part at a time)
 _REQUESTS_FILE_SCHEMA = _file_schema(REQUESTS_SCHEMA)
 
 
@@ -106,9 +106,7 @@ def write_requests(path: Path, requests: Mapping[str, Any]) -> None:
     _write_atomic(path, lambda p: pq.write_table(table, p, use_dictionary=text))
 
 
-# steps.parquet's schema and encoding (testbed/runs/steps_file.py writes it a part at a time).
-STEPS_FILE_SCHEMA = _STEP_FILE_SCHEMA
-STEPS_DICTIONARY_COLUMNS = ["mode"]
+STEPS_DICTIONARY_COLUMNS = ["mode"]  # steps.parquet's dictionary-encoded columns (both of its writers)
 
 
 def steps_table(cols: dict) -> pa.Table:
