@@ -66,7 +66,7 @@ class DecodeStretch:
     segments: list[StretchSegment]  # those planned so far (plan() plans more)
     page_size: int
     # The first step merges the prefill scheduled just before into the running batch (SGLang):
-    # the ordinary code schedules that step (and, with overlap, processes that prefill).
+    # the ordinary code merges it (and, with overlap, processes that prefill).
     merges_prefill: bool = False
     # Filled by advance_decode_stretch, for the rows from step j on: (j, the cache's evictable
     # tokens) where that changes at step j (a step whose schedule evicts, a finished request's KV

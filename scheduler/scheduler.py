@@ -136,6 +136,17 @@ class Scheduler(SglangDecodeStretches):
 
     # -- batch selection --------------------------------------------------------
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
+        self.merge_last_prefill()
+        batch = self.get_new_batch_prefill()
+        if batch is None and not self.running_batch.is_empty():
+            batch = self.update_running_batch()
+        self.last_batch = batch
+        return batch
+
+    def merge_last_prefill(self) -> None:
+        """A step's schedule begins here: the prefill scheduled last joins the running batch
+        (but a request still being chunked, which is cached so far and continues), and
+        finished requests leave it."""
         exclude: list[Req] = []
         chunked = self.chunked_req
         if chunked is not None:
@@ -163,12 +174,6 @@ class Scheduler(SglangDecodeStretches):
         running.filter_batch()
         if running.batch_size() < running_bs:
             running.batch_is_full = False
-
-        batch = self.get_new_batch_prefill()
-        if batch is None and not self.running_batch.is_empty():
-            batch = self.update_running_batch()
-        self.last_batch = batch
-        return batch
 
     def get_num_allocatable_reqs(self, running_bs: int, num_held_rows: int = 0) -> int:
         return min(self.max_running_requests - running_bs, self.req_to_token_pool.available_size() + num_held_rows)
@@ -278,13 +283,21 @@ class Scheduler(SglangDecodeStretches):
         queued = set(map(id, self.inflight[0].reqs))
         return [r for r in near_end if id(r) in queued]
 
+    def drop_finishing_inflight(self, batch: ScheduleBatch) -> bool:
+        """A decode step's first change to the batch: the requests whose in-flight result
+        finishes them leave it (merge_last_prefill has just dropped finished and retracted
+        ones), and it is then no longer full. Whether any left."""
+        finishing = self._reqs_finishing_inflight(batch.reqs)
+        if finishing:
+            batch.filter_batch(exclude=tuple(finishing))
+            batch.batch_is_full = False
+        return bool(finishing)
+
     def update_running_batch(self) -> ScheduleBatch | None:
         """Prepare the running batch's next decode step; None skips decoding this step."""
         batch = self.running_batch
         initial_bs = batch.batch_size()
-        finishing = self._reqs_finishing_inflight(batch.reqs)
-        if finishing:  # (get_next_batch_to_run has just dropped finished and retracted ones)
-            batch.filter_batch(exclude=tuple(finishing))
+        finishing = self.drop_finishing_inflight(batch)
         if batch.is_empty():
             batch.batch_is_full = False
             return None

@@ -46,7 +46,7 @@ class SglangDecodeStretches:
                 return None
         elif last.forward_mode is ForwardMode.EXTEND and last.chunked_req is None and (not self.waiting_queue or not running.is_empty()):
             # A whole prefill that the first step merges into the running batch (the ordinary
-            # code schedules that step; with overlap it processes the prefill). With requests
+            # code merges it; with overlap it processes the prefill). With requests
             # waiting, the batch is full (above) and stays so: it is not a new one (which would
             # start not full), and no request leaves at the merge (below).
             reqs = running.reqs + last.reqs
@@ -105,26 +105,24 @@ class SglangDecodeStretches:
 
     def advance_decode_stretch(self: Scheduler, stretch: DecodeStretch, num_steps: int, launch_times: array,
                                token_times: array, token_id: int) -> LaunchedBatch:
-        """Take the stretch's first num_steps steps: the first num_steps - 1 in bulk (but a
-        first step that merges a prefill), the last scheduled and launched as stepping does
-        (step j at launch_times[j]); each step's processing gives its requests one token at
-        token_times, and finishes those at their length. Returns the last step's launched
-        batch (in flight with overlap)."""
+        """Take the stretch's first num_steps steps: the first num_steps - 1 in bulk (a first
+        step that merges a prefill merges it by the ordinary code), the last scheduled and
+        launched as stepping does (step j at launch_times[j]); each step's processing gives its
+        requests one token at token_times, and finishes those at their length. Returns the last
+        step's launched batch (in flight with overlap)."""
         overlap, last = self.config.overlap, num_steps - 1
         launched = None
         first = 0
         if stretch.merges_prefill:
-            # Step 0 merges the prefill just scheduled into the running batch: the ordinary code
-            # schedules and launches it; with overlap it processes that prefill.
+            # Step 0 merges the prefill just scheduled into the running batch (the ordinary
+            # code's merge), and its decode is taken in bulk; with overlap it processes that
+            # prefill (the ordinary code), after its schedule took its slots.
             kv_before = self.kv_used_tokens()
             seg = stretch.segments[0]
-            scheduled = self.get_next_batch_to_run()
-            assert scheduled is self.running_batch and scheduled.forward_mode is ForwardMode.DECODE and scheduled.reqs == seg.reqs, "a decode stretch's merge changed its batch"
-            launched = self.launch(scheduled, launch_times[0], overlap)
+            self._merge_in_bulk(stretch, seg)
             if overlap:
                 prefill = self.inflight[0]
                 self.process_batch_result(prefill, [token_id] * len(prefill.reqs), token_times[0])
-                self.inflight.pop(0)  # step 0's decode, which step 1 processes
                 # The prefill's processing caches its prompts (and finishes a one-token request).
                 taken = seg.pages_per_step[0] * self.allocator.page_size
                 stretch.kv_changes.append((0, self.kv_used_tokens() - kv_before - taken))
@@ -172,6 +170,20 @@ class SglangDecodeStretches:
             processed = seg.reqs
         assert launched is not None
         return launched
+
+    def _merge_in_bulk(self: Scheduler, stretch: DecodeStretch, seg: StretchSegment) -> None:
+        """The schedule of a stretch's step 0 that merges the prefill scheduled before: what
+        get_next_batch_to_run does, the decode's slots and decay in bulk (the steps after
+        process its result in bulk, so it launches nothing that stays)."""
+        self.merge_last_prefill()
+        assert self.get_new_batch_prefill() is None, "a decode stretch's merge step admitted a request"
+        batch = self.running_batch
+        self.drop_finishing_inflight(batch)  # (update_running_batch's changes but the decode's)
+        batch.num_retracted = 0
+        assert batch.reqs == seg.reqs, "a decode stretch's merge changed its batch"
+        batch.forward_mode = ForwardMode.DECODE
+        self.last_batch = batch
+        self._bulk_decode(stretch, seg, 0, 1)
 
     def _refused_admission_check(self: Scheduler) -> None:
         """A step's prefill branch inside a stretch, which the stretch's plan showed to refuse
