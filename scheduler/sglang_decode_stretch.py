@@ -172,14 +172,15 @@ class SglangDecodeStretches:
         return launched
 
     def _merge_in_bulk(self: Scheduler, stretch: DecodeStretch, seg: StretchSegment) -> None:
-        """The schedule of a stretch's step 0 that merges the prefill scheduled before: what
-        get_next_batch_to_run does, the decode's slots and decay in bulk (the steps after
-        process its result in bulk, so it launches nothing that stays)."""
+        """Schedule a stretch's step 0, which merges the prefill scheduled before: the merge,
+        the queue look and the drop of requests finishing in flight by the ordinary code, then
+        the decode's slots and decay in bulk (step 1 processes its result in bulk, so it plans
+        and launches nothing). The last step's ordinary schedule sets the rest of the batch's
+        per-step state (its plan, num_retracted) before anything reads it."""
         self.merge_last_prefill()
         assert self.get_new_batch_prefill() is None, "a decode stretch's merge step admitted a request"
         batch = self.running_batch
-        self.drop_finishing_inflight(batch)  # (update_running_batch's changes but the decode's)
-        batch.num_retracted = 0
+        self.drop_finishing_inflight(batch)
         assert batch.reqs == seg.reqs, "a decode stretch's merge changed its batch"
         batch.forward_mode = ForwardMode.DECODE
         self.last_batch = batch
