@@ -62,6 +62,7 @@ WAYS: dict[str, Way] = {
     "testbed capacity traces/a.json --slo p90_ttft_ms=500 --slo p90_tpot_ms=50": Way(append=FEWER),
     "testbed capacity traces/a.json --slo p90_ttft_ms=200 --grid policy=fcfs,lpm --grid overlap=on,off": Way(append=FEWER),
     ".venv/bin/python benchmarks/sim_speed.py": Way(append=("--max-requests", "300")),
+    ".venv/bin/python benchmarks/sim_breakdown.py": Way(append=("--max-requests", "300")),
     ".venv/bin/python benchmarks/engine_throughput.py": Way(append=("-n", "2", "--lo", "8", "--hi", "16")),
     ".venv/bin/python benchmarks/fidelity.py": Way(skip="about 12 minutes of real runs and calibration"),
     ".venv/bin/python benchmarks/sweep_speed.py": Way(append=("--max-requests", "30", "--workers", "1")),
