@@ -43,7 +43,8 @@ from testbed.options import ReplayOptions  # noqa: E402
 from testbed.replay import replay  # noqa: E402
 
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
-KINDS = ("loop start", "decode stretch", "prefill, chunk goes on", "prefill", "decode step", "processing", "no stretch", "idle")
+STEP_KINDS = ("prefill, chunk goes on", "prefill", "decode step")  # a step scheduled one at a time
+KINDS = ("loop start", "decode stretch", *STEP_KINDS, "processing", "no stretch", "idle")
 
 
 @dataclass
@@ -141,7 +142,7 @@ class Breakdown:
     def steps_seen(self) -> int:
         """Steps the marked pieces launched: the stretches' and those scheduled one at a time."""
         _, counts = self.marks.totals()
-        return self.marks.stretch_steps + sum(counts[k] for k in ("prefill, chunk goes on", "prefill", "decode step"))
+        return self.marks.stretch_steps + sum(counts[k] for k in STEP_KINDS)
 
 
 def measure(trace: Path, opts: ReplayOptions) -> Breakdown:
