@@ -18,8 +18,11 @@ start of the next to the kind of piece it was:
   an earlier replay in the same process left its garbage: scheduler/gc_pause.py).
 
 Then the time outside the loop: loading the trace, and writing the run's tables. The
-time of a piece includes the driver's: its costs, SimPy's events, the step log. One run,
-on a noisy machine: compare shares and the microseconds of a piece, not seconds across runs.
+time of a piece includes the driver's: its costs, SimPy's events, the step log. Across the
+pieces, the time inside the scheduler itself (the loop's calls to it: the decisions that
+conformance pins to SGLang's), of which the prompts it makes from the trace when it first
+needs them, and the rest of the loop. One run, on a noisy machine: compare shares and the
+microseconds of a piece, not seconds across runs.
 """
 
 from __future__ import annotations
@@ -38,13 +41,20 @@ sys.path.insert(0, str(ROOT))
 
 from scheduler.forward_plan import ForwardMode  # noqa: E402
 from scheduler.loop import EventLoop  # noqa: E402
+from scheduler.scheduler import Scheduler  # noqa: E402
+from scheduler.vllm_scheduler import VllmScheduler  # noqa: E402
 from simulator.sim_driver import SimDriver  # noqa: E402
 from testbed.options import ReplayOptions  # noqa: E402
 from testbed.replay import replay  # noqa: E402
+from testbed.traces.schema import TracePrompts  # noqa: E402
 
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
 STEP_KINDS = ("prefill, chunk goes on", "prefill", "decode step")  # a step scheduled one at a time
 KINDS = ("loop start", "decode stretch", *STEP_KINDS, "processing", "no stretch", "idle")
+# What the loop calls on a scheduler (scheduler/protocol.py's SchedulerCore; its end-of-run
+# check_invariants is outside the loop).
+CORE_METHODS = ("add_request", "get_next_batch_to_run", "launch", "process_batch_result", "on_idle", "is_idle",
+                "kv_used_tokens", "decode_stretch", "advance_decode_stretch")
 
 
 @dataclass
@@ -56,6 +66,13 @@ class LoopMarks:
     stretch_steps: int = 0  # steps the stretches took
     loop_start: float = 0.0
     loop_end: float = 0.0
+    # Inside the scheduler (its SchedulerCore methods, outermost calls only): the decisions
+    # that conformance pins to SGLang's (or vLLM's), which every other piece waits on.
+    core_seconds: float = 0.0
+    core_calls: int = 0
+    prompt_seconds: float = 0.0  # of which making prompts from the trace (done when first needed)
+    prompts: int = 0
+    _in_core: bool = False
 
     def begin(self) -> int:
         self.starts.append(time.perf_counter())
@@ -115,14 +132,50 @@ def instrument(marks: LoopMarks) -> Callable[[], None]:
         finally:
             marks.loop_end = time.perf_counter()
 
+    def core(f):
+        def timed(*args, **kwargs):
+            if marks._in_core:  # (a method calling another: counted once)
+                return f(*args, **kwargs)
+            marks._in_core = True
+            t0 = time.perf_counter()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                marks.core_seconds += time.perf_counter() - t0
+                marks.core_calls += 1
+                marks._in_core = False
+        return timed
+
+    prompt = TracePrompts.prompt
+
+    def timed_prompt(self, index):
+        t0 = time.perf_counter()
+        try:
+            return prompt(self, index)
+        finally:
+            marks.prompt_seconds += time.perf_counter() - t0
+            marks.prompts += 1
+
     EventLoop._schedule_and_launch, EventLoop._process = schedule_and_launch, process
     EventLoop._fast_forward, EventLoop._idle = fast_forward, idle
     SimDriver.run = driver_run
+    # A method a class inherits (from its decode-stretch mixin) is wrapped on the class itself,
+    # and removed again by the undo; its own methods are put back.
+    own = {(cls, name): cls.__dict__.get(name) for cls in (Scheduler, VllmScheduler) for name in CORE_METHODS}
+    for cls, name in own:
+        setattr(cls, name, core(getattr(cls, name)))
+    TracePrompts.prompt = timed_prompt
 
     def undo() -> None:
         for name, f in originals.items():
             setattr(EventLoop, name, f)
         SimDriver.run = run
+        for (cls, name), f in own.items():
+            if f is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, f)
+        TracePrompts.prompt = prompt
 
     return undo
 
@@ -172,6 +225,9 @@ def report(b: Breakdown) -> None:
             print(f"  {kind:<24}{counts[kind]:>9,}{seconds[kind]:>10.3f}{seconds[kind] / wall:>8.1%}"
                   f"{seconds[kind] / counts[kind] * 1e6:>10.1f}{extra}")
     print(f"  {'outside the loop':<24}{'':>9}{wall - loop:>10.3f}{(wall - loop) / wall:>8.1%}")
+    print(f"  across the pieces: inside the scheduler {marks.core_seconds:.3f} s ({marks.core_seconds / wall:.1%}, "
+          f"{marks.core_calls:,} calls), of which making {marks.prompts:,} prompts {marks.prompt_seconds:.3f} s; "
+          f"the rest of the loop (driver, clock, cost model, step log) {loop - marks.core_seconds:.3f} s")
 
 
 def main() -> None:

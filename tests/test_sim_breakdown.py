@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.loop import EventLoop
+from scheduler.scheduler import Scheduler
 from testbed.options import ReplayOptions
 from testbed.traces.gen import GenConfig, generate_trace
 
@@ -28,13 +29,17 @@ def test_breakdown_accounts_for_every_step(tmp_path: Path, fast_forward: bool) -
     bench = _load_benchmark()
     trace = tmp_path / "t.jsonl"
     generate_trace(GenConfig(num_requests=60, rate=2.0, seed=1)).write(trace)
-    process = EventLoop._process
+    process, schedule = EventLoop._process, Scheduler.get_next_batch_to_run
     # Chunks of 64 tokens: prompts of 100-600 tokens take several prefill steps each.
     b = bench.measure(trace, ReplayOptions(fast_forward=fast_forward, chunked_prefill_size=64))
     assert EventLoop._process is process, "the loop was left instrumented"
+    assert Scheduler.get_next_batch_to_run is schedule and "decode_stretch" not in Scheduler.__dict__, "the scheduler was left instrumented"
     seconds, counts = b.marks.totals()
     assert b.steps_seen() == b.summary["num_steps"]
     assert counts["prefill, chunk goes on"] > 0 and counts["prefill"] > 0
     assert (counts["decode stretch"] > 0) == fast_forward
     assert 0 < b.loop <= b.wall
     assert sum(seconds.values()) == pytest.approx(b.loop, rel=1e-6, abs=1e-3)
+    # The scheduler's share: inside the loop, and it made every prompt (each once).
+    assert 0 < b.marks.prompt_seconds < b.marks.core_seconds < b.loop
+    assert b.marks.prompts == b.summary["completed"] == 60
