@@ -178,7 +178,8 @@ class SglangDecodeStretches:
         and launches nothing). The last step's ordinary schedule sets the rest of the batch's
         per-step state (its plan, num_retracted) before anything reads it."""
         self.merge_last_prefill()
-        assert self.get_new_batch_prefill() is None, "a decode stretch's merge step admitted a request"
+        admitted = self.get_new_batch_prefill()  # (the call outside the assert: it must run under -O too)
+        assert admitted is None, "a decode stretch's merge step admitted a request"
         batch = self.running_batch
         self.drop_finishing_inflight(batch)
         assert batch.reqs == seg.reqs, "a decode stretch's merge changed its batch"
