@@ -20,7 +20,7 @@ from engine.kv_cache import KVCache
 from engine.llama import LlamaForCausalLM
 from engine.sampler import SamplingBatch, sample
 from engine.weights import init_dummy_weights, load_weights
-from scheduler.forward_plan import ForwardMode, ForwardPlan
+from scheduler.forward_plan import ForwardMode, ForwardPlan, synthetic_plan
 from scheduler.future_indices import FUTURE_MAP_SIZE
 from scheduler.model_config import ModelConfig
 
@@ -88,6 +88,8 @@ class ModelRunner:
         return tokens
 
     def init_cache(self, kv_tokens: int, num_req_rows: int) -> None:
+        # The old pool goes first: a GPU pool sized from free memory leaves no room for two.
+        self.cache = self.attn = None
         row_len = min(self.model_cfg.context_len, kv_tokens)
         self.cache = KVCache(self.model_cfg, kv_tokens, num_req_rows, row_len, self.dtype, self.device)
         cfg = self.model_cfg
@@ -97,6 +99,21 @@ class ModelRunner:
             self.attn = FlashInferAttention(self.cache, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, self.dtype)
         else:
             self.attn = TorchAttention(self.cache, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+
+    def warm_up(self) -> None:
+        """One small prefill and one decode before the first request, as SGLang and vLLM run
+        before they serve: CUDA's first forward pays for its library handles and kernel loads
+        (hundreds of ms), which no request of a served trace waits for. It writes KV slots that
+        the run's requests overwrite before reading them; the cache holds nothing else yet."""
+        if self.device.type != "cuda" or self.cache is None:
+            return
+        tokens = min(16, self.cache.num_slots - 1, self.cache.req_to_token.shape[1] - 1)
+        if tokens < 1:
+            return
+        self.forward(synthetic_plan(ForwardMode.EXTEND, [0], [tokens], with_rows=True))
+        self.forward(synthetic_plan(ForwardMode.DECODE, [tokens], [1], with_rows=False))
+        self.num_forwards = 0  # sampling seeds count the run's own forwards
+        torch.cuda.synchronize(self.device)
 
     def forward(self, plan: ForwardPlan, keep_logits: bool = False) -> torch.Tensor:
         """Run plan; return the sampled ids [B] (int64, on the device)."""

@@ -10,6 +10,7 @@ import enum
 from array import array
 from dataclasses import dataclass
 
+from scheduler.ids import ids
 from scheduler.sampling import SamplingParams
 
 
@@ -90,3 +91,32 @@ class ForwardPlan:
             pairs += e * (p + (e + 1) / 2)
             longest = max(longest, p + e)
         return num_tokens, sum_prefix + num_tokens, sum_prefix, pairs, longest
+
+
+def synthetic_plan(mode: ForwardMode, prefix_lens: list[int], extend_lens: list[int], with_rows: bool) -> ForwardPlan:
+    """A plan of requests laid out side by side in the KV pool (rows 0..B-1), every token id 1:
+    what calibrate times, and what an engine warms up on before it takes requests."""
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    out_cache_loc, row_writes, off = ids(), [], 0
+    for i, (p, s) in enumerate(zip(prefix_lens, seq_lens)):
+        row_writes.append((i, 0, ids(range(off, off + s))))
+        out_cache_loc.extend(range(off + p, off + s))
+        off += s
+    n, sum_seq, sum_prefix, pairs, longest = ForwardPlan.summarize(prefix_lens, extend_lens)
+    return ForwardPlan(
+        mode=mode,
+        req_pool_indices=list(range(len(seq_lens))),
+        prefix_lens=prefix_lens,
+        extend_lens=extend_lens,
+        seq_lens=seq_lens,
+        sampling=[SamplingParams(max_new_tokens=1)] * len(seq_lens),
+        sample=[True] * len(seq_lens),
+        out_cache_loc=out_cache_loc,
+        token_sources=[ids([1]) * s for s in seq_lens],
+        row_writes=row_writes if with_rows else None,
+        num_tokens=n,
+        sum_seq_len=sum_seq,
+        sum_prefix_len=sum_prefix,
+        attention_pairs=pairs,
+        max_seq_len=longest,
+    )

@@ -71,6 +71,8 @@ def build_real(opts, model: ModelConfig, make_config: Callable[[int], SchedulerC
         choice = choose_device(opts.device, opts.dtype, opts.attention_backend)
     except DeviceError as e:
         raise ConfigError(str(e)) from None
+    if choice.device.type == "cuda":
+        _free_earlier_engines()
     folder = model.folder
     load_format = opts.load_format or ("auto" if folder else "dummy")
     if load_format == "auto" and not folder:
@@ -89,6 +91,7 @@ def build_real(opts, model: ModelConfig, make_config: Callable[[int], SchedulerC
     except (ValueError, WeightLoadError, UnsupportedRopeError) as e:
         raise ConfigError(str(e)) from None
     runner.init_cache(kv_tokens, config.effective_max_running_requests + 2)
+    runner.warm_up()
     meta = {
         "hardware": str(choice.device) if choice.device.type == "cpu" else _gpu_name(choice.device),
         "device": choice.reason,
@@ -97,6 +100,19 @@ def build_real(opts, model: ModelConfig, make_config: Callable[[int], SchedulerC
         "load_format": load_format,
     }
     return Backend(RealDriver(runner, opts.overlap), kv_tokens, model.vocab_size, meta), config
+
+
+def _free_earlier_engines() -> None:
+    """A process that replays more than once (calibrate, the benchmarks) must not hold the last
+    engine's weights and KV pool while it builds the next: the engine's objects refer to each
+    other, so they wait for the cycle collector, and the pool is sized from free memory.
+    On an H100, an 8B model's second replay ran out of memory without this."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def describe_engine(meta: dict) -> str:

@@ -28,10 +28,9 @@ from typing import Callable
 
 import numpy as np
 
-from scheduler.forward_plan import ForwardMode, ForwardPlan
+from scheduler.forward_plan import ForwardMode, ForwardPlan, synthetic_plan
 from scheduler.ids import ids
 from scheduler.model_config import load_model_config
-from scheduler.sampling import SamplingParams
 from simulator import profile_fit as pf
 from simulator.profile_cost import PROFILE_FORMAT, PROFILE_VERSION
 from testbed.runs.folder import load_run, versions, write_json
@@ -59,34 +58,6 @@ class CalibrationConfig:
     # had, a worse error against real runs (see README: machine drift made that run moot).
     replay_time_scales: list[float] = field(default_factory=lambda: [1.0])
     seed: int = 0
-
-
-def synthetic_plan(mode: ForwardMode, prefix_lens: list[int], extend_lens: list[int], with_rows: bool) -> ForwardPlan:
-    """A plan of requests laid out side by side in the KV pool (rows 0..B-1)."""
-    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
-    out_cache_loc, row_writes, off = ids(), [], 0
-    for i, (p, s) in enumerate(zip(prefix_lens, seq_lens)):
-        row_writes.append((i, 0, ids(range(off, off + s))))
-        out_cache_loc.extend(range(off + p, off + s))
-        off += s
-    n, sum_seq, sum_prefix, pairs, longest = ForwardPlan.summarize(prefix_lens, extend_lens)
-    return ForwardPlan(
-        mode=mode,
-        req_pool_indices=list(range(len(seq_lens))),
-        prefix_lens=prefix_lens,
-        extend_lens=extend_lens,
-        seq_lens=seq_lens,
-        sampling=[SamplingParams(max_new_tokens=1)] * len(seq_lens),
-        sample=[True] * len(seq_lens),
-        out_cache_loc=out_cache_loc,
-        token_sources=[ids([1]) * s for s in seq_lens],
-        row_writes=row_writes if with_rows else None,
-        num_tokens=n,
-        sum_seq_len=sum_seq,
-        sum_prefix_len=sum_prefix,
-        attention_pairs=pairs,
-        max_seq_len=longest,
-    )
 
 
 class ForwardTimer:
@@ -351,12 +322,14 @@ def fit_profile(extend: list[dict], decode: list[dict], cpu: list[dict], insitu:
 def calibrate(cfg: CalibrationConfig, out: str | Path, progress: Progress | None = None) -> dict:
     from simulator.hardware import hardware_of_device
     from testbed.backends import build_real, describe_engine
-    from testbed.options import ReplayOptions, default_overlap
+    from testbed.options import ReplayOptions, default_overlap, resolved_options
     from testbed.replay import scheduler_config
 
     model = load_model_config(cfg.model)
-    opts = ReplayOptions(mode="real", model=cfg.model, load_format=cfg.load_format, device=cfg.device, dtype=cfg.dtype,
-                         attention_backend=cfg.attention_backend, seed=cfg.seed)
+    # Resolved as a replay resolves its options (the KV pool's memory share above all), so the
+    # engine measured here is the one a default real run gets.
+    opts = resolved_options(ReplayOptions(mode="real", model=cfg.model, load_format=cfg.load_format, device=cfg.device,
+                                          dtype=cfg.dtype, attention_backend=cfg.attention_backend, seed=cfg.seed))
     t0 = time.perf_counter()
     backend, _ = build_real(opts, model, lambda kv: scheduler_config(opts, model, kv))
     print(describe_engine(backend.meta), flush=True)  # once: the replays below run on the same engine

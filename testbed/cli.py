@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from testbed.backends import describe_engine
@@ -152,6 +152,14 @@ def cmd_calibrate_kernels(args: argparse.Namespace) -> int:
     return 0
 
 
+def _own_version() -> str:
+    """The installed distribution's version; a checkout run from its folder (PYTHONPATH) has none."""
+    try:
+        return version("testbed")
+    except PackageNotFoundError:
+        return "(not installed: run from a source checkout)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from simulator.kernel_db import BACKENDS
     from testbed import dashboard_cli
@@ -161,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     from testbed.traces import cli as traces_cli
 
     parser = CliParser(prog="testbed", description="LLM-serving scheduler testbed: replay traces in simulation or on a real engine")
-    parser.add_argument("--version", action="version", version=f"testbed {version('testbed')}")
+    parser.add_argument("--version", action="version", version=f"testbed {_own_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("replay", help="replay a trace and write a run folder")
     p.add_argument("trace", help="trace file: native JSON/JSONL, Mooncake JSONL, Azure CSV or ShareGPT-length CSV")

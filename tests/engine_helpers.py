@@ -9,6 +9,7 @@ forward on the very same weights.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,8 +51,12 @@ LLAMA3_ROPE = {
 
 ARCHS = ("llama", "llama3-rope", "qwen2", "qwen3", "mistral")
 
-ATOL = 1e-4
-RTOL = 1e-4
+# The engine tests run on the CPU; benchmarks/gpu_check.sh runs them on CUDA too
+# (TESTBED_TEST_DEVICE=cuda, TESTBED_TEST_ATTENTION=torch|flashinfer), float32 either way.
+TEST_DEVICE = os.environ.get("TESTBED_TEST_DEVICE", "cpu")
+TEST_ATTENTION = os.environ.get("TESTBED_TEST_ATTENTION", "torch")
+ATOL = float(os.environ.get("TESTBED_TEST_ATOL", "1e-4"))
+RTOL = ATOL
 
 
 def hf_config(arch: str, **overrides):
@@ -103,7 +108,7 @@ def save_hf_model(arch: str, folder: Path, seed: int = 0, **overrides):
 
 def make_runner(folder: Path) -> ModelRunner:
     cfg = load_model_config(folder)
-    return ModelRunner(cfg, choose_device("cpu", "float32", "torch"), EngineConfig(load_format="auto"), folder)
+    return ModelRunner(cfg, choose_device(TEST_DEVICE, "float32", TEST_ATTENTION), EngineConfig(load_format="auto"), folder)
 
 
 def scheduler_config(runner: ModelRunner, kv_tokens: int = 2048, overlap: bool = False, **kw) -> SchedulerConfig:
@@ -193,10 +198,11 @@ class ManualRun:
         for i, r in enumerate(launched.reqs):
             rec = self.records[r.rid]
             rec.plans.append((plan, i))
-            rec.rows.append((plan.seq_lens[i] - 1, logits[i].clone()))
+            row = logits[i].cpu()  # a copy on the CPU, where transformers' reference is
+            rec.rows.append((plan.seq_lens[i] - 1, row))
             sampled = plan.mode is ForwardMode.DECODE or plan.sample[i]
             if sampled and not r.is_retracted:
-                rec.logits.append(logits[i].clone())
+                rec.logits.append(row)
         sched.process_batch_result(launched, ids.tolist(), self.now)
         self.plans.append(plan)
         return plan
@@ -235,6 +241,7 @@ def hf_generate(model, ids: list[int], n: int) -> list[int]:
 
 
 def assert_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    got = got.cpu()
     diff = (got - want).abs().max().item()
     assert torch.allclose(got, want, atol=ATOL, rtol=RTOL), f"{what}: max |engine - transformers| = {diff:.3g}"
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.forward_plan import ForwardMode
+from scheduler.forward_plan import ForwardMode, synthetic_plan
 from simulator import profile_fit as pf
 from simulator.profile_cost import ProfileCostModel, ProfileError
-from testbed.calibrate import CalibrationConfig, calibrate, synthetic_plan
+from testbed.calibrate import CalibrationConfig, calibrate
 from testbed.errors import ConfigError
 from testbed.options import ReplayOptions, resolved_options
 from testbed.replay import replay

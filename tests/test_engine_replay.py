@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from cli_helpers import assert_clean_error
 from engine_helpers import save_hf_model
 
@@ -26,6 +27,9 @@ REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "testbed.cli"]
 CONTEXT = 256  # the model's max_position_embeddings
 KV_TOKENS = "4096"  # not the default 1 GiB of CPU KV cache: a tiny model needs little
+# benchmarks/gpu_check.sh runs this file on a GPU too, where a real run defaults to that GPU, overlap on.
+DEFAULT_DEVICE = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+DEFAULT_OVERLAP = "on" if torch.cuda.is_available() else "off"
 
 
 def _testbed(*args, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -74,7 +78,8 @@ def test_real_replay_exits_0_and_prints_the_summary(runs):
     proc = procs["real"]
     _assert_ok(proc)
     assert "real engine:" in proc.stdout and "auto weights" in proc.stdout
-    assert ", fcfs, overlap off)" in proc.stdout and "(real, " in proc.stdout and " on cpu, " in proc.stdout  # model on device
+    assert f", fcfs, overlap {DEFAULT_OVERLAP})" in proc.stdout and "(real, " in proc.stdout
+    assert f" on {DEFAULT_DEVICE}, " in proc.stdout  # model on device
     assert "9 completed, 1 rejected, 0 unfinished" in proc.stdout
     for row in ("TTFT", "TPOT", "ITL", "E2E"):
         assert row in proc.stdout
@@ -141,7 +146,7 @@ def test_bundled_config_with_dummy_weights_runs(setup, tmp_path):
         "--no-overlap", "--kv-tokens", KV_TOKENS, "--out", out, "-q",
     )  # fmt: skip
     _assert_ok(proc)
-    assert "dummy weights" in proc.stdout and "(real, tiny-llama on cpu, fcfs, overlap off)" in proc.stdout
+    assert "dummy weights" in proc.stdout and f"(real, tiny-llama on {DEFAULT_DEVICE}, fcfs, overlap off)" in proc.stdout
     r = load_run(out)
     assert r.status == "complete" and r.meta["load_format"] == "dummy" and r.meta["model"] == "tiny-llama"
     # tiny-llama's context is 4096: the long request runs too.

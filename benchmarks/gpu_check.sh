@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# What only a GPU can check, in one run on a CUDA machine (a benchmark, not CI):
+#   1. the engine's equivalence tests on CUDA (float32, each attention backend that is installed),
+#      and the real-mode CLI tests there (bf16, CUDA overlap on a forward stream);
+#   2. real-engine throughput with overlap on and off, device idle share, and decode at
+#      batch 1 against the floor (weight bytes / HBM bandwidth) (benchmarks/engine_throughput.py);
+#   3. `testbed calibrate` of this GPU (llama-3.1-8b, dummy weights) and that profile against
+#      the AIConfigurator profile of the same GPU, shape by shape (benchmarks/gpu_profile_compare.py);
+#   4. the simulator with that profile against the real engine on traces it was not made from
+#      (benchmarks/fidelity.py).
+#
+#     bash benchmarks/gpu_check.sh            # results in $OUT (default runs/gpu-check)
+#     DEVICE=cpu MODEL=tiny-llama HARDWARE=cpu bash benchmarks/gpu_check.sh    # a dry run of the script here
+#
+# Wheels in .whl/ (simpy, and transformers >= 5 with its needs where the machine's is older)
+# are installed into /tmp/site first; ../shared/traces is taken from ./shared/traces when the
+# checkout has no ../shared. Each step has its own time limit and the run goes on past a
+# failed one: all steps' logs end up in $OUT/gpu_check.log, and the last lines say which passed.
+# $OUT gets four files at most (the device tool brings back eight).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-runs/gpu-check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+rm -f "$OUT/gpu_check.log"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+[ -d ../shared/traces ] || { [ -d shared/traces ] && mkdir -p ../shared && cp -r shared/traces ../shared/; }
+PY=${PY:-python3}
+DEVICE=${DEVICE:-cuda}
+LOGS=$(mktemp -d)
+MODEL=${MODEL:-llama-3.1-8b}
+KERNELS=${KERNELS:-profiles/h100_sxm-sglang-llama-3.1-8b-tp1.json}
+HARDWARE=${HARDWARE:-h100}
+RESULTS=()
+
+step() {  # step NAME SECONDS COMMAND...: run it (unless $SKIP names it), log it, print its tail
+  local name=$1 limit=$2
+  shift 2
+  case " ${SKIP:-} " in *" $name "*) echo "=== $name: skipped"; return;; esac
+  local t0=$SECONDS
+  echo "=== $name (limit ${limit}s)"
+  timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
+  local rc=$?
+  tail -n "${TAIL:-15}" "$LOGS/$name.log"
+  { echo "=== $name: exit $rc"; cat "$LOGS/$name.log"; } >>"$OUT/gpu_check.log"
+  echo "--- $name: exit $rc in $((SECONDS - t0)) s"
+  RESULTS+=("$name: exit $rc, $((SECONDS - t0)) s")
+}
+
+step info 60 bash -c "nvidia-smi; $PY -c 'import torch, transformers, sys; print(sys.version); print(\"torch\", torch.__version__, torch.version.cuda, torch.cuda.get_device_name()); print(\"transformers\", transformers.__version__)'; $PY -c 'import flashinfer' 2>&1 | tail -1"
+
+backends=(torch)
+$PY -c 'import flashinfer' 2>/dev/null && backends+=(flashinfer)
+for backend in "${backends[@]}"; do
+  TAIL=6 TESTBED_TEST_DEVICE=$DEVICE TESTBED_TEST_ATTENTION=$backend \
+    step "equivalence-$DEVICE-$backend" 150 $PY -m pytest -q -p no:cacheprovider tests/test_engine_equivalence.py tests/test_engine_sampler.py
+done
+TAIL=6 step real-cli 120 $PY -m pytest -q -p no:cacheprovider tests/test_engine_replay.py
+step calibrate 200 $PY -m testbed calibrate --model "$MODEL" --hardware "$HARDWARE" --out "$OUT/calibrated-$MODEL.json"
+if [ -f "$OUT/calibrated-$MODEL.json" ]; then
+  TAIL=4 step profile-compare 60 $PY benchmarks/gpu_profile_compare.py "$OUT/calibrated-$MODEL.json" "$KERNELS" --json "$OUT/profile-compare.json"
+fi
+step throughput 150 $PY benchmarks/engine_throughput.py -n "${THROUGHPUT_REQUESTS:-64}" --hi "${THROUGHPUT_HI:-512}" \
+  --model "$MODEL" --device "$DEVICE"
+if [ -f "$OUT/calibrated-$MODEL.json" ]; then
+  TAIL=12 step fidelity 200 $PY benchmarks/fidelity.py --device "$DEVICE" --model "$MODEL" --hardware "$HARDWARE" \
+    --profile "$OUT/calibrated-$MODEL.json" --repeats 1 --overlap on -n "${FIDELITY_REQUESTS:-60}" \
+    --traces gen-chat,azure-code --out "$OUT/fidelity"
+  cp "$OUT/fidelity/fidelity.json" "$OUT/fidelity.json" 2>/dev/null
+  rm -rf "$OUT/fidelity"  # its run folders: too many files to bring back; fidelity.json has the figures
+fi
+
+echo "=== summary"
+printf '%s\n' "${RESULTS[@]}" | tee -a "$OUT/gpu_check.log"
