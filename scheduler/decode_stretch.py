@@ -127,6 +127,23 @@ class DecodeStretch:
         return segments
 
 
+def steps_through_first_finish(stretch: DecodeStretch, overlap: bool) -> int | None:
+    """The stretch's steps up to the first whose processing finishes a request, that one
+    included (None if no step's does): where a finish would send a closed-loop client's next
+    request (scheduler/arrivals.py). The first finish is in the first segment's reach (a segment
+    that finishes no request is the stretch's last). Without overlap step j processes its own
+    batch: the first segment's finishing requests finish at its last step. With overlap step j
+    processes the batch launched before it: a request leaving at step 0 with its last token in
+    flight (or a one-token prefill that the first step merges) finishes at step 0, the first
+    segment's finishing ones at the step after its last."""
+    seg = stretch.segments[0]
+    if overlap:
+        if any(r.finished_reason is None for r in seg.leaving):
+            return 1
+        return seg.stop + 1 if seg.finishing else None
+    return seg.stop if seg.finishing else None
+
+
 def exit_steps(reqs: Sequence[Req], token_id: int, in_flight: bool | Container[int] = False) -> list[int] | None:
     """For each request, the first step of a stretch from here that it is not in: each step
     appends one token (token_id) to every request, and a request leaves after its length.

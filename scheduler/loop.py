@@ -9,12 +9,19 @@ The loop yields what it waits for; a driver answers:
   happens (or is charged) in the driver. The driver sends back a handle.
 - AwaitResult(handle): wait for that forward. The driver sends back a ForwardResult.
 - WaitForArrival(until): nothing to do before `until` (the next arrival).
-- FastForward(stretch, next_arrival, inflight): only where the driver knows every sampled
-  token in advance (the simulator: EventLoop.fast_forward_token) does the loop ask the
+- FastForward(stretch, next_arrival, inflight, max_steps): only where the driver knows every
+  sampled token in advance (the simulator: EventLoop.fast_forward_token) does the loop ask the
   scheduler for a decode stretch (scheduler/decode_stretch.py), steps that repeat the
   running batch's decode. The driver prices them as it would one by one, cuts them before
-  the first step whose schedule start reaches next_arrival, and sends back their times
-  (StretchTimes), or None to step as usual. The real engine never sees this wait.
+  the first step whose schedule start reaches next_arrival (and after max_steps steps), and
+  sends back their times (StretchTimes), or None to step as usual. The real engine never
+  sees this wait.
+
+Requests come from an arrival source (scheduler/arrivals.py): at their own arrival times
+(open loop), or from N clients that each send the next request when their last one is done
+(closed loop). There a finish sends a request at a time not known before it: a stretch then
+ends with the step whose processing finishes a request (max_steps), so that the next step's
+schedule receives the new arrival as stepping's does.
 
 `clock()` reads the driver's clock (SimPy's env.now, or wall seconds since the
 start), so the loop stamps every event in the time of whichever clock runs it.
@@ -34,7 +41,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Iterator
 
-from scheduler.decode_stretch import DecodeStretch
+from scheduler.arrivals import ArrivalSource, OpenLoopArrivals
+from scheduler.decode_stretch import DecodeStretch, steps_through_first_finish
 from scheduler.forward_plan import ForwardPlan
 from scheduler.protocol import Launched, SchedulerCore
 from scheduler.req import Req
@@ -75,6 +83,7 @@ class FastForward:
     stretch: DecodeStretch
     next_arrival: float | None  # the stretch ends before a step that would receive it
     inflight: Any  # overlap: the handle of the launched batch the stretch's first step processes
+    max_steps: int | None = None  # the stretch ends after this many steps at most (None: no bound)
 
 
 @dataclass(slots=True)
@@ -116,19 +125,19 @@ class EventLoop:
     def __init__(
         self,
         scheduler: SchedulerCore,
-        requests: Iterator[Req],
+        requests: Iterator[Req] | ArrivalSource,  # an iterator: in arrival order, each at its arrival_time
         clock: Callable[[], float],
         overlap: bool,
         progress: Callable[[int], None] | None = None,
     ) -> None:
         self.scheduler = scheduler
-        self.requests = requests
+        self.arrivals = requests if isinstance(requests, ArrivalSource) else OpenLoopArrivals(requests)
         self.clock = clock
         self.overlap = overlap
         self.progress = progress
         self.steps = StepLog()
         self.received: list[Req] = []  # every request handed to the scheduler, in arrival order
-        self._next_req: Req | None = next(requests, None)
+        self._done_reported = 0  # requests of scheduler.done reported to the arrival source
         self._num_steps = 0
         # The token every forward samples, where the driver knows it in advance (the simulator);
         # None: step one by one (the real engine, or --no-fast-forward).
@@ -137,15 +146,28 @@ class EventLoop:
 
     # -- arrivals -------------------------------------------------------------------
     def recv_requests(self, now: float) -> None:
-        nxt = self._next_req
-        while nxt is not None and nxt.arrival_time <= now:
-            self.received.append(nxt)
-            self.scheduler.add_request(nxt)
-            nxt = next(self.requests, None)
-        self._next_req = nxt
+        arrivals, sched = self.arrivals, self.scheduler
+        self._report_done()
+        req = arrivals.pop_arrived(now)
+        while req is not None:
+            self.received.append(req)
+            sched.add_request(req)
+            self._report_done()  # (a request rejected at arrival is done at once)
+            req = arrivals.pop_arrived(now)
 
     def next_arrival(self) -> float | None:
-        return None if self._next_req is None else self._next_req.arrival_time
+        self._report_done()
+        return self.arrivals.next_arrival()
+
+    def _report_done(self) -> None:
+        """Tell the arrival source which requests are done since the last call, where it asks
+        (closed loop: each sends the next request, at the request's finish time)."""
+        arrivals = self.arrivals
+        if arrivals.sends_on_finish:
+            done = self.scheduler.done
+            while self._done_reported < len(done) and arrivals.sends_on_finish:
+                arrivals.done(done[self._done_reported])
+                self._done_reported += 1
 
     # -- one step's pieces ----------------------------------------------------------
     def _schedule_and_launch(self) -> Generator[Wait, Any, _InFlight | None]:
@@ -206,7 +228,15 @@ class EventLoop:
         stretch = sched.decode_stretch(None if prev is None else prev.launched, token)
         if stretch is None:
             return None
-        times: StretchTimes | None = yield FastForward(stretch, self.next_arrival(), None if prev is None else prev.handle)
+        max_steps = None
+        if self.arrivals.sends_on_finish:
+            # A finish sends a request (closed loop), at a time known only when it happens: the
+            # stretch ends with the step whose processing finishes the first request, and the next
+            # step's schedule receives the request it sends.
+            max_steps = steps_through_first_finish(stretch, prev is not None)
+            if max_steps is not None and max_steps < 2:
+                return None
+        times: StretchTimes | None = yield FastForward(stretch, self.next_arrival(), None if prev is None else prev.handle, max_steps)
         if times is None:
             return None
         m = times.num_steps

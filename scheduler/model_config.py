@@ -191,9 +191,14 @@ class ModelConfig:
         """K and V of one token across all layers (on one of `tp` GPUs)."""
         return 2 * self.num_hidden_layers * self.kv_heads_per_gpu(tp) * self.head_dim * dtype_bytes
 
-    def weight_bytes(self, dtype_bytes: int = 2, tp: int = 1) -> int:
-        """Weights (on one of `tp` GPUs)."""
-        return self.params_per_gpu(tp) * dtype_bytes
+    def weight_bytes(self, dtype_bytes: int = 2, tp: int = 1, linear_bytes: int | None = None) -> int:
+        """Weights (on one of `tp` GPUs). linear_bytes: bytes per weight of the decoder layers' matmul
+        weights when they are quantized (fp8: 1), the rest (embedding, LM head, norms, biases) at
+        dtype_bytes; None: every weight at dtype_bytes."""
+        total = self.params_per_gpu(tp) * dtype_bytes
+        if linear_bytes is not None:
+            total -= self.num_hidden_layers * self.layer_matmul_params(tp) * (dtype_bytes - linear_bytes)
+        return total
 
     # ------------------------------------------------------ tensor parallelism
     # As SGLang and vLLM split a Llama-family model over `tp` GPUs: attention heads, the MLP's

@@ -4,7 +4,7 @@ Bundled specs live as JSON in ``simulator/hardware/``; a user's own spec is a
 JSON file with the same keys (see ``HardwareSpec.from_dict``). With
 AIConfigurator's database installed (``pip install -e '.[aiconfigurator]'``), its
 system names (h100_sxm, rtx_pro_6000_server, ...) are specs too, read from its
-system YAML: memory, bandwidth, bf16 FLOPs, interconnect.
+system YAML: memory, bandwidth, bf16 and fp8 FLOPs, interconnect.
 """
 
 from __future__ import annotations
@@ -29,6 +29,10 @@ class HardwareSpec:
     peak_flops: float  # dense bf16 FLOP/s (no sparsity)
     mem_bandwidth: float  # bytes/s of device memory
     memory_bytes: int  # device memory as the driver reports it
+    # Dense fp8 FLOP/s of the tensor cores (no sparsity; the datasheet's figure), which the GEMMs of
+    # fp8 weights (--quantization fp8) run at. 0: no fp8 tensor cores (A100, a CPU): the engines
+    # dequantize fp8 weights into bf16 GEMMs there (weight-only, Marlin), at peak_flops.
+    peak_flops_fp8: float = 0.0
     # Fractions of the peaks that real kernels reach: large GEMMs get ~60-70% of
     # peak FLOPs, streaming weights and KV gets ~80% of peak bandwidth.
     compute_efficiency: float = 0.65
@@ -48,6 +52,8 @@ class HardwareSpec:
         for key in ("peak_flops", "mem_bandwidth", "memory_bytes"):
             if getattr(self, key) <= 0:
                 raise HardwareConfigError(f"hardware {self.name!r}: {key} must be > 0")
+        if self.peak_flops_fp8 < 0:
+            raise HardwareConfigError(f"hardware {self.name!r}: peak_flops_fp8 must be >= 0 (0: no fp8 tensor cores)")
         if self.interconnect_bandwidth < 0 or self.interconnect_latency_s < 0:
             raise HardwareConfigError(f"hardware {self.name!r}: interconnect_bandwidth and interconnect_latency_s must be >= 0")
         for key in ("compute_efficiency", "bandwidth_efficiency"):
@@ -94,10 +100,13 @@ def database_system_spec(system: str) -> HardwareSpec:
             peak_flops=float(gpu["bfloat16_tc_flops"]),
             mem_bandwidth=float(gpu["mem_bw"]),
             memory_bytes=int(gpu["mem_capacity"]),
+            # The YAML's fp8_tc_flops (dense); absent where the GPU has no fp8 tensor cores (A100).
+            peak_flops_fp8=float(gpu.get("fp8_tc_flops") or 0.0),
             bandwidth_efficiency=float(gpu.get("mem_bw_empirical_scaling_factor", 0.8)),
             interconnect_bandwidth=float(node.get("intra_node_bw", 0.0)),
             interconnect_latency_s=float(node.get("p2p_latency", 10e-6)),
-            description=f"AIConfigurator system {system}: {gpu['bfloat16_tc_flops'] / 1e12:.0f} TFLOP/s bf16, "
+            description=f"AIConfigurator system {system}: {gpu['bfloat16_tc_flops'] / 1e12:.0f} TFLOP/s bf16"
+                        + (f", {gpu['fp8_tc_flops'] / 1e12:.0f} fp8" if gpu.get("fp8_tc_flops") else ", no fp8 tensor cores") + ", "
                         f"{gpu['mem_bw'] / 1e12:.2f} TB/s, {gpu['mem_capacity'] / 2**30:.1f} GiB, "
                         f"{node.get('intra_node_bw', 0) / 1e9:.0f} GB/s to the other GPUs of a node",
         )

@@ -33,6 +33,9 @@ so more work never costs less. A forward is a sum of kernel times: no gaps betwe
 graphs in decode make them small; eager prefill has some). CPU stages use the profile hardware's
 default costs (roughly SGLang on a fast host), as the roofline does.
 
+The profile's precision (`precision`: weights and KV cache; simulator/kernel_profile.py) is in its
+tables; a replay asking for another (`check_precision`) is refused, naming both.
+
 A forward the serving engine runs outside a CUDA graph (simulator/cuda_graphs.py: vLLM's
 forwards of more tokens than its largest graph, SGLang's extends) costs the backend's eager
 overhead on top (the profile's `eager_overhead_s`: AIConfigurator's own per-forward dispatch
@@ -54,6 +57,7 @@ from scheduler.forward_plan import ForwardMode, ForwardPlan
 from scheduler.model_config import ModelConfig
 from simulator.cuda_graphs import CudaGraphPolicy
 from simulator.hardware import HardwareConfigError, HardwareSpec
+from simulator.precision import BF16, Precision
 from simulator.profile_cost import ProfileError, check_header
 
 
@@ -173,6 +177,9 @@ class KernelProfileCostModel:
             self.model = profile["model"]
             self.model_shapes = profile["model_shapes"]
             self.eager_overhead = float(k.get("eager_overhead_s", 0.0))  # profiles made before it: none
+            # Profiles made before --quantization and --kv-cache-dtype: the model's dtype for both.
+            kept = profile.get("precision") or {}
+            self.precision = Precision(str(kept.get("weights", BF16)), str(kept.get("kv_cache", BF16)))
         except (KeyError, TypeError, ValueError, HardwareConfigError) as e:
             raise ProfileError(f"{where}: not a readable kernel profile ({type(e).__name__}: {e}); make it again with "
                                f"testbed calibrate --source aiconfigurator") from None
@@ -205,6 +212,13 @@ class KernelProfileCostModel:
             differ = sorted(key for key, v in model_shapes(model).items() if self.model_shapes.get(key) != v)
             raise ProfileError(f"--profile {self.path} was built for {self.model} with other shapes than this "
                                f"{model.name} ({', '.join(differ)} differ)")
+
+    def check_precision(self, asked: Precision) -> None:
+        """Refuse a replay asking for other weights or KV than the profile was priced for, naming both."""
+        if not self.precision.same_bytes(asked):
+            raise ProfileError(f"--profile {self.path} was built for {self.precision.describe()}, not "
+                               f"{asked.describe()} (--quantization, --kv-cache-dtype); make one with testbed calibrate "
+                               f"--source aiconfigurator and the same options")
 
     # ------------------------------------------------------------------ hot path
     def forward_time(self, plan: ForwardPlan) -> float:

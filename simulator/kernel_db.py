@@ -30,6 +30,11 @@ class KernelDatabaseError(ValueError):
     """A system, backend or version the database does not have, or the package not installed."""
 
 
+class KernelDataMissing(KernelDatabaseError):
+    """The database has no timings for a kernel in that precision (its engine's own error, in one line):
+    no fp8 GEMMs on a GPU without fp8 tensor cores, no fp8-KV attention where none was measured."""
+
+
 def systems_dir() -> Path | None:
     """The installed package's systems/ folder (found without importing the package), or None."""
     try:
@@ -140,52 +145,66 @@ class KernelDatabase:
     def _evaluate(self, key: tuple, make_op, *, is_context: bool, batch_size: int, s: int, prefix: int = 0,
                   x: int | None = None) -> float:
         """Milliseconds from the engine -> seconds. Each op's JSON is built once per shape."""
-        js = self._ops.get(key)
-        if js is None:
-            from aiconfigurator_core.sdk.engine import build_ops_json
+        from aiconfigurator_core.sdk import errors
 
-            js = self._ops[key] = build_ops_json([make_op()])
-        (_, ms, _, _), = self._handle.evaluate_ops_json(js, is_context=is_context, batch_size=batch_size, s=s,
-                                                         prefix=prefix, x=x)
+        try:
+            js = self._ops.get(key)
+            if js is None:
+                from aiconfigurator_core.sdk.engine import build_ops_json
+
+                js = self._ops[key] = build_ops_json([make_op()])
+            (_, ms, _, _), = self._handle.evaluate_ops_json(js, is_context=is_context, batch_size=batch_size, s=s,
+                                                             prefix=prefix, x=x)
+        except (errors.PerfDataNotAvailableError, errors.MissingSystemFlopsError, errors.InterpolationDataNotAvailableError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise KernelDataMissing(f"{self.system}/{self.backend} {self.version}: {first[:300]}") from None
         return ms * 1e-3
 
-    def gemm(self, m: int, n: int, k: int) -> float:
-        """One bf16 GEMM: m tokens x k in -> n out."""
+    def gemm(self, m: int, n: int, k: int, quant: str = "bfloat16") -> float:
+        """One GEMM: m tokens x k in -> n out. quant: the database's GEMM quant mode (common.GEMMQuantMode:
+        bfloat16, or fp8 for per-tensor fp8 weights and activations, ...)."""
         import aiconfigurator_core.sdk.operations as ops
         from aiconfigurator_core.sdk import common
 
-        return self._evaluate(("gemm", n, k), lambda: ops.GEMM("gemm", 1, n, k, common.GEMMQuantMode.bfloat16),
+        return self._evaluate(("gemm", n, k, quant), lambda: ops.GEMM("gemm", 1, n, k, common.GEMMQuantMode[quant]),
                               is_context=True, batch_size=1, s=m, x=m)
 
     def context_attention(self, batch: int, new_tokens: int, prefix: int, heads: int, kv_heads: int, head_dim: int,
-                          qk_norm: bool = False) -> float:
+                          qk_norm: bool = False, kv_cache: str = "bfloat16", fmha: str = "bfloat16") -> float:
         """Prefill attention of `batch` requests of `new_tokens` each over `prefix` cached tokens, with the
-        RoPE, KV-cache write (and Qwen3's q/k norm) the engine adds to the measured kernel."""
-        return self._evaluate(("ctx", heads, kv_heads, head_dim, qk_norm), lambda: self._attention_op(True, heads, kv_heads, head_dim, qk_norm),
+        RoPE, KV-cache write (and Qwen3's q/k norm) the engine adds to the measured kernel. kv_cache: the
+        KV cache's dtype (bfloat16 or fp8); fmha: the attention kernel's (fp8: q cast to fp8 as well)."""
+        return self._evaluate(("ctx", heads, kv_heads, head_dim, qk_norm, kv_cache, fmha),
+                              lambda: self._attention_op(True, heads, kv_heads, head_dim, qk_norm, kv_cache, fmha),
                               is_context=True, batch_size=batch, s=new_tokens, prefix=prefix)
 
     def generation_attention(self, batch: int, context: int, heads: int, kv_heads: int, head_dim: int,
-                             qk_norm: bool = False) -> float:
+                             qk_norm: bool = False, kv_cache: str = "bfloat16") -> float:
         """Decode attention of `batch` requests, each attending over `context` tokens (its new one included)."""
-        return self._evaluate(("gen", heads, kv_heads, head_dim, qk_norm), lambda: self._attention_op(False, heads, kv_heads, head_dim, qk_norm),
+        return self._evaluate(("gen", heads, kv_heads, head_dim, qk_norm, kv_cache),
+                              lambda: self._attention_op(False, heads, kv_heads, head_dim, qk_norm, kv_cache),
                               is_context=False, batch_size=batch, s=context)
 
-    def _attention_op(self, context: bool, heads: int, kv_heads: int, head_dim: int, qk_norm: bool):
+    def _attention_op(self, context: bool, heads: int, kv_heads: int, head_dim: int, qk_norm: bool,
+                      kv_cache: str = "bfloat16", fmha: str = "bfloat16"):
         import aiconfigurator_core.sdk.operations as ops
         from aiconfigurator_core.sdk import common
-        from aiconfigurator_core.sdk.operations.attention import (
-            resolved_lane_order_for_op,
-        )
 
-        kv = common.KVCacheQuantMode.bfloat16
+        kv = common.KVCacheQuantMode[kv_cache]
         if context:
-            op = ops.ContextAttention("context_attention", 1, heads, kv_heads, kv, common.FMHAQuantMode.bfloat16,
+            op = ops.ContextAttention("context_attention", 1, heads, kv_heads, kv, common.FMHAQuantMode[fmha],
                                       head_size=head_dim, use_qk_norm=qk_norm)
         else:
             op = ops.GenerationAttention("generation_attention", 1, heads, kv_heads, kv, head_size=head_dim, use_qk_norm=qk_norm)
         # Which measured kernel (flashinfer, fa3, ...) the backend uses: the database's own choice.
-        op._lane_order = resolved_lane_order_for_op(self._db, "_context_attention_data" if context else "_generation_attention_data", None)
+        op._lane_order = self.attention_lane_order(context)
         return op
+
+    def attention_lane_order(self, context: bool) -> list[str]:
+        """The database's order of attention kernels (kernel_source lanes) for this backend, version and GPU."""
+        from aiconfigurator_core.sdk.operations.attention import resolved_lane_order_for_op
+
+        return resolved_lane_order_for_op(self._db, "_context_attention_data" if context else "_generation_attention_data", None)
 
     def all_reduce(self, tokens: int, hidden: int, tp: int) -> float:
         """The backend's all-reduce of `tokens` x `hidden` bf16 activations over `tp` GPUs (0 for TP 1)."""
@@ -210,24 +229,77 @@ class KernelDatabase:
                               is_context=True, batch_size=1, s=tokens, x=tokens)
 
     # ------------------------------------------------------- measured shapes
-    def measured_gemm_tokens(self) -> list[int]:
-        """The token counts (m) at which the database measured bf16 GEMMs."""
+    def measured_gemm_tokens(self, quant: str = "bfloat16") -> list[int]:
+        """The token counts (m) at which the database measured GEMMs of that quant mode."""
         import pandas as pd
 
         files = self._table_files("gemm", "gemm_perf.parquet")
         if files:  # the version's own table, read directly (seconds faster than the engine's view)
             t = pd.read_parquet(files[0], columns=["m", "gemm_dtype"])
-            return sorted(int(m) for m in t.m[t.gemm_dtype == "bfloat16"].unique())
+            ms = sorted(int(m) for m in t.m[t.gemm_dtype == quant].unique())
+            if ms:
+                return ms
         # A version whose GEMMs come from another (the database's backward fill): its loaded view.
         import aiconfigurator_core.sdk.operations as ops
         from aiconfigurator_core.sdk import common
 
         ops.GEMM.load_data(self._db)
-        return sorted(int(m) for m in self._db._gemm_data[common.GEMMQuantMode.bfloat16])
+        return sorted(int(m) for m in self._db._gemm_data.get(common.GEMMQuantMode[quant], {}))
 
-    def measured_attention(self, context: bool, heads: int, kv_heads: int, head_dim: int) -> list[tuple[int, int]]:
-        """(batch, sequence length) of the database's measured attention rows for these heads, bf16 KV,
-        no sliding window: prefill (new tokens, no prefix) or decode (context length)."""
+    def gemm_kernel(self, quant: str) -> str | None:
+        """The kernel the database measured GEMMs of that quant mode with (its kernel_source: SGLang's
+        sgl_kernel fp8_scaled_mm, vLLM's CutlassFP8ScaledMMLinearKernel, ...); None where this version's
+        own table has no such rows (the database fills them from another version, or has none)."""
+        import pandas as pd
+
+        files = self._table_files("gemm", "gemm_perf.parquet")
+        if not files:
+            return None
+        t = pd.read_parquet(files[0], columns=["gemm_dtype", "kernel_source"])
+        kernels = sorted(set(t.kernel_source[t.gemm_dtype == quant]))
+        return ", ".join(kernels) if kernels else None
+
+    def gemm_quant_modes(self) -> list[str]:
+        """The GEMM quant modes the database answers for (measured, or modelled from a measured one)."""
+        return sorted(self._db.supported_quant_mode.get("gemm", []) or [])
+
+    def attention_kv_dtypes(self, context: bool) -> list[str]:
+        """The KV-cache dtypes of this version's measured attention rows (bfloat16, fp8)."""
+        import pandas as pd
+
+        name = "context_attention_perf.parquet" if context else "generation_attention_perf.parquet"
+        return sorted({str(v) for path in self._table_files("attention", name)
+                       for v in pd.read_parquet(path, columns=["kv_cache_dtype"]).kv_cache_dtype.unique()})
+
+    def attention_kernel(self, context: bool, kv_cache: str) -> tuple[str | None, list[str]]:
+        """(kernel, its attention dtypes) of the measured rows with this KV-cache dtype that the database's
+        lane order reaches first: the kernel (kernel_source) the backend runs, and the attention dtypes
+        its rows are labelled with (prefill with an fp8 KV cache: fp8 for FA3 under SGLang, which casts
+        q to fp8 as well; bfloat16 for vLLM's rows, and for FlashInfer's). (None, []) without such rows."""
+        import pandas as pd
+        import pyarrow.parquet as pq
+
+        name = "context_attention_perf.parquet" if context else "generation_attention_perf.parquet"
+        by_lane: dict[str, set[str]] = {}
+        for path in self._table_files("attention", name):
+            columns = ["kernel_source", "attn_dtype", "kv_cache_dtype"]
+            t = pd.read_parquet(path, columns=columns + [c for c in ("window_size",) if c in pq.read_schema(path).names])
+            keep = t.kv_cache_dtype == kv_cache
+            if "window_size" in t:
+                keep &= t.window_size == 0
+            for lane, dtype in zip(t.kernel_source[keep], t.attn_dtype[keep]):
+                by_lane.setdefault(str(lane), set()).add(str(dtype))
+        # The named lanes of the database's order first; "default" (no named lane) lets its engine take
+        # any lane with data, in name order.
+        order = [lane for lane in self.attention_lane_order(context) if lane != "default"] + sorted(by_lane)
+        lane = next((lane for lane in order if lane in by_lane), None)
+        return (lane, sorted(by_lane[lane])) if lane else (None, [])
+
+    def measured_attention(self, context: bool, heads: int, kv_heads: int, head_dim: int, kv_cache: str = "bfloat16",
+                           fmha: str | None = None) -> list[tuple[int, int]]:
+        """(batch, sequence length) of the database's measured attention rows for these heads, that KV-cache
+        dtype (and attention dtype, for prefill), no sliding window: prefill (new tokens, no prefix) or
+        decode (context length)."""
         import pandas as pd
 
         name = "context_attention_perf.parquet" if context else "generation_attention_perf.parquet"
@@ -236,7 +308,9 @@ class KernelDatabase:
         for path in files:
             t = pd.read_parquet(path)
             keep = ((t.num_heads == heads) & (t.num_key_value_heads == kv_heads) & (t.head_dim == head_dim)
-                    & (t.kv_cache_dtype == "bfloat16"))
+                    & (t.kv_cache_dtype == kv_cache))
+            if fmha is not None and context:
+                keep &= t.attn_dtype == fmha
             if "window_size" in t:  # older tables have no sliding-window rows at all
                 keep &= t.window_size == 0
             t = t[keep]

@@ -68,8 +68,11 @@ def holdout_errors(profile: dict, db: KernelDatabase, g) -> dict:
     out = {}
     for mode, key, axis in ((ForwardMode.EXTEND, "prefill_attention", "new_tokens"), (ForwardMode.DECODE, "decode_attention", "context")):
         used = set(check["kernels"][key][axis])
-        shapes = [(b, s) for b, s in db.measured_attention(mode is ForwardMode.EXTEND, g.heads, g.kv_heads, g.head_dim)
-                  if s not in used and s >= 1]
+        extend = mode is ForwardMode.EXTEND
+        # The measured rows of the precision that priced the table (KV dtype; prefill: attention dtype too).
+        measured = db.measured_attention(extend, g.heads, g.kv_heads, g.head_dim, g.prefill_kv if extend else g.decode_kv,
+                                         g.prefill_fmha if extend else None)
+        shapes = [(b, s) for b, s in measured if s not in used and s >= 1]
         errors = []
         for b, s in shapes:
             plan = uniform_plan(mode, b, s, 0) if mode is ForwardMode.EXTEND else uniform_plan(mode, b, 1, s - 1)

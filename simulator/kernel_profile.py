@@ -24,22 +24,37 @@ and tabulates them on grids (seconds; attention and per-layer ops for one layer)
     decode attention    batch 1..2048 x context per request 1..131072
 
 The grid points are the database's answers at those shapes: at its measured shapes the measured
-time, elsewhere its own interpolation between measurements. `simulator/kernel_cost.py` prices a
-forward from these tables; `simulator/kernel_holdout.py` reports how far its prices are from the
-database at measured shapes off the grids. The result is a profile file (`testbed calibrate
---source aiconfigurator` writes it) that `--profile` reads.
+time, elsewhere its own interpolation between measurements.
+
+Precision (`quantization`, `kv_cache_dtype`; simulator/precision.py): fp8 weights price the four
+layer GEMMs from the database's per-tensor fp8 GEMM table (GEMMQuantMode.fp8: fp8 weights with one
+scale each, activations quantized to fp8 on the fly: what SGLang's and vLLM's `--quantization fp8`
+run on a bf16 checkpoint, measured as SGLang's sgl_kernel fp8_scaled_mm or vLLM's Cutlass
+scaled_mm); the LM head stays a bf16 GEMM (neither engine quantizes it). A system without fp8 GEMMs
+(no fp8 tensor cores: the A100) is refused. An fp8 KV cache prices both attentions from the
+database's fp8-KV tables, in the attention dtype the database measured the backend's kernel in
+(prefill under SGLang's FA3 on Hopper: fp8, q cast to fp8 too; vLLM's rows are all labelled bf16,
+SGLang's FlashInfer on the RTX PRO 6000 is bf16 over fp8 KV); where the database has no fp8-KV
+attention for the system and backend (A100), from its bf16-KV tables, and the profile says so
+(`precision.kv_cache_dtype.priced_as`, `why`). The profile records its precision (`precision`:
+weights and KV cache, and which table priced each kernel); a replay asking for another is refused.
+
+`simulator/kernel_cost.py` prices a forward from these tables; `simulator/kernel_holdout.py`
+reports how far its prices are from the database at measured shapes off the grids. The result is a
+profile file (`testbed calibrate --source aiconfigurator` writes it) that `--profile` reads.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Callable
 
 from scheduler.model_config import ModelConfig, load_model_config
 from simulator.hardware import database_system_spec
-from simulator.kernel_db import KernelDatabase, KernelDatabaseError, system_spec
+from simulator.kernel_db import KernelDatabase, KernelDatabaseError, KernelDataMissing, system_spec
+from simulator.precision import BF16, FP8, Precision
 from simulator.profile_cost import PROFILE_FORMAT, PROFILE_VERSION
 
 SOURCE = "aiconfigurator"  # the profile's "source" (simulator/profiles.py dispatches on it)
@@ -79,6 +94,11 @@ class GpuShapes:
     vocab: int
     tp: int
     qk_norm: bool
+    # The database's tables that price each kernel (GEMMQuantMode, KVCacheQuantMode, FMHAQuantMode names).
+    gemm_quant: str = BF16  # the four layer GEMMs (the LM head is always bf16)
+    prefill_kv: str = BF16
+    prefill_fmha: str = BF16
+    decode_kv: str = BF16
 
     @classmethod
     def of(cls, model: ModelConfig, tp: int) -> "GpuShapes":
@@ -88,11 +108,12 @@ class GpuShapes:
     def layer_kernels(self, db: KernelDatabase, n: int) -> dict[str, float]:
         """Seconds of each non-attention kernel of one layer over n tokens."""
         h, d = self.hidden, self.head_dim
+        q = self.gemm_quant
         return {
-            "qkv_proj": db.gemm(n, (self.heads + 2 * self.kv_heads) * d, h),
-            "o_proj": db.gemm(n, h, self.heads * d),
-            "gate_up_proj": db.gemm(n, 2 * self.intermediate, h),
-            "down_proj": db.gemm(n, h, self.intermediate),
+            "qkv_proj": db.gemm(n, (self.heads + 2 * self.kv_heads) * d, h, q),
+            "o_proj": db.gemm(n, h, self.heads * d, q),
+            "gate_up_proj": db.gemm(n, 2 * self.intermediate, h, q),
+            "down_proj": db.gemm(n, h, self.intermediate, q),
             "norms": 2 * db.elementwise(n, 2 * h, 2 * h),
             "act_fn": db.elementwise(n, 2 * self.intermediate, self.intermediate),
             "all_reduce": 2 * db.all_reduce(n, h, self.tp),
@@ -102,13 +123,39 @@ class GpuShapes:
         return db.embedding(n, self.vocab, self.hidden) + db.all_reduce(n, self.hidden, self.tp)
 
     def lm_head(self, db: KernelDatabase, requests: int) -> float:
+        # bf16 with fp8 weights too: the engines quantize linear layers only, not the vocabulary-parallel LM head.
         return db.gemm(requests, self.vocab, self.hidden)
 
     def prefill_attention(self, db: KernelDatabase, batch: int, new_tokens: int, prefix: int) -> float:
-        return db.context_attention(batch, new_tokens, prefix, self.heads, self.kv_heads, self.head_dim, self.qk_norm)
+        return db.context_attention(batch, new_tokens, prefix, self.heads, self.kv_heads, self.head_dim, self.qk_norm,
+                                    self.prefill_kv, self.prefill_fmha)
 
     def decode_attention(self, db: KernelDatabase, batch: int, context: int) -> float:
-        return db.generation_attention(batch, context, self.heads, self.kv_heads, self.head_dim, self.qk_norm)
+        return db.generation_attention(batch, context, self.heads, self.kv_heads, self.head_dim, self.qk_norm, self.decode_kv)
+
+
+def fp8_gemm_check(db: KernelDatabase, g: GpuShapes) -> str | None:
+    """Refuse --quantization fp8 where the database has no fp8 GEMMs; the kernel it measured them with."""
+    try:
+        db.gemm(1, g.hidden, g.hidden, FP8)
+    except KernelDataMissing as e:
+        spec = system_spec(db.system).get("gpu", {})
+        why = ("the GPU has no fp8 tensor cores (its spec has no fp8_tc_flops)" if not spec.get("fp8_tc_flops")
+               else f"its GEMM tables: {', '.join(db.gemm_quant_modes()) or 'none'} ({e})")
+        raise KernelDatabaseError(f"--quantization fp8: {db.system}/{db.backend} {db.version} has no fp8 GEMM kernels: {why}") from None
+    return db.gemm_kernel(FP8)
+
+
+def _fp8_kv_fallback_why(db: KernelDatabase, missing: list[str], errors: list[str]) -> str:
+    """Why an fp8 KV cache was priced from bf16-KV attention tables: the database has none (A100), or
+    none it can answer for these heads (then its own message)."""
+    have = sorted(set(db.attention_kv_dtypes(True)) | set(db.attention_kv_dtypes(False)))
+    why = f"{db.system}/{db.backend} {db.version} has no fp8-KV {' and '.join(missing)} attention"
+    if errors and (FP8 in have or not have):  # fp8 rows, but none for these heads; or no table of its own
+        why += f" for these heads ({errors[0]})" if have else f" ({errors[0]})"
+    elif have:
+        why += f" (its attention tables hold {', '.join(have)} KV only)"
+    return why + "; the KV pool still holds fp8, 1 byte an element"
 
 
 def check_tp(system: str, model: ModelConfig, tp: int) -> None:
@@ -121,16 +168,27 @@ def check_tp(system: str, model: ModelConfig, tp: int) -> None:
 
 
 def build_kernel_profile(system: str, backend: str, backend_version: str | None, model: ModelConfig | str, tp: int = 1,
-                         progress: Progress | None = None) -> dict:
+                         progress: Progress | None = None, quantization: str | None = None,
+                         kv_cache_dtype: str = "auto") -> dict:
     """The profile of `model` (a ModelConfig, or a name or path load_model_config takes) over `tp` GPUs
-    of `system`, from `backend`'s kernels (version None: the newest the database maintains)."""
+    of `system`, from `backend`'s kernels (version None: the newest the database maintains), with its
+    weights quantized (`quantization` fp8, else the model's dtype) and its KV cache in `kv_cache_dtype`
+    (auto: the model's dtype; bf16; fp8)."""
     t0 = time.perf_counter()
     if isinstance(model, str):
         model = load_model_config(model)
+    try:
+        precision = Precision.resolve(model.torch_dtype, quantization, kv_cache_dtype)
+    except ValueError as e:
+        raise KernelDatabaseError(str(e)) from None
     db = KernelDatabase.open(system, backend, backend_version)
     check_tp(system, model, tp)
     g = GpuShapes.of(model, tp)
-    tokens = sorted(set(db.measured_gemm_tokens()) | set(POWERS))
+    gemm_kernel = db.gemm_kernel(BF16)
+    if precision.fp8_weights:
+        gemm_kernel = fp8_gemm_check(db, g)
+        g = replace(g, gemm_quant=FP8)
+    tokens = sorted(set(db.measured_gemm_tokens(g.gemm_quant)) | set(POWERS))
 
     phases = [("dense", len(tokens) + len(REQUESTS)), ("prefill attention", len(PREFILL_BATCH) * len(POWERS)),
               ("decode attention", len(DECODE_BATCH))]
@@ -154,19 +212,61 @@ def build_kernel_profile(system: str, backend: str, backend_version: str | None,
     for r in REQUESTS:
         lm_head.append(_seconds(g.lm_head(db, r)))
         tick("dense")
-    prefill = []
-    for b in PREFILL_BATCH:
-        plane = []
-        for s in POWERS:
-            plane.append([_seconds(g.prefill_attention(db, b, s, p)) for p in PREFIX])
-            tick("prefill attention")
-        prefill.append(plane)
-    decode = []
-    for b in DECODE_BATCH:
-        decode.append([_seconds(g.decode_attention(db, b, s)) for s in DECODE_CONTEXT])
-        tick("decode attention")
+
+    def prefill_table(shapes: GpuShapes) -> list:
+        table = []
+        for b in PREFILL_BATCH:
+            plane = []
+            for s in POWERS:
+                plane.append([_seconds(shapes.prefill_attention(db, b, s, p)) for p in PREFIX])
+                tick("prefill attention")
+            table.append(plane)
+        return table
+
+    def decode_table(shapes: GpuShapes) -> list:
+        table = []
+        for b in DECODE_BATCH:
+            table.append([_seconds(shapes.decode_attention(db, b, s)) for s in DECODE_CONTEXT])
+            tick("decode attention")
+        return table
+
+    def first_that_prices(candidates: list[GpuShapes], build) -> tuple[GpuShapes, list, str | None]:
+        """The table of the first precision the database has every shape of; the last one (bf16 KV) always."""
+        nonlocal done
+        start, error = done, None
+        for shapes in candidates[:-1]:
+            try:
+                return shapes, build(shapes), error
+            except KernelDataMissing as e:
+                error, done = str(e), start  # the phase again, from its first step
+        return candidates[-1], build(candidates[-1]), error
+
+    prefill_kernel, prefill_dtypes = db.attention_kernel(True, precision.kv_cache if precision.fp8_kv else BF16)
+    decode_kernel, _ = db.attention_kernel(False, precision.kv_cache if precision.fp8_kv else BF16)
+    prefill_candidates, decode_candidates = [g], [g]
+    if precision.fp8_kv:
+        # The attention dtype the database measured the backend's kernel in over an fp8 KV cache: fp8
+        # where it has such rows (FA3 under SGLang on Hopper casts q to fp8 too), else bf16; the other
+        # next, then bf16 KV. Without this version's own table (the database fills it from another):
+        # AIConfigurator's own rule, fp8 but under vLLM (whose rows are all labelled bf16 attention).
+        fp8_first = FP8 in prefill_dtypes if prefill_dtypes else backend != "vllm"
+        fmhas = [FP8, BF16] if fp8_first else [BF16, FP8]
+        prefill_candidates = [replace(g, prefill_kv=FP8, prefill_fmha=f) for f in fmhas] + [g]
+        decode_candidates = [replace(g, decode_kv=FP8), g]
+    g_prefill, prefill, prefill_error = first_that_prices(prefill_candidates, prefill_table)
+    g_decode, decode, decode_error = first_that_prices(decode_candidates, decode_table)
+    g = replace(g, prefill_kv=g_prefill.prefill_kv, prefill_fmha=g_prefill.prefill_fmha, decode_kv=g_decode.decode_kv)
 
     hardware = database_system_spec(system)
+    priced_kv = sorted({g.prefill_kv, g.decode_kv})
+    kv_record = {"asked": precision.kv_cache, "priced_as": priced_kv[0] if len(priced_kv) == 1 else
+                 f"{g.prefill_kv} (prefill), {g.decode_kv} (decode)"}
+    missing = [kind for kind, kv in (("prefill", g.prefill_kv), ("decode", g.decode_kv)) if precision.fp8_kv and kv != FP8]
+    if missing:
+        kv_record["why"] = _fp8_kv_fallback_why(db, missing, [e for e in (prefill_error, decode_error) if e])
+    if not precision.fp8_kv or missing:  # the kernels measured with the KV dtype that priced them
+        prefill_kernel = db.attention_kernel(True, g.prefill_kv)[0]
+        decode_kernel = db.attention_kernel(False, g.decode_kv)[0]
     profile = {
         "format": PROFILE_FORMAT,
         "version": PROFILE_VERSION,
@@ -178,6 +278,15 @@ def build_kernel_profile(system: str, backend: str, backend_version: str | None,
         # KV capacity follows from one GPU's memory (kv_capacity.py); the roofline's spec of the system.
         "hardware_spec": hardware.to_dict(),
         "database": db.describe(),
+        # What a replay must ask for (--quantization, --kv-cache-dtype; it sizes the KV pool), and which
+        # of the database's tables priced each kernel (quant mode, and the kernel it measured).
+        "precision": precision.to_dict() | {
+            "gemm": {"quant_mode": g.gemm_quant, "kernel": gemm_kernel},
+            "lm_head": {"quant_mode": BF16, "kernel": db.gemm_kernel(BF16)},
+            "prefill_attention": {"kv_cache": g.prefill_kv, "fmha": g.prefill_fmha, "kernel": prefill_kernel},
+            "decode_attention": {"kv_cache": g.decode_kv, "kernel": decode_kernel},
+            "kv_cache_dtype": kv_record,
+        },
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "kernels": {
             "layers": g.layers,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from scheduler.model_config import ModelConfig
 from simulator.hardware import HardwareSpec
+from simulator.precision import Precision
 
 
 def kv_capacity_tokens(
@@ -21,12 +22,17 @@ def kv_capacity_tokens(
     page_size: int = 1,
     reserve_bytes: int | None = None,
     tp: int = 1,
+    precision: Precision | None = None,
 ) -> int:
     """Tokens of KV that fit, rounded down to a multiple of page_size.
 
     With tensor parallelism over `tp` GPUs of this kind, each holds its share of the
     weights and of every token's KV (ModelConfig: heads divided, or replicated), so the
     pool holds as many tokens as one GPU's memory left after its weights.
+
+    precision (--quantization, --kv-cache-dtype): fp8 weights take 1 byte a weight of the
+    linear layers (the embedding and LM head stay at dtype_bytes), so more memory is left for
+    KV; an fp8 KV cache takes 1 byte an element, so the pool holds twice the tokens.
 
     Raises ValueError if the weights (plus reserve) do not fit in the static
     share, or if not even one page of KV is left.
@@ -38,7 +44,8 @@ def kv_capacity_tokens(
     reserve = hw.activation_reserve_bytes if reserve_bytes is None else reserve_bytes
 
     static = hw.memory_bytes * mem_fraction_static
-    weights = model.weight_bytes(dtype_bytes, tp)
+    p = precision or Precision()
+    weights = model.weight_bytes(dtype_bytes, tp, linear_bytes=p.linear_weight_bytes if p.fp8_weights else None)
     free = static - weights - reserve
     gib = 1 << 30
     if free <= 0:
@@ -47,7 +54,7 @@ def kv_capacity_tokens(
             f"+ reserve {reserve / gib:.2f} GiB > {mem_fraction_static:.2f} x "
             f"{hw.memory_bytes / gib:.1f} GiB = {static / gib:.2f} GiB"
         )
-    tokens = int(free // model.kv_bytes_per_token(dtype_bytes, tp))
+    tokens = int(free // model.kv_bytes_per_token(p.kv_bytes if p.fp8_kv else dtype_bytes, tp))
     tokens -= tokens % page_size
     if tokens <= 0:
         raise ValueError(

@@ -81,6 +81,13 @@ class ProfileCostModel:
         if model.name != self.model or tp != 1:
             raise ProfileError(f"--profile {self.path} was calibrated for {self.model} at TP 1, not {model.name} at TP {tp}")
 
+    def check_precision(self, asked) -> None:
+        """This project's engine runs the model's own dtype: fp8 weights or KV (simulator/precision.py) are not in its timings."""
+        if asked.fp8_weights or asked.fp8_kv:
+            raise ProfileError(f"--profile {self.path} was calibrated on this project's engine, which runs the model's own "
+                               f"dtype, not {asked.describe()}; fp8 takes a kernel profile (testbed calibrate --source "
+                               f"aiconfigurator --quantization fp8 / --kv-cache-dtype fp8) or the roofline")
+
     def forward_time(self, plan: ForwardPlan) -> float:
         bs = len(plan.req_pool_indices)
         if bs == 0:

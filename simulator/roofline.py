@@ -23,6 +23,17 @@ query-key pairs), on a model with L layers, H query heads of size d:
 P_layers counts the matmul weights of the decoder layers (the embedding
 lookup does no FLOPs; norms are negligible) and w is the bytes per weight.
 
+Precision (simulator/precision.py): with fp8 weights (--quantization fp8)
+P_layers is read at 1 byte a weight (the LM head, norms and biases stay at
+w) and its FLOPs run at the hardware's fp8 peak (`peak_flops_fp8`; where
+the spec has none, as on an A100, the engines dequantize into bf16 GEMMs:
+the bf16 peak); the LM head's FLOPs stay at the bf16 peak. With an fp8 KV
+cache (--kv-cache-dtype fp8) kv_bytes_per_token is 1 byte an element;
+attention's FLOPs stay at the bf16 peak (FlashAttention under vLLM and
+SGLang casts q to fp8 and attends in fp8 on Hopper, which this prices
+as bf16: an upper bound of its compute-bound part). Activations and the
+all-reduces stay at w.
+
 Tensor parallelism over T GPUs: every quantity above is one GPU's share (heads,
 MLP columns and vocabulary divided by T, KV heads divided or replicated; see
 ModelConfig), and each of the 2 L + 1 all-reduces of the activations (after
@@ -51,6 +62,7 @@ import numpy as np
 from scheduler.forward_plan import ForwardPlan
 from scheduler.model_config import ModelConfig
 from simulator.hardware import HardwareConfigError, HardwareSpec
+from simulator.precision import Precision
 
 
 def activation_bytes_per_token(model: ModelConfig, dtype_bytes: int = 2, tp: int = 1) -> int:
@@ -71,7 +83,7 @@ class RooflineCostModel:
     """CostModel from FLOPs and bytes over the hardware's (efficiency-scaled) peaks."""
 
     __slots__ = (
-        "name", "model", "hw", "dtype_bytes", "per_component",
+        "name", "model", "hw", "dtype_bytes", "per_component", "precision",
         "_overhead_s", "_tok_flop_s", "_req_flop_s", "_pair_flop_s",
         "_weight_mem_s", "_tok_mem_s", "_req_mem_s", "_kv_read_s", "_kv_write_s",
         "tp", "_ar_fixed_s", "_ar_tok_s",
@@ -84,8 +96,11 @@ class RooflineCostModel:
         dtype_bytes: int = 2,
         per_component: bool = True,
         tp: int = 1,
+        precision: Precision | None = None,
     ) -> None:
-        self.name = f"roofline:{model.name}@{hw.name}" + (f",tp{tp}" if tp > 1 else "")
+        p = self.precision = precision or Precision()
+        self.name = (f"roofline:{model.name}@{hw.name}" + (f",tp{tp}" if tp > 1 else "")
+                     + (",fp8-weights" if p.fp8_weights else "") + (",fp8-kv" if p.fp8_kv else ""))
         self.model = model
         self.hw = hw
         self.dtype_bytes = dtype_bytes
@@ -95,20 +110,27 @@ class RooflineCostModel:
             raise HardwareConfigError(f"hardware {hw.name!r} has no interconnect (interconnect_bandwidth 0): --tp must be 1")
 
         flops = hw.peak_flops * hw.compute_efficiency
+        # fp8 weights: the layers' GEMMs on fp8 tensor cores where there are some, else bf16 ones.
+        fp8_gemms = p.fp8_weights and hw.peak_flops_fp8 > 0
+        linear_flops = (hw.peak_flops_fp8 if fp8_gemms else hw.peak_flops) * hw.compute_efficiency
         bw = hw.mem_bandwidth * hw.bandwidth_efficiency
         m = model
         layers = m.num_hidden_layers
         layer_mm_params = layers * m.layer_matmul_params(tp)
         logit_mm_params = -(-m.hidden_size * m.vocab_size // tp)
-        kv_tok = m.kv_bytes_per_token(dtype_bytes, tp)
+        kv_tok = m.kv_bytes_per_token(p.kv_bytes if p.fp8_kv else dtype_bytes, tp)
+        linear_bytes = p.linear_weight_bytes if p.fp8_weights else dtype_bytes
 
         self._overhead_s = hw.kernel_launch_s + layers * hw.per_layer_overhead_s
         # Compute seconds per unit.
-        self._tok_flop_s = 2.0 * layer_mm_params / flops
+        self._tok_flop_s = 2.0 * layer_mm_params / linear_flops
         self._req_flop_s = 2.0 * logit_mm_params / flops
         self._pair_flop_s = 4.0 * layers * (m.num_attention_heads // tp) * m.head_dim / flops
-        # Memory seconds: weights once per forward, then per token / request / KV token.
-        self._weight_mem_s = (layers * m.layer_params(tp) + logit_mm_params) * dtype_bytes / bw
+        # Memory seconds: weights once per forward (the layers' matmul weights at linear_bytes, the
+        # rest and the LM head at dtype_bytes), then per token / request / KV token.
+        weight_bytes = (layer_mm_params * linear_bytes + (layers * m.layer_params(tp) - layer_mm_params) * dtype_bytes
+                        + logit_mm_params * dtype_bytes)
+        self._weight_mem_s = weight_bytes / bw
         self._tok_mem_s = activation_bytes_per_token(m, dtype_bytes, tp) / bw
         self._req_mem_s = 4.0 * m.vocab_size / bw  # fp32 logits
         self._kv_read_s = kv_tok / bw
@@ -203,4 +225,4 @@ class RooflineCostModel:
         }
 
     def __repr__(self) -> str:
-        return f"RooflineCostModel({self.name!r}, dtype_bytes={self.dtype_bytes})"
+        return f"RooflineCostModel({self.name!r}, dtype_bytes={self.dtype_bytes}, {self.precision.describe()})"

@@ -148,9 +148,9 @@ class SimDriver:
     def _stretch_times(self, ff: FastForward) -> tuple[StretchTimes, float, float] | None:
         """The times of the stretch's steps, as answering each of their waits would stamp them
         (simulator/stretch_clock.py), cut before the first step (after the first) whose schedule
-        start reaches ff.next_arrival. None (and nothing changed) when fewer than two steps
-        remain. Otherwise the times, and SimPy's time and the CPU time pending where the
-        stretch ends (device_free_at is set)."""
+        start reaches ff.next_arrival, and after ff.max_steps steps. None (and nothing changed)
+        when fewer than two steps remain. Otherwise the times, and SimPy's time and the CPU time
+        pending where the stretch ends (device_free_at is set)."""
         stretch, cost = ff.stretch, self.cost_model
         overlap = ff.inflight is not None
         bulk_price = getattr(cost, "decode_forward_times", None)
@@ -160,8 +160,12 @@ class SimDriver:
         arrival = math.inf if ff.next_arrival is None else ff.next_arrival
         clock = DriverClock(self.env.now, self.cpu_pending, self.device_free_at, ff.inflight.end if overlap else 0.0)
         out = StretchColumns()
-        segments, durations = _priced_segments(stretch, bulk_price, arrival - clock.now)
+        segments, durations = _priced_segments(stretch, bulk_price, arrival - clock.now, ff.max_steps)
         total = segments[-1].stop
+        if ff.max_steps is not None and ff.max_steps < total:
+            total = ff.max_steps
+            if durations is not None:
+                durations = durations[:total]
         inflight_process = self._process_cpu(ff.inflight.plan) if overlap else 0.0
         seg_costs = _segment_costs(self._decode_cpu, segments, overlap, inflight_process)
         per_step = None  # the per-step cost arrays of the bulk path, made when first needed
@@ -188,7 +192,8 @@ class SimDriver:
                 def duration(i: int, seg: StretchSegment = seg) -> float:
                     set_decode_step(plan, seg, i)
                     return cost.forward_time(plan)
-            cut = scalar_steps(clock, seg_costs[s], duration, j - seg.first_step, seg.stop - seg.first_step, arrival, out, seg.first_step)
+            cut = scalar_steps(clock, seg_costs[s], duration, j - seg.first_step, min(seg.stop, total) - seg.first_step, arrival, out,
+                               seg.first_step)
             j = len(out)
         m = len(out)
         if m < 2:
@@ -202,19 +207,20 @@ class SimDriver:
         return times, clock.now, clock.p
 
 
-def _priced_segments(stretch: DecodeStretch, bulk_price, horizon: float) -> tuple[list[StretchSegment], np.ndarray | None]:
+def _priced_segments(stretch: DecodeStretch, bulk_price, horizon: float,
+                     max_steps: int | None = None) -> tuple[list[StretchSegment], np.ndarray | None]:
     """The stretch's segments up to the one that reaches `horizon` seconds on (the next arrival
-    cuts the steps after it), with their forward times where the cost model prices a segment at
-    once (decode_forward_times); else every segment, unpriced."""
+    cuts the steps after it) or step max_steps, with their forward times where the cost model
+    prices a segment at once (decode_forward_times); else every segment (up to max_steps), unpriced."""
     if bulk_price is None:
-        return stretch.plan(), None
+        return stretch.plan(max_steps), None
     segments: list[StretchSegment] = []
     parts, reach = [], 0.0
     for seg in stretch.each_segment():
         segments.append(seg)
         parts.append(bulk_price(seg.batch_size, seg.sum_prefix_len, seg.max_seq_len, seg.stop - seg.first_step))
         reach += len(parts[-1]) * float(parts[-1][0])  # (a segment's forwards only grow longer)
-        if reach > horizon:
+        if reach > horizon or (max_steps is not None and seg.stop >= max_steps):
             break
     return segments, parts[0] if len(parts) == 1 else np.concatenate(parts)
 

@@ -15,6 +15,7 @@ from scheduler.config import SchedulerConfig
 from scheduler.model_config import ModelConfig
 from simulator.hardware import load_hardware
 from simulator.kv_capacity import kv_capacity_tokens
+from simulator.precision import Precision
 from simulator.roofline import RooflineCostModel
 from simulator.sim_driver import SimDriver
 from testbed.errors import ConfigError
@@ -32,6 +33,10 @@ class Backend:
 def build_sim(opts, model: ModelConfig, make_config: Callable[[int], SchedulerConfig]) -> tuple[Backend, SchedulerConfig]:
     hw = load_hardware(opts.hardware or DEFAULT_HARDWARE)
     model.check_tp(opts.tp)
+    try:
+        precision = Precision.resolve(model.torch_dtype, opts.quantization, opts.kv_cache_dtype)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     profile = None
     if opts.profile is not None:
         from simulator.cuda_graphs import sglang_graphs, vllm_graphs
@@ -42,6 +47,7 @@ def build_sim(opts, model: ModelConfig, make_config: Callable[[int], SchedulerCo
         try:
             profile = load_profile(opts.profile, overlap=bool(opts.overlap), graphs=graphs)
             profile.check_model(model, opts.tp)
+            profile.check_precision(precision)
         except ProfileError as e:
             raise ConfigError(str(e)) from None
         # A kernel profile sizes the KV pool from its own system's memory.
@@ -49,10 +55,10 @@ def build_sim(opts, model: ModelConfig, make_config: Callable[[int], SchedulerCo
     try:
         # An engine profile knows the KV pool its engine had; otherwise it follows from the hardware.
         kv_tokens = opts.kv_tokens or (profile and profile.engine_kv_tokens) or kv_capacity_tokens(
-            model, hw, opts.mem_fraction_static, page_size=opts.page_size, tp=opts.tp
+            model, hw, opts.mem_fraction_static, page_size=opts.page_size, tp=opts.tp, precision=precision
         )
         config = make_config(kv_tokens)
-        cost_model = profile or RooflineCostModel(model, hw, tp=opts.tp)
+        cost_model = profile or RooflineCostModel(model, hw, tp=opts.tp, precision=precision)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     hardware = profile.profile.get("hardware") if profile else hw.name

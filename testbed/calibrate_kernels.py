@@ -16,6 +16,7 @@ from scheduler.model_config import ModelConfig, load_model_config
 from simulator.kernel_db import KernelDatabaseError, available
 from simulator.kernel_holdout import uniform_plan
 from simulator.kernel_profile import build_kernel_profile
+from simulator.precision import BF16, Precision
 from testbed.errors import ConfigError
 
 DEFAULT_MODEL = "llama-3.1-8b"
@@ -27,9 +28,16 @@ def profile_text(profile: dict) -> str:
     return re.sub(r"\[[-+0-9.eE,\s]*\]", lambda m: re.sub(r"\s+", "", m.group(0)).replace(",", ", "), text) + "\n"
 
 
-def hbm_floor_s(model: ModelConfig, tp: int, mem_bandwidth: float) -> float:
-    """One decode step can not beat reading one GPU's weights once from memory."""
-    return model.weight_bytes(2, tp) / mem_bandwidth
+def hbm_floor_s(model: ModelConfig, tp: int, mem_bandwidth: float, precision: Precision | None = None) -> float:
+    """One decode step can not beat reading one GPU's weights once from memory (fp8 weights: 1 byte
+    a weight of the linear layers, the embedding and LM head at 2)."""
+    p = precision or Precision()
+    return model.weight_bytes(2, tp, linear_bytes=p.linear_weight_bytes if p.fp8_weights else None) / mem_bandwidth
+
+
+def profile_precision(profile: dict) -> Precision:
+    kept = profile.get("precision") or {}
+    return Precision(kept.get("weights", BF16), kept.get("kv_cache", BF16))
 
 
 def decode_at_batch_1_s(profile: dict, context: int = 1024) -> float:
@@ -39,7 +47,7 @@ def decode_at_batch_1_s(profile: dict, context: int = 1024) -> float:
 
 
 def calibrate_kernels(system: str | None, backend: str, backend_version: str | None, model_name: str | None, tp: int,
-                      out: str | Path, progress=None) -> dict:
+                      out: str | Path, progress=None, quantization: str | None = None, kv_cache_dtype: str = "auto") -> dict:
     """Build the profile and write it; bad input raises ConfigError (one line, exit 2)."""
     if not system:
         try:
@@ -49,7 +57,7 @@ def calibrate_kernels(system: str | None, backend: str, backend_version: str | N
         raise ConfigError(f"--source aiconfigurator needs --system: one of {systems}")
     model = load_model_config(model_name or DEFAULT_MODEL)
     try:
-        profile = build_kernel_profile(system, backend, backend_version, model, tp, progress)
+        profile = build_kernel_profile(system, backend, backend_version, model, tp, progress, quantization, kv_cache_dtype)
     except KernelDatabaseError as e:
         raise ConfigError(str(e)) from None
     out = Path(out)
@@ -63,7 +71,9 @@ def summary_lines(profile: dict, out: str | Path) -> list[str]:
     model, tp = load_model_config(profile["model"]), profile["tp"]
     lines = [f"profile {out}: {profile['model']} at TP {tp} on {db['system']}, {db['backend']} {db['backend_version']} kernels "
              f"(aiconfigurator-core {db['package_version']}), {profile['wall_s']} s"]
-    decode, floor = decode_at_batch_1_s(profile), hbm_floor_s(model, tp, spec["mem_bandwidth"])
+    precision = profile_precision(profile)
+    lines.append("  " + precision_line(profile))
+    decode, floor = decode_at_batch_1_s(profile), hbm_floor_s(model, tp, spec["mem_bandwidth"], precision)
     lines.append(f"  decode at batch 1, context 1024: {decode * 1e3:.2f} ms; weights / memory bandwidth "
                  f"(the floor): {floor * 1e3:.2f} ms ({decode / floor:.2f}x)")
     for kind, e in profile["holdout"].items():
@@ -73,3 +83,16 @@ def summary_lines(profile: dict, out: str | Path) -> list[str]:
             lines.append(f"  {kind}: error at {e['points']} measured shapes off a half grid: median {e['median_rel_err'] * 100:.1f}%, "
                          f"p90 {e['p90_rel_err'] * 100:.1f}%, max {e['max_rel_err'] * 100:.1f}%")
     return lines
+
+
+def precision_line(profile: dict) -> str:
+    """Which of the database's tables priced the weights and the KV cache; where fp8 KV attention was
+    priced from bf16-KV tables (the database has none for the system), that, and why."""
+    p = profile.get("precision") or {}
+    gemm, kv = p.get("gemm", {}), p.get("kv_cache_dtype", {})
+    weights = f"{p.get('weights', BF16)} weights (layer GEMMs from the {gemm.get('quant_mode', BF16)} table"
+    weights += f": {gemm['kernel']})" if gemm.get("kernel") else ")"
+    if kv.get("why"):
+        return f"{weights}; --kv-cache-dtype {kv['asked']}: attention priced as {kv['priced_as']} KV: {kv['why']}"
+    fmha = p.get("prefill_attention", {}).get("fmha", BF16)
+    return f"{weights}, {p.get('kv_cache', BF16)} KV cache (attention from the {kv.get('priced_as', BF16)}-KV tables, prefill in {fmha})"

@@ -28,6 +28,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     def started(meta: dict) -> None:
         if meta.get("mode") == "real":
             print(describe_engine(meta), flush=True)
+        if meta.get("arrivals"):  # a closed loop (--concurrency): said once, before the progress
+            print(meta["arrivals"], file=sys.stderr, flush=True)
 
     def progress(done: int, total: int) -> None:
         if not bars:
@@ -66,8 +68,8 @@ CALIBRATION_PHASES = {  # calibrate's progress phase -> (label, unit)
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.source == "aiconfigurator":
         return cmd_calibrate_kernels(args)
-    if args.system or args.backend_version or args.tp != 1:
-        raise ConfigError("--system, --backend-version and --tp are for --source aiconfigurator")
+    if args.system or args.backend_version or args.tp != 1 or args.quantization or args.kv_cache_dtype != "auto":
+        raise ConfigError("--system, --backend-version, --tp, --quantization and --kv-cache-dtype are for --source aiconfigurator")
     from simulator.hardware import load_hardware
     from testbed.calibrate import CalibrationConfig, calibrate
     from testbed.options import ReplayOptions, default_hardware
@@ -135,7 +137,8 @@ def cmd_calibrate_kernels(args: argparse.Namespace) -> int:
     if args.hardware:
         raise ConfigError("--hardware: with --source aiconfigurator the hardware is the --system's")
     model = args.model or DEFAULT_MODEL
-    out = args.out or str(Path("runs") / "profiles" / f"{args.system}-{args.backend}-{Path(model.rstrip('/')).name}-tp{args.tp}.json")
+    precision = ("-fp8" if args.quantization else "") + ("-kv" + args.kv_cache_dtype if args.kv_cache_dtype != "auto" else "")
+    out = args.out or str(Path("runs") / "profiles" / f"{args.system}-{args.backend}-{Path(model.rstrip('/')).name}-tp{args.tp}{precision}.json")
     bars: list = []
 
     def progress(phase: str, done: int, total: int) -> None:
@@ -144,7 +147,8 @@ def cmd_calibrate_kernels(args: argparse.Namespace) -> int:
         bars[0].update(done - bars[0].n)
 
     try:
-        profile = calibrate_kernels(args.system, args.backend, args.backend_version, model, args.tp, out, progress)
+        profile = calibrate_kernels(args.system, args.backend, args.backend_version, model, args.tp, out, progress,
+                                    quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
     finally:
         for bar in bars:
             bar.close()
@@ -162,6 +166,7 @@ def _own_version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     from simulator.kernel_db import BACKENDS
+    from simulator.precision import KV_CACHE_DTYPES, QUANTIZATIONS
     from testbed import dashboard_cli
     from testbed.runs import cli as runs_cli
     from testbed.runs import import_cli
@@ -187,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hardware", default=None, help="hardware spec of this machine, as replay's --hardware (h100, h200, a100, cpu, or a "
                    "JSON file); a sim with the profile defaults to it (default: cpu, or the GPU's spec; with --source aiconfigurator: the --system)")
     p.add_argument("--out", default=None, help="profile file to write (default runs/profiles/<model>-<hardware>.json; "
-                   "with --source aiconfigurator runs/profiles/<system>-<backend>-<model>-tp<N>.json)")
+                   "with --source aiconfigurator runs/profiles/<system>-<backend>-<model>-tp<N>[-fp8][-kvfp8].json)")
     p.add_argument("--load-format", choices=("auto", "dummy"), default=None)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--reps", type=positive_int, default=5, help="timed repetitions per grid point (default %(default)s)")
@@ -200,6 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--backend", choices=BACKENDS, default="sglang", help="whose kernels (default %(default)s)")
     g.add_argument("--backend-version", default=None, help="default: the newest the database maintains for the system")
     g.add_argument("--tp", type=positive_int, default=1, help="tensor parallelism over this many GPUs (default %(default)s)")
+    g.add_argument("--quantization", choices=QUANTIZATIONS, default=None, help="fp8: the layers' GEMMs from the database's per-tensor fp8 tables (default: the model's dtype)")
+    g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto", help="fp8: attention from the database's fp8-KV tables where it has them (default %(default)s: the model's dtype)")
     p.set_defaults(func=cmd_calibrate)
     return parser
 

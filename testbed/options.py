@@ -26,6 +26,7 @@ from scheduler.vllm_config import (
     VLLM_POLICIES,
     VLLM_RELEASE,
 )
+from simulator.precision import KV_CACHE_DTYPES, QUANTIZATIONS
 from testbed.errors import ConfigError
 from testbed.traces.formats import FORMATS
 
@@ -70,6 +71,10 @@ class ReplayOptions:
     profile: str | None = None
     # Tensor parallelism over this many GPUs (the simulator; the real engine runs on one).
     tp: int = 1
+    # The simulator: fp8 weights (--quantization fp8) and KV cache (--kv-cache-dtype auto|bf16|fp8);
+    # None and auto: the model's dtype (simulator/precision.py).
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
     # Which scheduler runs; the vLLM scheduler's budgets (None: vLLM's defaults).
     scheduler: str = "sglang"
     max_num_seqs: int | None = None
@@ -81,6 +86,9 @@ class ReplayOptions:
     schedule_conservativeness: float = 1.0  # scales the decode estimate (new_token_ratio)
     # Issue 14: the simulator takes decode stretches at once (equal results); off steps one by one.
     fast_forward: bool = True
+    # Closed loop: this many clients, each sending its next request (in trace order) when its last
+    # one is done; the trace's arrival times are not used (scheduler/arrivals.py). None: open loop.
+    concurrency: int | None = None
 
 
 OPTION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ReplayOptions))
@@ -243,9 +251,46 @@ def check_options(opts: ReplayOptions) -> None:
         raise ConfigError(f"--tp {opts.tp}: " + ("must be >= 1" if opts.tp < 1 else "the real engine runs on one device; --tp is for --mode sim"))
     if opts.scheduler not in SCHEDULERS:
         raise ConfigError(f"--scheduler {opts.scheduler}: choose one of {', '.join(SCHEDULERS)}")
+    _check_precision(opts)
     _check_scheduler_options(opts)
     if not opts.schedule_conservativeness > 0:
         raise ConfigError(f"--schedule-conservativeness must be positive, got {opts.schedule_conservativeness}")
+    _check_concurrency(opts)
+
+
+def _check_precision(opts: ReplayOptions) -> None:
+    """--quantization and --kv-cache-dtype: known values, and for the simulator (the real engine runs the model's dtype)."""
+    if opts.quantization not in (None, *QUANTIZATIONS):
+        raise ConfigError(f"--quantization {opts.quantization}: choose {' or '.join(QUANTIZATIONS)} (or leave it unset: the model's dtype)")
+    if opts.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ConfigError(f"--kv-cache-dtype {opts.kv_cache_dtype}: choose one of {', '.join(KV_CACHE_DTYPES)}")
+    if opts.mode == "real" and (opts.quantization is not None or opts.kv_cache_dtype != "auto"):
+        asked = f"--quantization {opts.quantization}" if opts.quantization is not None else f"--kv-cache-dtype {opts.kv_cache_dtype}"
+        raise ConfigError(f"{asked} is for --mode sim: the real engine runs the model's dtype (--dtype)")
+
+
+def _check_concurrency(opts: ReplayOptions) -> None:
+    """A closed loop sends each request when a client is free: the options that shape the trace's
+    arrival times have nothing to act on, so giving one with it is refused."""
+    n = opts.concurrency
+    if n is None:
+        return
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"--concurrency must be a positive integer (clients), got {n!r}")
+    ignored = "a closed loop sends each request when a client is free and ignores the trace's arrival times"
+    if opts.time_scale != 1.0:
+        raise ConfigError(f"--concurrency {n} and --time-scale {opts.time_scale:g}: {ignored}, which --time-scale scales; give one of them")
+    if opts.rate is not None:
+        raise ConfigError(f"--concurrency {n} and --rate {opts.rate:g}: {ignored}, which --rate makes; give one of them")
+
+
+def closed_loop_note(opts: ReplayOptions) -> str | None:
+    """What a closed-loop run says once (and run.json records as "arrivals"); None for an open loop."""
+    n = opts.concurrency
+    if n is None:
+        return None
+    return (f"closed loop: {n} client{'s' if n != 1 else ''}, each sending its next request (in trace order) when its last one "
+            "is done; the trace's arrival times are ignored")
 
 
 # --- flags ------------------------------------------------------------------------------------
@@ -288,6 +333,8 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=positive_float, default=None, help="request rate for traces without arrival times (ShareGPT lengths)")
     p.add_argument("--profile", default=None, help="sim: cost every forward and CPU stage from a profile (testbed calibrate: this machine's engine, or --source aiconfigurator: measured GPU kernels) instead of the roofline")
     p.add_argument("--tp", type=positive_int, default=d.tp, help="sim: tensor parallelism over this many GPUs of --hardware (default %(default)s)")
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default=None, help="sim: the linear layers' weights in fp8 (1 byte a weight; the GEMMs at the fp8 peak, or from a profile's fp8 tables), as SGLang's and vLLM's --quantization fp8 (default: the model's dtype)")
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=d.kv_cache_dtype, help="sim: the KV cache's dtype; fp8 holds twice the tokens in the same memory (default %(default)s: the model's dtype)")
     p.add_argument("--scheduler", choices=SCHEDULERS, default=d.scheduler, help=f"SGLang's scheduler or vLLM's (v1, release {VLLM_RELEASE}) (default %(default)s)")
     p.add_argument("--max-num-seqs", type=positive_int, default=None, help=f"vllm: running requests at most (default {DEFAULT_MAX_NUM_SEQS})")
     p.add_argument("--max-num-batched-tokens", type=positive_int, default=None, help=f"vllm: tokens one step computes, decodes and prefill chunks together (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
@@ -295,6 +342,9 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-priority-scheduling", action="store_true", help="order the waiting queue by request priority (larger first) and preempt running requests of lower priority")
     p.add_argument("--priority-scheduling-preemption-threshold", type=int, default=d.priority_scheduling_preemption_threshold, help="priority gap a waiting request needs over a running one to preempt it (default %(default)s)")
     p.add_argument("--schedule-conservativeness", type=positive_float, default=d.schedule_conservativeness, help="scale of the decode estimate that admission reserves (new_token_ratio); > 1 admits fewer (default %(default)s)")
+    p.add_argument("--concurrency", type=positive_int, default=None, metavar="N", help="closed loop: N clients, each sending its next request "
+                   "(in trace order) when its last one finishes, as vllm bench serve / sglang.bench_serving --max-concurrency; the first N "
+                   "arrive at 0 and the trace's arrival times are ignored (so --time-scale and --rate are refused with it; default: open loop)")
     p.add_argument("--fast-forward", action=argparse.BooleanOptionalAction, default=d.fast_forward, help="sim: take runs of identical decode steps at once, with the same results as one by one (default on; --no-fast-forward steps one by one, for checking)")
     g = p.add_argument_group("real engine (--mode real)")
     g.add_argument("--load-format", choices=("auto", "dummy"), default=None, help="weights from the model folder (auto) or random (dummy); default: auto for a folder, dummy for a bundled config")

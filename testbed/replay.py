@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from scheduler.config import SchedulerConfig
+from scheduler.arrivals import ArrivalSource, ClosedLoopArrivals, OpenLoopArrivals
 from scheduler.gc_pause import gc_paused
 from scheduler.loop import EventLoop
 from scheduler.model_config import ModelConfig, load_model_config
@@ -20,11 +21,11 @@ from testbed.interrupts import deferred_interrupts, interrupt_once
 from scheduler.vllm_config import VllmSchedulerConfig
 from scheduler.vllm_scheduler import VllmScheduler
 from testbed.backends import build_real, build_sim
-from testbed.options import ReplayOptions, check_options, resolved_options, with_scheduler_defaults
+from testbed.options import ReplayOptions, check_options, closed_loop_note, resolved_options, with_scheduler_defaults
 from testbed.runs import metrics
 from testbed.runs.folder import REQUESTS_FILE, STEPS_FILE, RunLoadError, read_run_meta, unused_path, versions
 from testbed.runs.writer import RunWriter
-from testbed.traces.formats import load_trace
+from testbed.traces.formats import detect_format, load_trace
 from testbed.traces.schema import Trace, TracePrompts
 
 
@@ -53,6 +54,24 @@ def finished_run_meta(run_dir: Path, trace_sha256: str, opts: ReplayOptions) -> 
 def default_run_dir(trace_path: str, opts: ReplayOptions) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     return unused_path(Path("runs") / f"{Path(trace_path).stem}-{opts.mode}-{opts.policy}-{stamp}")
+
+
+# The rate a closed loop reads a trace without arrival times at (sharegpt): its arrivals are not used.
+CLOSED_LOOP_PLACEHOLDER_RATE = 1.0
+
+
+def load_replay_trace(trace_path: str | Path, opts: ReplayOptions) -> Trace:
+    """The trace as a replay with these options reads it (before --max-requests). A closed loop
+    (--concurrency) uses no arrival times, so a trace without them (sharegpt) needs no --rate."""
+    rate = opts.rate
+    if opts.concurrency is not None and rate is None and (opts.format or detect_format(str(trace_path))) == "sharegpt":
+        rate = CLOSED_LOOP_PLACEHOLDER_RATE
+    return load_trace(trace_path, opts.format, rate=rate, seed=opts.seed, time_scale=opts.time_scale)
+
+
+def make_arrivals(requests: Iterator[Req], opts: ReplayOptions) -> ArrivalSource:
+    """Open loop (each request at its arrival time), or closed loop with --concurrency N."""
+    return OpenLoopArrivals(requests) if opts.concurrency is None else ClosedLoopArrivals(requests, opts.concurrency)
 
 
 def make_requests(trace: Trace, opts: ReplayOptions, model: ModelConfig, vocab_size: int | None) -> Iterator[Req]:
@@ -134,7 +153,7 @@ def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
     wall_start = time.perf_counter()
     opts = resolved_options(opts)  # run.json records what ran
     model = load_model_config(opts.model)
-    trace = load_trace(trace_path, opts.format, rate=opts.rate, seed=opts.seed, time_scale=opts.time_scale)
+    trace = load_replay_trace(trace_path, opts)
     if opts.max_requests is not None:
         trace.requests = trace.requests[: opts.max_requests]
     build = build_sim if opts.mode == "sim" else build_real
@@ -152,6 +171,7 @@ def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
             "num_requests": len(trace),
         },
         "options": asdict(opts),
+        **({"arrivals": note} if (note := closed_loop_note(opts)) is not None else {}),
         "model": model.name,
         **backend.meta,
         "scheduler": config.to_dict() | {"max_running_requests": config.effective_max_running_requests},
@@ -173,7 +193,8 @@ def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
 
     if progress is not None:
         progress(0, total)
-    loop = EventLoop(scheduler, make_requests(trace, opts, model, backend.vocab_size), driver.clock, opts.overlap, after_step)
+    arrivals = make_arrivals(make_requests(trace, opts, model, backend.vocab_size), opts)
+    loop = EventLoop(scheduler, arrivals, driver.clock, opts.overlap, after_step)
     status = "incomplete"  # until the loop ends: Ctrl-C leaves it so
     try:
         try:

@@ -39,6 +39,7 @@ WORKLOAD_OPTIONS = (
     "enable_priority_scheduling",
     "priority_scheduling_preemption_threshold",
     "schedule_conservativeness",
+    "concurrency",  # closed loop: N clients (None: open loop, the trace's arrival times)
 )
 # What a run folder written before an option existed ran with.
 OPTION_DEFAULTS = {"scheduler": "sglang"}
@@ -140,7 +141,7 @@ def differences(a: Run, b: Run) -> list[str]:
             continue
         va, vb = _opt(a, name), _opt(b, name)
         if va != vb:
-            out.append(f"{name}: A {_show(va)}, B {_show(vb)}")
+            out.append(f"{name}: A {_show(va)}, B {_show(vb)}" + (" (clients of a closed loop; default: open loop)" if name == "concurrency" else ""))
     if imported is not None:
         # The KV pool only where the imported run states it.
         ka, kb = _effective(a, "kv_tokens"), _effective(b, "kv_tokens")

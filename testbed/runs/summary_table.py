@@ -17,7 +17,9 @@ def run_title(trace: str, meta: dict) -> str:
     """trace (mode, model on hardware, policy, overlap): what ran, from run.json."""
     opts = meta.get("options") or {}
     overlap = "on" if opts.get("overlap") else "off"
-    return f"{trace} ({meta.get('mode')}, {meta.get('model')} on {meta.get('hardware')}, {opts.get('policy')}, overlap {overlap})"
+    clients = opts.get("concurrency")
+    closed = f", closed loop of {clients} client{'s' if clients != 1 else ''}" if clients else ""
+    return f"{trace} ({meta.get('mode')}, {meta.get('model')} on {meta.get('hardware')}, {opts.get('policy')}, overlap {overlap}{closed})"
 
 
 def format_rejections(counts: dict[str, int]) -> str:

@@ -41,6 +41,8 @@ from testbed.studies.sweep import (
 
 CAPACITY_FILE = "capacity.json"
 SCALES_ITSELF = "capacity scales the arrivals itself (rate multiplier m = --time-scale 1/m)"
+CLOSED_LOOP_HAS_NO_RATE = ("capacity searches the arrival rate of an open loop; a closed loop (N clients) has none to search: "
+                           "compare concurrencies with testbed sweep --grid concurrency=1,4,16")
 # Summary keys an SLO can bound: latencies, lower is better.
 SLO_KEYS: tuple[str, ...] = tuple(f"{s}_{name}_ms" for name in LATENCIES for s in ("mean", "p50", "p90", "p99"))
 MIN_MULTIPLIER = 1 / 64
@@ -259,6 +261,10 @@ def plan_capacity(
         raise ConfigError(f"--time-scale {base.time_scale:g}: {SCALES_ITSELF}; leave it out")
     if any(a.name == "time_scale" for a in axes):
         raise ConfigError(f"--grid time_scale: {SCALES_ITSELF}")
+    if base.concurrency is not None:
+        raise ConfigError(f"--concurrency {base.concurrency}: {CLOSED_LOOP_HAS_NO_RATE}")
+    if any(a.name == "concurrency" for a in axes):
+        raise ConfigError(f"--grid concurrency: {CLOSED_LOOP_HAS_NO_RATE}")
     sweep = plan_sweep(trace_path, base, axes, out_dir)
     if not math.isfinite(sweep.trace_info.rate):
         raise ConfigError(f"{trace_path}: all requests arrive at once, so scaling the arrivals changes nothing")

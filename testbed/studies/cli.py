@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from testbed.errors import EXIT_INTERRUPTED
-from testbed.options import add_replay_options, options_from_args, positive_int
+from testbed.options import add_replay_options, closed_loop_note, options_from_args, positive_int
 from testbed.progress import progress_bar
 from testbed.runs.folder import unused_path
 from testbed.runs.summary_table import format_summary
 from testbed.studies.capacity import (
+    CLOSED_LOOP_HAS_NO_RATE,
     DEFAULT_RESOLUTION,
     SCALES_ITSELF,
     SLO_KEYS,
@@ -167,6 +168,20 @@ def _axes_text(sweep: Sweep) -> str:
     return " x ".join(f"{a.name} {len(a.values)}" for a in sweep.axes) or "no axes"
 
 
+def _closed_loop_note(sweep: Sweep) -> str | None:
+    """The line a sweep with closed-loop points says once (each point's run.json records its own)."""
+    clients = sorted({p.options.concurrency for p in sweep.points if p.options.concurrency is not None})
+    if not clients:
+        return None
+    if len(clients) == 1:
+        note = closed_loop_note(next(p.options for p in sweep.points if p.options.concurrency is not None))
+    else:
+        note = (f"closed loop with {', '.join(map(str, clients))} clients: each sends its next request (in trace order) when its "
+                "last one is done; the trace's arrival times are ignored")
+    open_loop = any(p.options.concurrency is None for p in sweep.points)
+    return note + ("; the open-loop points (concurrency none) keep them" if open_loop else "")
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     axes = parse_grid(args.grid)
     sweep = plan_sweep(args.trace, options_from_args(args), axes, args.out or _default_out("sweep", args.trace))
@@ -175,6 +190,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"sweep of {args.trace} ({sweep.trace_info.requests} requests): {len(sweep.points)} points ({_axes_text(sweep)}) "
               f"on {runner.description} -> {sweep.out_dir}", flush=True)
+    note = _closed_loop_note(sweep)
+    if note is not None:  # (on stderr, with the progress: --json's stdout stays one object)
+        print(note, file=sys.stderr, flush=True)
     bar = progress_bar("sweep", "points", len(sweep.points), disable=args.quiet)
     counts = {"failed": 0, "resumed": 0}
 
@@ -256,7 +274,7 @@ def format_capacity(report: CapacityReport) -> str:
 
 def cmd_capacity(args: argparse.Namespace) -> int:
     slos = parse_slos(args.slo)
-    axes = parse_grid(args.grid, forbidden={"time_scale": SCALES_ITSELF})
+    axes = parse_grid(args.grid, forbidden={"time_scale": SCALES_ITSELF, "concurrency": CLOSED_LOOP_HAS_NO_RATE})
     sweep = plan_capacity(args.trace, options_from_args(args), axes, args.out or _default_out("capacity", args.trace), args.resolution)
     check_out_dir(sweep.out_dir, args.resume)  # before starting processes or Ray
     configs = len(sweep.points)

@@ -39,8 +39,8 @@ from testbed.options import (
     resolved_options,
 )
 from testbed.studies.points import OnResult, PointResult, SweepPoint, finished_result
+from testbed.replay import load_replay_trace
 from testbed.studies.runners import Runner
-from testbed.traces.formats import load_trace
 
 SWEEP_FILE = "sweep.parquet"
 POINTS_DIR = "points"
@@ -147,7 +147,7 @@ class TraceInfo:
 
 def trace_info(trace_path: str, opts: ReplayOptions) -> TraceInfo:
     """The trace as a replay with these options sees it (format, generated arrivals, --max-requests)."""
-    trace = load_trace(trace_path, opts.format, rate=opts.rate, seed=opts.seed, time_scale=opts.time_scale)
+    trace = load_replay_trace(trace_path, opts)
     requests = trace.requests[: opts.max_requests] if opts.max_requests is not None else trace.requests
     span = requests[-1].arrival_s - requests[0].arrival_s
     return TraceInfo(trace.sha256(), len(requests), (len(requests) - 1) / span if span > 0 else float("inf"))
