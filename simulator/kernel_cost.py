@@ -37,10 +37,14 @@ The profile's precision (`precision`: weights and KV cache; simulator/kernel_pro
 tables; a replay asking for another (`check_precision`) is refused, naming both.
 
 A forward the serving engine runs outside a CUDA graph (simulator/cuda_graphs.py: vLLM's
-forwards of more tokens than its largest graph, SGLang's extends) costs the backend's eager
-overhead on top (the profile's `eager_overhead_s`: AIConfigurator's own per-forward dispatch
-term for that backend; vLLM: 0.8 ms a layer). Without a policy every forward is priced as
-its kernels alone.
+forwards of more tokens than its largest graph, SGLang's extends) is dispatched kernel by kernel
+from the host: the profile's `eager_overhead_s` is that dispatch time (AIConfigurator's own
+per-forward term for the backend; vLLM: 0.8 ms a layer, SGLang none). Kernel launches are
+asynchronous: the host queues layer k+1 while the GPU runs layer k, so an eager forward takes
+the longer of its kernels and its dispatch, not their sum. A small forward waits for the host;
+a large prefill hides it entirely. (Adding the two made every vLLM step that carried a prefill
+chunk 25.6 ms slower for an 8B model: 2-4x the measured TPOT of the H200 points in
+`testbed validate`.) Without a policy every forward is priced as its kernels alone.
 
 Load-time work is all of the above; forward_time is a handful of bisections and multiply-adds
 (O(1) per plan; MIXED plans loop once over their requests to split decode from extend). The
@@ -224,7 +228,7 @@ class KernelProfileCostModel:
     def forward_time(self, plan: ForwardPlan) -> float:
         t = self.kernel_time(plan)
         if self.eager_overhead and self.graphs is not None and t and not self.graphs.captured(plan):
-            t += self.eager_overhead
+            t = max(t, self.eager_overhead)  # the host dispatches while the GPU runs: the longer of the two
         return t
 
     def kernel_time(self, plan: ForwardPlan) -> float:
