@@ -32,130 +32,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from simulator import kernel_db  # noqa: E402
-from simulator.hardware import HardwareConfigError, bundled_hardware_names  # noqa: E402
-from simulator.kernel_profile import build_kernel_profile  # noqa: E402
+from simulator.hardware import HardwareConfigError  # noqa: E402
 from testbed.errors import USER_ERRORS  # noqa: E402
 from testbed.options import ReplayOptions  # noqa: E402
 from testbed.replay import replay  # noqa: E402
 from testbed.runs.compare import rel_err  # noqa: E402
 from testbed.runs.folder import load_run  # noqa: E402
 from testbed.runs.import_run import import_run  # noqa: E402
+from testbed.validate.runs import FIGURES, HEADERS, GroundTruthRun, kernel_profile, settings_of  # noqa: E402
 
 GROUND_TRUTH = ROOT.parent / "shared" / "ground_truth"
-FIGURES = ("mean_ttft_ms", "p50_ttft_ms", "p90_ttft_ms", "mean_tpot_ms", "p50_tpot_ms", "p90_tpot_ms", "mean_e2e_ms")
-HEADERS = ("TTFT mean", "TTFT p50", "TTFT p90", "TPOT mean", "TPOT p50", "TPOT p90", "E2E mean")
 TARGET = 0.05  # every TTFT and TPOT figure
-# vLLM 0.19's defaults for what a meta.json may leave out.
-VLLM_DEFAULTS = {"block_size": 16, "enable_prefix_caching": True, "async_scheduling": True, "gpu_memory_utilization": 0.9}
-
-
-@dataclass(frozen=True)
-class GroundTruthRun:
-    name: str
-    folder: Path
-    model: str  # a bundled config
-    gpu: str  # an AIConfigurator system, a bundled hardware spec, or a JSON spec's path
-    tp: int
-    options: ReplayOptions  # the vLLM scheduler with the run's settings
-
-
-FORM_FACTORS = ("sxm", "pcie", "server", "nvl")  # words of a system name that a device name may leave out
-
-
-def _squash(text: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", text.lower())
-
-
-def gpu_of(meta: dict, folder: Path) -> str | None:
-    """The run's GPU as a hardware name: an AIConfigurator system (its kernels price the forwards)
-    whose name without its form factor is in meta.json's device name (else in the folder name
-    vllm-<gpu>-<model>), preferring the form factor the name mentions, then SXM; else a bundled
-    spec found the same way. Names are compared without case, spaces and punctuation."""
-    device = _squash(((meta.get("hardware") or {}).get("device_name")) or "")
-    stem = _squash(folder.name.removeprefix("vllm-").split("-")[0])
-    text = device or stem
-    matches = []
-    for system in kernel_db.system_names():
-        words = system.split("_")
-        core = _squash("".join(w for w in words if w not in FORM_FACTORS))
-        if core and core in text:
-            form = next((w for w in words if w in FORM_FACTORS), "")
-            matches.append((len(core), form != "" and form in text, form == "sxm", system))
-    if matches:
-        return max(matches)[3]
-    for hw in sorted(bundled_hardware_names(), key=len, reverse=True):
-        if hw in text:
-            return hw
-    return None
-
-
-def nearest_version(versions: list[str], wanted: str | None) -> str | None:
-    """The version closest to `wanted` (the run's engine release); None: the database's default."""
-    if not wanted or not versions:
-        return None
-
-    def key(v: str) -> tuple[int, ...]:
-        return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
-
-    w = key(wanted)
-    return min(versions, key=lambda v: (sum(abs(a - b) * 1000 ** (2 - i) for i, (a, b) in enumerate(zip(key(v), w))), v))
-
-
-def settings_of(folder: Path, real: Path, hardware: str | None) -> GroundTruthRun:
-    """The model, GPU, TP and vLLM settings of one ground-truth run (ValueError saying what is missing)."""
-    meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").is_file() else {}
-    imported = load_run(real).meta
-    model = imported.get("model")
-    from scheduler.model_config import bundled_model_names
-
-    if model not in bundled_model_names():
-        raise ValueError(f"model {imported.get('source_model')!r} has no bundled config ({', '.join(bundled_model_names())})")
-    gpu = hardware or gpu_of(meta, folder)
-    if gpu is None:
-        raise ValueError(f"no hardware spec for its GPU ({(meta.get('hardware') or {}).get('device_name') or folder.name}); give --hardware")
-    kwargs = meta.get("engine_kwargs") or {}
-    kv = meta.get("kv_cache") or {}
-    sched = (meta.get("resolved_config") or {}).get("scheduler_config") or {}
-    d = VLLM_DEFAULTS
-    opts = ReplayOptions(
-        scheduler="vllm",
-        model=model,
-        max_num_seqs=kwargs.get("max_num_seqs"),
-        max_num_batched_tokens=kwargs.get("max_num_batched_tokens"),
-        page_size=kv.get("block_size") or d["block_size"],
-        disable_radix_cache=not kv.get("enable_prefix_caching", d["enable_prefix_caching"]),
-        overlap=sched.get("async_scheduling", d["async_scheduling"]),
-        kv_tokens=kv.get("num_kv_tokens"),
-        mem_fraction_static=kv.get("gpu_memory_utilization") or d["gpu_memory_utilization"],
-        seed=kwargs.get("seed") or 0,
-    )
-    return GroundTruthRun(folder.name, folder, model, gpu, int(kwargs.get("tensor_parallel_size") or 1), opts)
-
-
-def kernel_profile(run: GroundTruthRun, meta: dict, out: Path) -> tuple[str | None, str]:
-    """The kernel profile of the run's GPU, model and TP with vLLM's kernels (path, or None and why not)."""
-    versions = kernel_db.available().get(run.gpu, {}).get("vllm", [])
-    if not versions:
-        return None, f"AIConfigurator has no vLLM kernels of {run.gpu}"
-    version = nearest_version(versions, meta.get("vllm_version"))
-    path = out / "kernels.json"
-    try:
-        profile = build_kernel_profile(run.gpu, "vllm", version, run.model, run.tp)
-    except kernel_db.KernelDatabaseError as e:
-        return None, str(e)
-    path.write_text(json.dumps(profile) + "\n")
-    return str(path), f"{run.gpu} vllm {profile['database']['backend_version']} kernels (the run: vLLM {meta.get('vllm_version', '?')})"
-
-
 def variants(run: GroundTruthRun, kernels: str | None, profile: str | None) -> dict[str, ReplayOptions]:
     vllm = replace(run.options, hardware=run.gpu, tp=run.tp)
     o = run.options

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -340,3 +341,16 @@ class KernelDatabase:
     def describe(self) -> dict[str, str]:
         return {"package": "aiconfigurator-core", "package_version": package_version(), "system": self.system,
                 "backend": self.backend, "backend_version": self.version}
+
+
+def nearest_version(versions: list[str], wanted: str | None) -> str | None:
+    """Of the database's versions, the one closest to `wanted` (a run's or point's engine release);
+    None: the database's default."""
+    if not wanted or not versions:
+        return None
+
+    def key(v: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+    w = key(wanted)
+    return min(versions, key=lambda v: (sum(abs(a - b) * 1000 ** (2 - i) for i, (a, b) in enumerate(zip(key(v), w))), v))

@@ -172,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     from testbed.runs import import_cli
     from testbed.studies import cli as studies_cli
     from testbed.traces import cli as traces_cli
+    from testbed.validate import cli as validate_cli
 
     parser = CliParser(prog="testbed", description="LLM-serving scheduler testbed: replay traces in simulation or on a real engine")
     parser.add_argument("--version", action="version", version=f"testbed {_own_version()}")
@@ -187,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     import_cli.register(sub)
     dashboard_cli.register(sub)
     studies_cli.register(sub)
+    validate_cli.register(sub)
     p = sub.add_parser("calibrate", help="measure the real engine here (or take AIConfigurator's GPU kernels) and make a profile for the simulator")
     p.add_argument("--model", default=None, help="bundled config or local HF folder (default tiny-llama; llama-3.1-8b with --source aiconfigurator)")
     p.add_argument("--hardware", default=None, help="hardware spec of this machine, as replay's --hardware (h100, h200, a100, cpu, or a "

@@ -1,0 +1,1 @@
+"""testbed validate: how far to trust the simulator, against measured serving points."""

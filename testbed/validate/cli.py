@@ -1,0 +1,168 @@
+"""testbed validate: the simulator against public measured serving points, beside AIConfigurator's own estimate.
+
+    testbed validate [--points FILE] [--filter COLUMN=VALUE,...] [--out DIR] [--no-aiconfigurator]
+
+For every point of the file (default: aiconfigurator-core's silicon_sample.csv), in file order:
+skipped with its reason where the simulator cannot express it, else simulated (testbed/validate/
+simulate.py) and estimated by AIConfigurator's SDK; then one row per (system, backend, model,
+precision) with the median and p90 absolute error of TTFT and TPOT of both, the skipped points by
+reason, and the summary line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from testbed.errors import ConfigError
+from testbed.options import positive_int
+from testbed.validate.points import default_points_path, load_points, parse_filter, select
+from testbed.validate.report import GROUP_HEADER, PointResult, group_rows, skip_counts, summary_line, table, write_csv, write_html
+from testbed.validate.simulate import PointSimulator, PointSkipped
+
+
+def _result(p, simulator: PointSimulator, estimate) -> PointResult:
+    r = PointResult(p)
+    try:
+        sim = simulator.simulate(p)
+    except PointSkipped as e:
+        r.skipped = str(e)
+        return r
+    r.sim_ttft_ms, r.sim_tpot_ms, r.kernels = sim.ttft_ms, sim.tpot_ms, sim.kernels
+    if estimate is not None:
+        try:
+            r.aic_ttft_ms, r.aic_tpot_ms, r.aic_note = estimate(p)
+        except Exception as e:  # noqa: BLE001 - the SDK's own failures: the point keeps its sim figures
+            r.aic_note = f"no estimate: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+    return r
+
+
+_worker: tuple[PointSimulator, object] | None = None  # a pool process's simulator (its kernel profiles) and estimator
+
+
+def _start_worker(out_of_phase: bool, with_estimate: bool) -> None:
+    global _worker
+    from testbed.interrupts import ignore_stop_signals
+
+    ignore_stop_signals()  # Ctrl-C is the parent's to handle: it cancels the pool
+    _worker = (PointSimulator(out_of_phase=out_of_phase), _estimator() if with_estimate else None)
+
+
+def _work(p) -> PointResult:
+    assert _worker is not None
+    return _result(p, *_worker)
+
+
+def _estimator():
+    from testbed.validate.aiconfigurator_estimate import estimate_point
+
+    return estimate_point
+
+
+def validate(points, jobs: int = 1, out_of_phase: bool = False, with_estimate: bool = True, progress=None) -> list[PointResult]:
+    """A result for every point, in the points' order. Points of one kind (system, backend, model, TP,
+    precision: one kernel profile) go to a worker together, so each worker builds few profiles."""
+    order = sorted(range(len(points)), key=lambda i: (points[i].skip_reason() is not None, points[i].group, points[i].tp or 0))
+    results: list[PointResult | None] = [None] * len(points)
+    if jobs <= 1:
+        simulator = PointSimulator(out_of_phase=out_of_phase)
+        estimate = _estimator() if with_estimate else None
+        try:
+            for k, i in enumerate(order):
+                results[i] = _result(points[i], simulator, estimate)
+                if progress:
+                    progress(k + 1, len(points))
+        finally:
+            simulator.close()
+        return results  # type: ignore[return-value]
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker, initargs=(out_of_phase, with_estimate)) as pool:
+        chunk = max(1, min(8, len(points) // (4 * jobs)))
+        for k, (i, r) in enumerate(zip(order, pool.map(_work, [points[i] for i in order], chunksize=chunk))):
+            results[i] = r
+            if progress:
+                progress(k + 1, len(points))
+    return results  # type: ignore[return-value]
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    if args.points == "none" and not args.runs:
+        raise ConfigError("--points none: nothing to validate without --runs DIR")
+    t0 = time.perf_counter()
+    if args.points != "none":
+        validate_points(args, t0)
+    if args.runs:
+        report_runs(args.runs, Path(args.out) if args.out else None)
+    return 0
+
+
+def validate_points(args: argparse.Namespace, t0: float) -> None:
+    path = Path(args.points) if args.points else default_points_path()
+    points = load_points(path)
+    chosen = select(points, parse_filter(args.filter, points))
+    last = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        now = time.perf_counter()
+        if not args.quiet and (now - last[0] > 2 or done == total):
+            last[0] = now
+            print(f"validate: {done}/{total} points ({now - t0:.0f} s)", file=sys.stderr, flush=True)
+
+    results = validate(chosen, jobs=args.jobs, out_of_phase=args.phase == "spread", with_estimate=not args.no_aiconfigurator,
+                       progress=progress)
+    print(f"{path}: {len(chosen)} of {len(points)} points" + (f" (--filter {args.filter})" if args.filter else ""))
+    rows = group_rows(results)
+    print(table(rows, GROUP_HEADER) if rows else "no point could be simulated")
+    for reason, n in skip_counts(results):
+        print(f"skipped {n}: {reason}")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_csv(results, out / "points.csv")
+        write_html(results, out / "validate.html", f"testbed validate: {path.name}")
+        print(f"wrote {out / 'points.csv'} and {out / 'validate.html'}")
+    print(summary_line(results) + f"   ({time.perf_counter() - t0:.0f} s)")
+
+
+def report_runs(paths: list[str], out: Path | None) -> None:
+    """Each real run replayed in sim: its TTFT, TPOT and E2E figures and their errors."""
+    import tempfile
+
+    from testbed.validate.runs import FIGURES, HEADERS, run_folders, validate_run
+
+    folders = run_folders(paths)
+    with tempfile.TemporaryDirectory(prefix="testbed-validate-runs-") as tmp:
+        base = out / "runs" if out else Path(tmp)
+        for folder in folders:
+            r = validate_run(folder, base / folder.name)
+            if r.skipped:
+                print(f"run {folder}: skipped: {r.skipped}")
+                continue
+            print(f"run {folder}: {r.model} on {r.gpu} x{r.tp}, {r.kernels}; (sim - real) / real")
+            rows = [("real (ms)", *(f"{r.real[k]:,.1f}" if r.real[k] is not None else "-" for k in FIGURES)),
+                    ("sim (ms)", *(f"{r.sim[k]:,.1f}" if r.sim[k] is not None else "-" for k in FIGURES)),
+                    ("error", *("-" if r.error(k) is None else f"{r.error(k) * 100:+.1f}%" for k in FIGURES))]
+            print(table(rows, ("", *HEADERS), left=1))
+
+
+def register(sub) -> None:
+    p = sub.add_parser("validate", help="the simulator against measured serving points (default: AIConfigurator's silicon_sample.csv)")
+    p.add_argument("--points", default=None, help="a CSV of measured points with silicon_sample.csv's columns (default: that file, "
+                   "from the installed aiconfigurator-core; none: only --runs)")
+    p.add_argument("--filter", default=None, metavar="COLUMN=VALUE,...", help="only the points with these values, e.g. "
+                   "system=h200_sxm,backend=vllm (a column given twice takes either value)")
+    p.add_argument("--runs", nargs="+", default=None, metavar="DIR", help="also real per-request runs (LLMServingSim's "
+                   "requests.jsonl + meta.json, as ../shared/ground_truth/vllm-*; or a folder of them): each replayed in sim with "
+                   "its settings, TTFT/TPOT mean, p50 and p90 errors")
+    p.add_argument("--out", default=None, help="folder for points.csv (every point: measured, sim, AIConfigurator) and validate.html")
+    p.add_argument("--no-aiconfigurator", action="store_true", help="leave out AIConfigurator's own estimate of the points")
+    p.add_argument("--phase", choices=("together", "spread"), default="together", help="how the clients of a point start: "
+                   "together (as a benchmark's --max-concurrency sends its first wave; default) or spread out of phase over "
+                   "one request's decode (testbed/validate/simulate.py)")
+    p.add_argument("-j", "--jobs", type=positive_int, default=os.cpu_count() or 1, help="processes (default: one a core, %(default)s)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=cmd_validate)

@@ -1,0 +1,247 @@
+"""Measured serving points: the file `testbed validate` checks the simulator against.
+
+The default is `systems/silicon_sample.csv` of aiconfigurator-core: one row per measured
+operating point of a serving engine (vLLM, SGLang, TRT-LLM) on a GPU system, with the model,
+precision, input and output length, client concurrency, parallelism and the measured mean TTFT
+and TPOT. Any CSV with the same columns is taken (`--points FILE`). A row the simulator cannot
+express is kept, with the reason it is skipped: nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from scheduler.model_config import bundled_model_names
+from testbed.errors import ConfigError, TraceError
+
+# Columns a points file must have, and what each means.
+REQUIRED = {
+    "backend": "the serving engine (vllm, sglang, trtllm)",
+    "model_path": "the model's Hugging Face id",
+    "system": "the GPU system, as AIConfigurator names it (h100_sxm, h200_sxm, b200_sxm, ...)",
+    "precision": "the weights' precision (bf16, fp8, fp4, ...)",
+    "isl": "input tokens of every request",
+    "osl": "output tokens of every request",
+    "batch_size": "client concurrency of an aggregated point",
+    "tp_size": "tensor parallelism",
+    "silicon_ttft_ms": "measured mean TTFT",
+    "silicon_tpot_ms": "measured mean TPOT",
+}
+# Columns read where present.
+OPTIONAL = ("id", "backend_version", "mode", "gemm_quant_mode", "moe_quant_mode", "pp_size", "attention_dp_size",
+            "moe_ep_size", "silicon_data_source")
+BACKENDS_WITH_A_SCHEDULER = ("vllm", "sglang")
+# Weight formats the simulator prices (the database's GEMM tables of that format). A row that states
+# neither precision nor GEMM format (366 of silicon_sample.csv's, all of original checkpoints such as
+# Qwen/Qwen3-32B) is served as the checkpoint is: its own dtype, as vLLM and SGLang do without
+# --quantization. It is priced so and shown as "unstated", not mixed with the rows that say bf16.
+UNSTATED = "unstated"
+PRECISIONS = {"bf16": None, "fp16": None, UNSTATED: None, "fp8": "fp8"}
+# Hugging Face ids name variants of one architecture: the bundled config is the base model's.
+_VARIANT_SUFFIXES = re.compile(r"(-(instruct|chat|base|hf|fp8|fp8-dynamic|nvfp4|fp4|awq|gptq|int4|int8|w8a8))+$")
+
+
+@dataclass(frozen=True)
+class MeasuredPoint:
+    """One row of a points file: what was served, and what was measured."""
+
+    line: int  # in the file (the header is line 1)
+    id: str
+    backend: str
+    backend_version: str | None
+    model_path: str
+    system: str
+    precision: str
+    mode: str  # agg (one engine does prefill and decode) or disagg
+    isl: int
+    osl: int
+    concurrency: int | None
+    tp: int | None  # a disaggregated point gives its workers' TP in other columns
+    pp: int
+    attention_dp: int
+    moe_ep: int
+    gemm_quant: str | None
+    ttft_ms: float
+    tpot_ms: float
+    row: dict  # every column as read, for the output CSV
+
+    @property
+    def model(self) -> str | None:
+        """The bundled config of this point's model, if one ships."""
+        return bundled_model_of(self.model_path)
+
+    @property
+    def quantization(self) -> str | None:
+        return PRECISIONS.get(self.precision)
+
+    @property
+    def group(self) -> tuple[str, str, str, str]:
+        return (self.system, self.backend, self.model_path, self.precision)
+
+    def skip_reason(self) -> str | None:
+        """Why the simulator cannot express this point, as "what: detail"; None if it can."""
+        if self.mode != "agg":
+            return f"{self.mode}: prefill and decode on separate workers (disaggregated serving)"
+        if self.concurrency is None:
+            return "no client concurrency: batch_size is empty"
+        if self.tp is None:
+            return "no tensor parallelism: tp_size is empty"
+        if self.backend not in BACKENDS_WITH_A_SCHEDULER:
+            return f"backend {self.backend}: no scheduler for it (have {', '.join(BACKENDS_WITH_A_SCHEDULER)})"
+        if self.precision not in PRECISIONS:
+            return f"precision {self.precision}: not priced ({self.gemm_quant or '?'} GEMMs; have {', '.join(PRECISIONS)})"
+        if self.gemm_quant and self.gemm_quant not in ("fp8", "bfloat16", "float16", "bf16", "fp16"):
+            return f"GEMM format {self.gemm_quant}: not priced (per-tensor fp8 and bf16 are)"
+        if self.pp > 1:
+            return f"pipeline parallelism: {self.pp} stages"
+        if self.moe_ep > 1:
+            return f"expert parallelism: {self.moe_ep}"
+        if self.attention_dp > 1:
+            return f"attention data parallelism: {self.attention_dp}"
+        if self.model is None:
+            return f"no model config: {self.model_path} (bundled: {', '.join(bundled_model_names())})"
+        return None
+
+
+def bundled_model_of(model_path: str) -> str | None:
+    """meta-llama/Llama-3.1-8B-Instruct and nvidia/Llama-3.1-8B-Instruct-FP8 -> llama-3.1-8b, if bundled."""
+    name = str(model_path).rstrip("/").rsplit("/", 1)[-1].lower()
+    bundled = bundled_model_names()
+    for key in (name, _VARIANT_SUFFIXES.sub("", name)):
+        if key in bundled:
+            return key
+    return None
+
+
+def default_points_path() -> Path:
+    """silicon_sample.csv of the installed aiconfigurator-core (found, not imported)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("testbed validate: aiconfigurator-core is not installed (pip install -e '.[aiconfigurator]'), "
+                          "and no --points FILE was given")
+    path = Path(next(iter(spec.submodule_search_locations))) / "systems" / "silicon_sample.csv"
+    if not path.is_file():
+        raise ConfigError(f"testbed validate: {path} is missing from the installed aiconfigurator-core; give --points FILE")
+    return path
+
+
+def _int(path: str, line: int, row: dict, col: str, default: int | None = None, minimum: int = 0) -> int:
+    text = (row.get(col) or "").strip()
+    if not text:
+        if default is None:
+            raise TraceError(path, line, col, "empty")
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise TraceError(path, line, col, f"must be a number, got {text[:40]!r}") from None
+    if not math.isfinite(value) or value != int(value) or value < minimum:
+        raise TraceError(path, line, col, f"must be an integer >= {minimum}, got {text[:40]!r}")
+    return int(value)
+
+
+def _ms(path: str, line: int, row: dict, col: str) -> float:
+    text = (row.get(col) or "").strip()
+    try:
+        value = float(text)
+    except ValueError:
+        raise TraceError(path, line, col, f"must be a number of milliseconds, got {text[:40]!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise TraceError(path, line, col, f"must be positive, got {text[:40]!r}")
+    return value
+
+
+def _concurrency(path: str, line: int, row: dict) -> int | None:
+    """The client concurrency: batch_size, else the source's silicon_concurrency=N (a disaggregated
+    point leaves batch_size empty); None if neither says."""
+    if row.get("batch_size"):
+        return _int(path, line, row, "batch_size", minimum=1)
+    found = re.search(r"silicon_concurrency=(\d+)", row.get("silicon_data_source") or "")
+    return int(found.group(1)) if found and int(found.group(1)) > 0 else None
+
+
+def load_points(path: str | Path) -> list[MeasuredPoint]:
+    """Every row of a points file; TraceError (file, line, column) for one that cannot be read."""
+    path = str(path)
+    try:
+        f = open(path, newline="", encoding="utf-8")
+    except IsADirectoryError:
+        raise TraceError(path, None, None, "is a folder, not a points CSV") from None
+    with f:
+        try:
+            reader = csv.DictReader(f)
+            header = reader.fieldnames or []
+            missing = [c for c in REQUIRED if c not in header]
+            if missing:
+                need = "; ".join(f"{c} ({REQUIRED[c]})" for c in missing)
+                raise TraceError(path, 1, missing[0], f"missing column{'s' if len(missing) > 1 else ''}: {need}")
+            points = []
+            for line, row in enumerate(reader, start=2):
+                points.append(_point(path, line, row))
+        except UnicodeDecodeError:
+            raise TraceError(path, None, None, "not a text CSV file") from None
+        except csv.Error as e:
+            raise TraceError(path, reader.line_num, None, f"bad CSV: {e}") from None
+    if not points:
+        raise TraceError(path, None, None, "no points (a header and no rows)")
+    return points
+
+
+def _point(path: str, line: int, row: dict) -> MeasuredPoint:
+    text = {k: (v or "").strip() for k, v in row.items() if k is not None}
+    for col in ("backend", "model_path", "system"):
+        if not text.get(col):
+            raise TraceError(path, line, col, "empty")
+    return MeasuredPoint(
+        line=line,
+        id=text.get("id") or f"line {line}",
+        backend=text["backend"].lower(),
+        backend_version=text.get("backend_version") or None,
+        model_path=text["model_path"],
+        system=text["system"].lower(),
+        precision=(text.get("precision") or (UNSTATED if not text.get("gemm_quant_mode") else text["gemm_quant_mode"])).lower(),
+        mode=(text.get("mode") or "agg").lower(),
+        isl=_int(path, line, text, "isl", minimum=1),
+        osl=_int(path, line, text, "osl", minimum=1),
+        concurrency=_concurrency(path, line, text),
+        tp=_int(path, line, text, "tp_size", minimum=1) if text.get("tp_size") else None,
+        pp=_int(path, line, text, "pp_size", default=1),
+        attention_dp=_int(path, line, text, "attention_dp_size", default=1),
+        moe_ep=_int(path, line, text, "moe_ep_size", default=1),
+        gemm_quant=(text.get("gemm_quant_mode") or None),
+        ttft_ms=_ms(path, line, text, "silicon_ttft_ms"),
+        tpot_ms=_ms(path, line, text, "silicon_tpot_ms"),
+        row=text,
+    )
+
+
+def parse_filter(spec: str | None, points: list[MeasuredPoint]) -> dict[str, set[str]]:
+    """`system=h200_sxm,backend=vllm` -> {column: values}; a column named twice takes either value.
+    ConfigError for an unknown column, or a value no point of the file has (naming the known ones)."""
+    if not spec:
+        return {}
+    columns = sorted({c for p in points for c in p.row})
+    wanted: dict[str, set[str]] = {}
+    for part in spec.split(","):
+        key, eq, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not eq or not key or not value:
+            raise ConfigError(f"--filter {spec}: {part!r} is not COLUMN=VALUE")
+        if key not in columns:
+            raise ConfigError(f"--filter: unknown column {key!r}; the points file has: {', '.join(columns)}")
+        known = sorted({p.row.get(key, "") for p in points})
+        if value.lower() not in {k.lower() for k in known}:
+            shown = ", ".join(known[:30]) + (f", ... ({len(known)} in all)" if len(known) > 30 else "")
+            raise ConfigError(f"--filter: no point has {key}={value}; its values: {shown}")
+        wanted.setdefault(key, set()).add(value.lower())
+    return wanted
+
+
+def select(points: list[MeasuredPoint], wanted: dict[str, set[str]]) -> list[MeasuredPoint]:
+    return [p for p in points if all(p.row.get(k, "").lower() in vs for k, vs in wanted.items())]

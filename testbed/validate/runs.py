@@ -1,0 +1,178 @@
+"""Real per-request serving runs (`testbed validate --runs DIR ...`): what ran, and the simulator's replay of it.
+
+A run folder in LLMServingSim's format (requests.jsonl: one request a line with its timestamps;
+meta.json: the model, vLLM's version and engine arguments, the GPU) is imported as `testbed run
+import` does, its settings read from meta.json (what it leaves out takes vLLM 0.19's defaults),
+and its trace replayed in sim with the vLLM scheduler at those settings, every forward priced
+from AIConfigurator's kernels of the run's GPU (the database's vLLM version nearest the run's).
+The errors of TTFT and TPOT (mean, p50, p90) are (sim - real) / real.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from simulator import kernel_db
+from simulator.hardware import bundled_hardware_names
+from simulator.kernel_profile import build_kernel_profile
+from testbed.options import ReplayOptions
+from testbed.runs.folder import load_run
+
+FIGURES = ("mean_ttft_ms", "p50_ttft_ms", "p90_ttft_ms", "mean_tpot_ms", "p50_tpot_ms", "p90_tpot_ms", "mean_e2e_ms")
+HEADERS = ("TTFT mean", "TTFT p50", "TTFT p90", "TPOT mean", "TPOT p50", "TPOT p90", "E2E mean")
+# vLLM 0.19's defaults for what a meta.json may leave out.
+VLLM_DEFAULTS = {"block_size": 16, "enable_prefix_caching": True, "async_scheduling": True, "gpu_memory_utilization": 0.9}
+
+
+@dataclass(frozen=True)
+class GroundTruthRun:
+    name: str
+    folder: Path
+    model: str  # a bundled config
+    gpu: str  # an AIConfigurator system, a bundled hardware spec, or a JSON spec's path
+    tp: int
+    options: ReplayOptions  # the vLLM scheduler with the run's settings
+
+
+FORM_FACTORS = ("sxm", "pcie", "server", "nvl")  # words of a system name that a device name may leave out
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def gpu_of(meta: dict, folder: Path) -> str | None:
+    """The run's GPU as a hardware name: an AIConfigurator system (its kernels price the forwards)
+    whose name without its form factor is in meta.json's device name (else in the folder name
+    vllm-<gpu>-<model>), preferring the form factor the name mentions, then SXM; else a bundled
+    spec found the same way. Names are compared without case, spaces and punctuation."""
+    device = _squash(((meta.get("hardware") or {}).get("device_name")) or "")
+    stem = _squash(folder.name.removeprefix("vllm-").split("-")[0])
+    text = device or stem
+    matches = []
+    for system in kernel_db.system_names():
+        words = system.split("_")
+        core = _squash("".join(w for w in words if w not in FORM_FACTORS))
+        if core and core in text:
+            form = next((w for w in words if w in FORM_FACTORS), "")
+            matches.append((len(core), form != "" and form in text, form == "sxm", system))
+    if matches:
+        return max(matches)[3]
+    for hw in sorted(bundled_hardware_names(), key=len, reverse=True):
+        if hw in text:
+            return hw
+    return None
+
+
+def settings_of(folder: Path, real: Path, hardware: str | None) -> GroundTruthRun:
+    """The model, GPU, TP and vLLM settings of one ground-truth run (ValueError saying what is missing)."""
+    meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").is_file() else {}
+    imported = load_run(real).meta
+    model = imported.get("model")
+    from scheduler.model_config import bundled_model_names
+
+    if model not in bundled_model_names():
+        raise ValueError(f"model {imported.get('source_model')!r} has no bundled config ({', '.join(bundled_model_names())})")
+    gpu = hardware or gpu_of(meta, folder)
+    if gpu is None:
+        raise ValueError(f"no hardware spec for its GPU ({(meta.get('hardware') or {}).get('device_name') or folder.name}); give --hardware")
+    kwargs = meta.get("engine_kwargs") or {}
+    kv = meta.get("kv_cache") or {}
+    sched = (meta.get("resolved_config") or {}).get("scheduler_config") or {}
+    d = VLLM_DEFAULTS
+    opts = ReplayOptions(
+        scheduler="vllm",
+        model=model,
+        max_num_seqs=kwargs.get("max_num_seqs"),
+        max_num_batched_tokens=kwargs.get("max_num_batched_tokens"),
+        page_size=kv.get("block_size") or d["block_size"],
+        disable_radix_cache=not kv.get("enable_prefix_caching", d["enable_prefix_caching"]),
+        overlap=sched.get("async_scheduling", d["async_scheduling"]),
+        kv_tokens=kv.get("num_kv_tokens"),
+        mem_fraction_static=kv.get("gpu_memory_utilization") or d["gpu_memory_utilization"],
+        seed=kwargs.get("seed") or 0,
+    )
+    return GroundTruthRun(folder.name, folder, model, gpu, int(kwargs.get("tensor_parallel_size") or 1), opts)
+
+
+def kernel_profile(run: GroundTruthRun, meta: dict, out: Path) -> tuple[str | None, str]:
+    """The kernel profile of the run's GPU, model and TP with vLLM's kernels (path, or None and why not)."""
+    versions = kernel_db.available().get(run.gpu, {}).get("vllm", [])
+    if not versions:
+        return None, f"AIConfigurator has no vLLM kernels of {run.gpu}"
+    version = kernel_db.nearest_version(versions, meta.get("vllm_version"))
+    path = out / "kernels.json"
+    try:
+        profile = build_kernel_profile(run.gpu, "vllm", version, run.model, run.tp)
+    except kernel_db.KernelDatabaseError as e:
+        return None, str(e)
+    path.write_text(json.dumps(profile) + "\n")
+    return str(path), f"{run.gpu} vllm {profile['database']['backend_version']} kernels (the run: vLLM {meta.get('vllm_version', '?')})"
+
+
+
+
+def run_folders(paths: list[str]) -> list[Path]:
+    """The run folders named: each path a run folder (requests.jsonl beside meta.json), or a folder of them."""
+    found: list[Path] = []
+    for text in paths:
+        path = Path(text)
+        if not path.is_dir():
+            raise FileNotFoundError(f"--runs {text}: no such folder")
+        if (path / "requests.jsonl").is_file():
+            found.append(path)
+            continue
+        inner = sorted(f for f in path.iterdir() if (f / "requests.jsonl").is_file())
+        if not inner:
+            raise FileNotFoundError(f"--runs {text}: neither a run folder (requests.jsonl) nor a folder of them")
+        found += inner
+    return found
+
+
+@dataclass
+class RunResult:
+    name: str
+    model: str | None = None
+    gpu: str | None = None
+    tp: int | None = None
+    kernels: str | None = None
+    real: dict | None = None
+    sim: dict | None = None
+    skipped: str | None = None  # why it was not simulated
+
+    def error(self, figure: str) -> float | None:
+        from testbed.runs.compare import rel_err
+
+        if not self.real or not self.sim:
+            return None
+        return rel_err(self.real.get(figure), self.sim.get(figure))
+
+
+def validate_run(folder: Path, out: Path, hardware: str | None = None) -> RunResult:
+    """Import `folder` into out/real, replay its trace in sim (vLLM scheduler, kernel profile) into out/sim."""
+    from testbed.errors import USER_ERRORS
+    from testbed.replay import replay
+    from testbed.runs.import_run import import_run
+
+    result = RunResult(folder.name)
+    try:
+        imported = import_run(folder / "requests.jsonl", out / "real", "llmservingsim")
+        run = settings_of(folder, out / "real", hardware)
+    except (ValueError, *USER_ERRORS) as e:
+        result.skipped = str(e)
+        return result
+    meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").is_file() else {}
+    result.model, result.gpu, result.tp = run.model, run.gpu, run.tp
+    result.real = {k: load_run(out / "real").summary.get(k) for k in FIGURES}
+    path, result.kernels = kernel_profile(run, meta, out)
+    opts = replace(run.options, hardware=run.gpu, tp=run.tp, profile=path)
+    try:
+        sim = replay(str(imported.trace_path), opts, out=out / "sim")
+    except USER_ERRORS as e:
+        result.skipped = f"the simulator refused it: {e}"
+        return result
+    result.sim = {k: sim.summary.get(k) for k in FIGURES}
+    return result

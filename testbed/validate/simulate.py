@@ -1,0 +1,124 @@
+"""The simulator's answer for one measured point: the same load, replayed in sim.
+
+A point is a closed-loop benchmark: `concurrency` clients, each sending a request of `isl` random
+tokens (no shared prefixes) that generates exactly `osl` tokens, the next one when its last has
+finished (`vllm bench serve` / `sglang.bench_serving --max-concurrency`). The simulator runs the
+point's engine's scheduler (vLLM's or SGLang's, their defaults) at the point's TP and precision,
+with every forward priced from AIConfigurator's kernels of that GPU system and backend (a kernel
+profile, built once per system, backend, version, model, TP and precision).
+
+Phase. A benchmark with `--max-concurrency` sends its first wave of `concurrency` requests at once;
+with equal lengths they prefill together, finish together and send the next wave together, unless
+something in the server or the client spreads them. `--phase together` (the default) simulates what
+the benchmark literally does: the first wave is a warm-up, and the means are over the second. The
+measured SGLang points of silicon_sample.csv match it (TTFT grows with the clients, as waves
+do); the vLLM points lie between it and `--phase spread`, where the warm-up wave's k-th request
+generates osl x (k + 1) / concurrency tokens, so the clients run out of phase (each new request
+then prefills mostly alone beside the others' decodes). What spreads vLLM's clients (its API
+server's per-request work, or lengths that vary in the harness) is not modelled yet.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from testbed.options import ReplayOptions
+from testbed.validate.points import MeasuredPoint
+
+WAVES = 2  # requests = WAVES x concurrency; the first wave is the warm-up, the second is measured
+
+
+class PointSkipped(Exception):
+    """The point cannot be simulated here; str() says why (counted as skipped, not an error)."""
+
+
+@dataclass(frozen=True)
+class SimulatedPoint:
+    ttft_ms: float
+    tpot_ms: float
+    kernels: str  # which kernels priced it: system, backend and database version
+
+
+class PointSimulator:
+    """Simulates points one after another, keeping one kernel profile per kind of point."""
+
+    def __init__(self, work: Path | None = None, out_of_phase: bool = False) -> None:
+        self.out_of_phase = out_of_phase  # True: the warm-up wave spreads the clients out of phase
+        self._tmp = tempfile.TemporaryDirectory(prefix="testbed-validate-") if work is None else None
+        self.work = Path(self._tmp.name) if self._tmp else Path(work)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self._profiles: dict[tuple, tuple[str, str] | PointSkipped] = {}
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def profile(self, p: MeasuredPoint) -> tuple[str, str]:
+        """(path, description) of the kernel profile for p; PointSkipped if the database has no kernels for it."""
+        from simulator import kernel_db
+        from simulator.kernel_profile import build_kernel_profile
+
+        versions = kernel_db.available().get(p.system, {}).get(p.backend, [])
+        version = kernel_db.nearest_version(versions, p.backend_version)
+        key = (p.system, p.backend, version, p.model, p.tp, p.quantization)
+        if key not in self._profiles:
+            if not versions:
+                self._profiles[key] = PointSkipped(f"AIConfigurator has no {p.backend} kernels of {p.system}")
+            else:
+                try:
+                    profile = build_kernel_profile(p.system, p.backend, version, p.model, p.tp, quantization=p.quantization)
+                except (kernel_db.KernelDatabaseError, ValueError) as e:
+                    self._profiles[key] = PointSkipped(f"no kernel profile: {e}")
+                else:
+                    path = self.work / f"{len(self._profiles)}-{p.system}-{p.backend}-{p.model}-tp{p.tp}-{p.precision}.json"
+                    path.write_text(json.dumps(profile) + "\n")
+                    used = profile["database"]["backend_version"]
+                    self._profiles[key] = (str(path), f"{p.system} {p.backend} {used}")
+        found = self._profiles[key]
+        if isinstance(found, PointSkipped):
+            raise found
+        return found
+
+    def options(self, p: MeasuredPoint, profile: str) -> ReplayOptions:
+        return ReplayOptions(mode="sim", scheduler=p.backend, model=p.model, tp=p.tp, profile=profile,
+                             quantization=p.quantization, concurrency=p.concurrency, seed=0)
+
+    def simulate(self, p: MeasuredPoint) -> SimulatedPoint:
+        from testbed.errors import USER_ERRORS
+        from testbed.replay import replay
+        from testbed.runs.folder import load_run
+        from testbed.traces.schema import Trace, TraceRequest
+
+        reason = p.skip_reason()
+        if reason:
+            raise PointSkipped(reason)
+        profile, kernels = self.profile(p)
+        c = p.concurrency
+        spread = (lambda k: max(1, p.osl * (k + 1) // c)) if self.out_of_phase else (lambda k: p.osl)
+        warm_up = [TraceRequest(0.0, p.isl, spread(k), rid=f"warm-up-{k}") for k in range(c)]
+        measured = [TraceRequest(0.0, p.isl, p.osl, rid=f"r{k}") for k in range((WAVES - 1) * c)]
+        name = f"point-{p.line}"
+        trace_path = self.work / f"{name}.jsonl"
+        Trace(warm_up + measured).write(trace_path)
+        out = self.work / name
+        try:
+            replay(str(trace_path), self.options(p, profile), out=out)
+        except USER_ERRORS as e:
+            raise PointSkipped(f"the simulator refused it: {e}") from None
+        requests = load_run(out).requests
+        shutil.rmtree(out, ignore_errors=True)
+        trace_path.unlink()
+        steady = requests[~requests["rid"].str.startswith("warm-up-")]
+        done = steady[steady["status"] == "finished"]
+        if done.empty:
+            raise PointSkipped("no request finished in the simulation (the KV pool cannot hold one)")
+        ttft = (done["first_token"] - done["arrival"]).to_numpy()
+        multi = done[done["output_tokens"] > 1]
+        tpot = ((multi["finish"] - multi["first_token"]) / (multi["output_tokens"] - 1)).to_numpy()
+        return SimulatedPoint(float(np.mean(ttft)) * 1e3, float(np.mean(tpot)) * 1e3 if len(tpot) else float("nan"), kernels)
