@@ -120,6 +120,20 @@ def test_the_simulated_point_is_near_what_was_measured(small_file):
     assert alone <= got.ttft_ms <= 1.5 * p.concurrency * alone
 
 
+def test_the_prefix_cache_left_off_for_random_prompts_changes_nothing(small_file):
+    """Validate replays points with the prefix cache off (it never hits on prompts that share
+    nothing, and costs time): the same figures as with the engines' default, cache on."""
+    vllm = next(p for p in load_points(small_file) if p.skip_reason() is None)
+    sglang = next(p for p in load_points(default_points_path()) if p.skip_reason() is None and p.backend == "sglang"
+                  and p.concurrency == 16 and p.tp == 8)
+    sim = PointSimulator()
+    try:
+        for p in (vllm, sglang):
+            assert sim.simulate(p, prefix_cache=True) == sim.simulate(p, prefix_cache=False)
+    finally:
+        sim.close()
+
+
 def test_more_clients_wait_longer(small_file):
     """The same point at 4x the clients: every step carries more decodes, so TPOT grows."""
     p = next(p for p in load_points(small_file) if p.skip_reason() is None)
