@@ -25,10 +25,10 @@ import pytest
 from cli_helpers import assert_clean_error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from loop_helpers import CountingLoop
 
 from scheduler.arrivals import ClosedLoopArrivals
 from scheduler.config import SchedulerConfig
-from scheduler.loop import EventLoop, FastForward
 from scheduler.model_config import load_model_config
 from scheduler.req import Req
 from scheduler.sampling import SamplingParams
@@ -247,23 +247,7 @@ def test_fast_forward_equals_stepping_on_random_closed_loops(case, tmp_path_fact
     _assert_ff_equals_stepping(_write(trace, tmp / "t.json"), tmp, concurrency, **opts)
 
 
-class _CountingLoop(EventLoop):
-    stretch_waits = 0
-    waits = 0
-
-    def run(self):
-        gen, value = super().run(), None
-        while True:
-            try:
-                wait = gen.send(value)
-            except StopIteration:
-                return
-            self.waits += 1
-            self.stretch_waits += isinstance(wait, FastForward)
-            value = yield wait
-
-
-def _direct_run(fast_forward: bool, overlap: bool, scheduler: str) -> tuple[_CountingLoop, Scheduler | VllmScheduler]:
+def _direct_run(fast_forward: bool, overlap: bool, scheduler: str) -> tuple[CountingLoop, Scheduler | VllmScheduler]:
     """24 requests of 100 to 400 output tokens from 4 clients: long decodes between finishes."""
     rnd = np.random.default_rng(5)
     cost = RooflineCostModel(load_model_config("llama-3.1-8b"), load_hardware("h100"))
@@ -277,7 +261,7 @@ def _direct_run(fast_forward: bool, overlap: bool, scheduler: str) -> tuple[_Cou
         prompt = list(range(i * 1000, i * 1000 + n))
         reqs.append(Req(str(i), n, (lambda p=prompt: p), SamplingParams(max_new_tokens=int(rnd.integers(100, 400))), 0.0, index=i))
     driver = SimDriver(cost, fast_forward=fast_forward)
-    loop = _CountingLoop(sched, ClosedLoopArrivals(iter(reqs), 4), driver.clock, overlap)
+    loop = CountingLoop(sched, ClosedLoopArrivals(iter(reqs), 4), driver.clock, overlap)
     driver.run(loop)
     sched.check_invariants()
     return loop, sched

@@ -22,11 +22,12 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from loop_helpers import CountingLoop
 
 from scheduler.config import SchedulerConfig
 from scheduler.forward_plan import ForwardMode, ForwardPlan
 from scheduler.ids import ids
-from scheduler.loop import DeadlockError, EventLoop, FastForward
+from scheduler.loop import DeadlockError
 from scheduler.memory_pool import TokenToKVPoolAllocator
 from scheduler.model_config import load_model_config
 from scheduler.req import Req
@@ -194,23 +195,6 @@ def test_stretches_through_admission_checks_give_the_run_that_stepping_gives(cas
 # --- the fast path is taken ------------------------------------------------------------------
 
 
-class _CountingLoop(EventLoop):
-    """Counts the waits the loop yields to its driver (one per stage of a step; one per stretch)."""
-
-    waits = 0
-
-    def run(self):
-        gen, value = super().run(), None
-        while True:
-            try:
-                wait = gen.send(value)
-            except StopIteration:
-                return
-            self.waits += 1
-            self.stretch_waits = getattr(self, "stretch_waits", 0) + isinstance(wait, FastForward)
-            value = yield wait
-
-
 class _StretchRecordingScheduler(Scheduler):
     """Keeps every decode stretch it advances (to see what the stretches went through)."""
 
@@ -278,7 +262,7 @@ class _StretchRecordingVllm(VllmScheduler):
 
 
 def _light_run(fast_forward: bool, overlap: bool, kv_tokens: int = 200_000, page_size: int = 1,
-               scheduler: str = "sglang") -> tuple[_CountingLoop, Scheduler | VllmScheduler]:
+               scheduler: str = "sglang") -> tuple[CountingLoop, Scheduler | VllmScheduler]:
     """20 requests 0.7 s apart, 100-400 tokens each: long decodes between arrivals."""
     rnd = random.Random(3)
     model = load_model_config("llama-3.1-8b")
@@ -293,7 +277,7 @@ def _light_run(fast_forward: bool, overlap: bool, kv_tokens: int = 200_000, page
         prompt = list(range(i * 1000, i * 1000 + n))
         reqs.append(Req(str(i), n, (lambda p=prompt: p), SamplingParams(max_new_tokens=rnd.randint(100, 400)), 0.7 * i, index=i))
     driver = SimDriver(cost, fast_forward=fast_forward)
-    loop = _CountingLoop(sched, iter(reqs), driver.clock, overlap)
+    loop = CountingLoop(sched, iter(reqs), driver.clock, overlap)
     driver.run(loop)
     sched.check_invariants()
     return loop, sched
@@ -340,7 +324,7 @@ def test_stretches_go_through_finishes_and_evictions_as_steps_do(overlap, page_s
     _assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
 
 
-def _queued_run(fast_forward: bool, overlap: bool, page_size: int = 1, long_every: int = 0) -> tuple[_CountingLoop, _StretchRecordingScheduler]:
+def _queued_run(fast_forward: bool, overlap: bool, page_size: int = 1, long_every: int = 0) -> tuple[CountingLoop, _StretchRecordingScheduler]:
     """60 requests at once on a KV pool for about a dozen: the batch is full and the rest wait,
     each admitted when KV frees up. long_every: every so many a prompt of 1,500-2,500 tokens,
     which waits at the head of the queue for several requests to leave."""
@@ -353,7 +337,7 @@ def _queued_run(fast_forward: bool, overlap: bool, page_size: int = 1, long_ever
         prompt = list(range(i * 1000, i * 1000 + n))
         reqs.append(Req(str(i), n, (lambda p=prompt: p), SamplingParams(max_new_tokens=rnd.randint(20, 200)), 0.001 * i, index=i))
     driver = SimDriver(RooflineCostModel(model, load_hardware("h100")), fast_forward=fast_forward)
-    loop = _CountingLoop(sched, iter(reqs), driver.clock, overlap)
+    loop = CountingLoop(sched, iter(reqs), driver.clock, overlap)
     driver.run(loop)
     sched.check_invariants()
     return loop, sched
