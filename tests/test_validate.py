@@ -185,3 +185,23 @@ def test_runs_alone_or_nothing(tmp_path):
     assert_clean_error(_testbed("--points", "none"), "--points none", "--runs")
     assert_clean_error(_testbed("--points", "none", "--runs", tmp_path / "absent"), "absent", "no such folder")
     assert_clean_error(_testbed("--points", "none", "--runs", tmp_path), "neither a run folder")
+
+
+def test_ctrl_c_stops_the_workers_and_says_so():
+    """A long validate stopped with Ctrl-C: exit 130 and one line, no worker left running, no folder left behind."""
+    import signal
+    import tempfile
+    import time
+
+    tmp = tempfile.mkdtemp(prefix="ctrl-c-")
+    proc = subprocess.Popen([*CLI, "--filter", "system=h200_sxm,backend=vllm", "-q", "-j", "2"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**__import__("os").environ, "TMPDIR": tmp})
+    time.sleep(8)  # the workers are simulating points
+    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert children, "no worker processes to stop"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and err.strip() == "testbed: interrupted", err
+    time.sleep(0.5)
+    assert not [c for c in children if Path(f"/proc/{c}").exists()], "a worker outlived the command"
+    assert not list(Path(tmp).iterdir()), "the points' folders were left behind"

@@ -43,12 +43,13 @@ def _result(p, simulator: PointSimulator, estimate) -> PointResult:
 _worker: tuple[PointSimulator, object] | None = None  # a pool process's simulator (its kernel profiles) and estimator
 
 
-def _start_worker(out_of_phase: bool, with_estimate: bool) -> None:
+def _start_worker(work: str, out_of_phase: bool, with_estimate: bool) -> None:
     global _worker
     from testbed.interrupts import ignore_stop_signals
 
     ignore_stop_signals()  # Ctrl-C is the parent's to handle: it cancels the pool
-    _worker = (PointSimulator(out_of_phase=out_of_phase), _estimator() if with_estimate else None)
+    folder = Path(work) / f"worker-{os.getpid()}"  # in the parent's folder, which it removes however it ends
+    _worker = (PointSimulator(folder, out_of_phase=out_of_phase), _estimator() if with_estimate else None)
 
 
 def _work(p) -> PointResult:
@@ -78,14 +79,31 @@ def validate(points, jobs: int = 1, out_of_phase: bool = False, with_estimate: b
         finally:
             simulator.close()
         return results  # type: ignore[return-value]
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="testbed-validate-") as work:
+        return _validate_in_pool(points, order, results, jobs, work, out_of_phase, with_estimate, progress)
+
+
+def _validate_in_pool(points, order, results, jobs, work, out_of_phase, with_estimate, progress) -> list[PointResult]:
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker, initargs=(out_of_phase, with_estimate)) as pool:
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker, initargs=(work, out_of_phase, with_estimate))
+    try:
         chunk = max(1, min(8, len(points) // (4 * jobs)))
         for k, (i, r) in enumerate(zip(order, pool.map(_work, [points[i] for i in order], chunksize=chunk))):
             results[i] = r
             if progress:
                 progress(k + 1, len(points))
+    except BaseException:
+        # Ctrl-C (or a worker's death): the points not yet begun are dropped and the workers
+        # stopped, rather than waited for (shutdown alone lets each finish its chunk).
+        workers = list((pool._processes or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in workers:
+            proc.kill()  # they ignore SIGINT and SIGTERM (the parent answers those); their files are in its folder
+        raise
+    pool.shutdown()
     return results  # type: ignore[return-value]
 
 
