@@ -52,9 +52,9 @@ def _start_worker(work: str, out_of_phase: bool, with_estimate: bool) -> None:
     _worker = (PointSimulator(folder, out_of_phase=out_of_phase), _estimator() if with_estimate else None)
 
 
-def _work(p) -> PointResult:
+def _work_chunk(points) -> list[PointResult]:
     assert _worker is not None
-    return _result(p, *_worker)
+    return [_result(p, *_worker) for p in points]
 
 
 def _estimator():
@@ -88,20 +88,26 @@ def validate(points, jobs: int = 1, out_of_phase: bool = False, with_estimate: b
 def _validate_in_pool(points, order, results, jobs, work, out_of_phase, with_estimate, progress) -> list[PointResult]:
     from concurrent.futures import ProcessPoolExecutor
 
+    size = max(1, min(8, len(points) // (4 * jobs)))
+    chunks = [order[k : k + size] for k in range(0, len(order), size)]
     pool = ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker, initargs=(work, out_of_phase, with_estimate))
     try:
-        chunk = max(1, min(8, len(points) // (4 * jobs)))
-        for k, (i, r) in enumerate(zip(order, pool.map(_work, [points[i] for i in order], chunksize=chunk))):
-            results[i] = r
+        # Futures of our own, not pool.map: on Ctrl-C map's iterator cancels the pending ones,
+        # which races the pool's manager thread (CPython 3.11 then prints an InvalidStateError).
+        futures = [pool.submit(_work_chunk, [points[i] for i in chunk]) for chunk in chunks]
+        done = 0
+        for chunk, future in zip(chunks, futures):
+            for i, r in zip(chunk, future.result()):
+                results[i] = r
+            done += len(chunk)
             if progress:
-                progress(k + 1, len(points))
+                progress(done, len(points))
     except BaseException:
-        # Ctrl-C (or a worker's death): the points not yet begun are dropped and the workers
-        # stopped, rather than waited for (shutdown alone lets each finish its chunk).
-        workers = list((pool._processes or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for proc in workers:
+        # Ctrl-C (or a worker's death): the workers are killed, then the pool shut down (its
+        # manager thread finds them gone and fails the points left), rather than waited for.
+        for proc in list((pool._processes or {}).values()):
             proc.kill()  # they ignore SIGINT and SIGTERM (the parent answers those); their files are in its folder
+        pool.shutdown(wait=True)
         raise
     pool.shutdown()
     return results  # type: ignore[return-value]
