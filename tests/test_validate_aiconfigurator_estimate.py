@@ -4,7 +4,6 @@ Two databases load (h200_sxm vLLM and SGLang, ~2-4 s each); everything else is m
 
 from __future__ import annotations
 
-import csv
 import math
 from pathlib import Path
 
@@ -16,10 +15,10 @@ from testbed.validate.aiconfigurator_estimate import (  # noqa: E402
     AicEstimate,
     EstimateUnavailable,
     aiconfigurator_estimate,
-    estimate_silicon_row,
+    estimate_of,
     resolve_database_version,
-    silicon_concurrency,
 )
+from testbed.validate.points import MeasuredPoint, load_points  # noqa: E402
 
 SILICON = Path(aic.__file__).parent / "systems" / "silicon_sample.csv"
 VLLM_70B = "2026_04_06_llama_3_1_70b_h200_sxm_vllm_fp8_agg_1024x1024_c32_tp4_ep1_682"
@@ -28,10 +27,9 @@ VLLM_70B_TP1_C64 = "2026_04_06_llama_3_1_70b_h200_sxm_vllm_fp8_agg_1024x8192_c64
 
 
 @pytest.fixture(scope="module")
-def rows() -> dict[str, dict[str, str]]:
+def rows() -> dict[str, MeasuredPoint]:
     wanted = {VLLM_70B, SGLANG_8B, VLLM_70B_TP1_C64}
-    with SILICON.open(newline="") as f:
-        found = {r["id"]: r for r in csv.DictReader(f) if r["id"] in wanted}
+    found = {p.id: p for p in load_points(SILICON) if p.id in wanted}
     assert set(found) == wanted, f"points missing from {SILICON}: {wanted - set(found)}"
     return found
 
@@ -42,23 +40,23 @@ def _within(predicted: float, measured: float, factor: float) -> bool:
 
 def test_vllm_llama_70b_fp8_point(rows):
     row = rows[VLLM_70B]
-    assert (row["system"], row["backend"], row["gemm_quant_mode"], float(row["tp_size"])) == ("h200_sxm", "vllm", "fp8", 4)
-    est = estimate_silicon_row(row)
+    assert (row.system, row.backend, row.gemm_quant, row.tp) == ("h200_sxm", "vllm", "fp8", 4)
+    est = estimate_of(row)
     assert isinstance(est, AicEstimate)
-    assert _within(est.ttft_ms, float(row["silicon_ttft_ms"]), 3), (est, row["silicon_ttft_ms"])
-    assert _within(est.tpot_ms, float(row["silicon_tpot_ms"]), 3), (est, row["silicon_tpot_ms"])
+    assert _within(est.ttft_ms, row.ttft_ms, 3), (est, row.ttft_ms)
+    assert _within(est.tpot_ms, row.tpot_ms, 3), (est, row.tpot_ms)
     # The point names no version; the database's maintained one is used and reported.
     assert est.requested_version is None and est.database_version == resolve_database_version("h200_sxm", "vllm", None)
     assert est.model == "meta-llama/Meta-Llama-3.1-70B"  # the registry's name for meta-llama/Llama-3.1-70B
-    assert est.batch_size == 32 == silicon_concurrency(row)
+    assert est.batch_size == 32 == row.concurrency
     assert est.quant.startswith("gemm=fp8 ")
 
 
 def test_sglang_llama_8b_point(rows):
     row = rows[SGLANG_8B]
-    est = estimate_silicon_row(row)
-    assert _within(est.ttft_ms, float(row["silicon_ttft_ms"]), 3), (est, row["silicon_ttft_ms"])
-    assert _within(est.tpot_ms, float(row["silicon_tpot_ms"]), 3), (est, row["silicon_tpot_ms"])
+    est = estimate_of(row)
+    assert _within(est.ttft_ms, row.ttft_ms, 3), (est, row.ttft_ms)
+    assert _within(est.tpot_ms, row.tpot_ms, 3), (est, row.tpot_ms)
     # 0.5.6.post2 is not in the database: the first maintained version after it is used, and said.
     assert est.requested_version == "0.5.6.post2" and est.database_version != est.requested_version
     assert not est.version_exact
@@ -69,7 +67,7 @@ def test_keyword_api_matches_the_row_and_caches(rows):
     row = rows[VLLM_70B]
     a = aiconfigurator_estimate("h200_sxm", "vllm", None, "meta-llama/Llama-3.1-70B", isl=1024, osl=1024,
                                 concurrency=32, tp=4, gemm_quant="fp8")
-    assert a == estimate_silicon_row(row)
+    assert a == estimate_of(row)
     # Concurrency grows -> TTFT and TPOT do not shrink (AIConfigurator's queueing and batch models).
     b = aiconfigurator_estimate("h200_sxm", "vllm", None, "meta-llama/Llama-3.1-70B", 1024, 1024, 64, 4, "fp8")
     assert b.ttft_ms >= a.ttft_ms and b.tpot_ms >= a.tpot_ms
@@ -100,4 +98,4 @@ def test_unknown_model_backend_and_quant_are_unavailable():
 def test_batch_past_memory_is_unavailable(rows):
     # 64 requests of 9k tokens of a 70B model on one H200: AIConfigurator's CLI calls it OOM.
     with pytest.raises(EstimateUnavailable, match="out of memory"):
-        estimate_silicon_row(rows[VLLM_70B_TP1_C64])
+        estimate_of(rows[VLLM_70B_TP1_C64])

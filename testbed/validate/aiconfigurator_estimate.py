@@ -38,7 +38,6 @@ import logging
 import math
 import os
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,9 +46,8 @@ __all__ = [
     "EstimateUnavailable",
     "MODEL_ALIASES",
     "aiconfigurator_estimate",
-    "estimate_silicon_row",
+    "estimate_of",
     "resolve_database_version",
-    "silicon_concurrency",
 ]
 
 EXTRA_HINT = "pip install -e '.[aiconfigurator]' (the aiconfigurator-core package)"
@@ -422,71 +420,21 @@ def _run_agg(system, backend, version, registry_name, isl, osl, batch, ctx, tp, 
     return ttft, tpot, bool(summary.check_kv_cache_oom()), quant
 
 
-# --------------------------------------------------------------------------- silicon_sample.csv rows
-
-
-def _cell(row: Mapping[str, Any], key: str) -> str | None:
-    value = row.get(key)
-    if value is None:
-        return None
-    text = str(value).strip()
-    return None if not text or text.lower() in ("nan", "none") else text
-
-
-def _int_cell(row: Mapping[str, Any], key: str) -> int | None:
-    text = _cell(row, key)
-    if text is None:
-        return None
-    value = int(float(text))
-    return value if value > 0 else None  # 0 is the file's "not set" (attention_dp_size=0 on some rows)
-
-
-def silicon_concurrency(row: Mapping[str, Any]) -> int:
-    """A measured agg point's client concurrency: silicon_data_source's silicon_concurrency=N, else
-    batch_size x attention_dp_size (the file's batch_size is per attention-DP rank)."""
-    source = _cell(row, "silicon_data_source") or ""
-    m = re.search(r"silicon_concurrency=(\d+)", source)
-    if m:
-        return int(m.group(1))
-    batch = _int_cell(row, "batch_size")
-    if batch is None:
-        raise EstimateUnavailable("the row has neither silicon_concurrency nor batch_size")
-    return batch * (_int_cell(row, "attention_dp_size") or 1)
-
-
-def estimate_silicon_row(row: Mapping[str, Any], *, allow_download: bool = False) -> AicEstimate:
-    """AIConfigurator's estimate of one agg row of silicon_sample.csv (its columns, as strings or
-    numbers): the inputs its own predict_silicon_sample.py passes to cli_estimate (batch_size per
-    attention-DP rank, parallelism, gemm/moe quant; fmha and KV cache from the checkpoint)."""
-    if (_cell(row, "mode") or "agg") != "agg":
-        raise EstimateUnavailable(f"mode {_cell(row, 'mode')!r}: only agg points are estimated here")
-    dp = _int_cell(row, "attention_dp_size") or 1
-    pp = _int_cell(row, "pp_size") or 1
-    batch = _int_cell(row, "batch_size")
-    concurrency = batch * dp * pp if batch is not None else silicon_concurrency(row)
-    return aiconfigurator_estimate(
-        system=_cell(row, "system") or "",
-        backend=_cell(row, "backend") or "",
-        backend_version=_cell(row, "backend_version"),
-        model_path=_cell(row, "model_path") or "",
-        isl=int(float(row["isl"])),
-        osl=int(float(row["osl"])),
-        concurrency=concurrency,
-        tp=_int_cell(row, "tp_size") or 1,
-        gemm_quant=_cell(row, "gemm_quant_mode"),
-        pp=pp,
-        attention_dp=dp,
-        moe_tp=_int_cell(row, "moe_tp_size"),
-        moe_ep=_int_cell(row, "moe_ep_size"),
-        moe_quant=_cell(row, "moe_quant_mode"),
-        allow_download=allow_download,
-    )
+def estimate_of(p) -> AicEstimate:
+    """AIConfigurator's estimate of a MeasuredPoint (testbed/validate/points.py, which reads the rows):
+    the inputs its own predict_silicon_sample.py passes to cli_estimate; EstimateUnavailable with its
+    reason where the SDK has none."""
+    if p.mode != "agg":
+        raise EstimateUnavailable(f"mode {p.mode!r}: only agg points are estimated here")
+    if p.concurrency is None or p.tp is None:
+        raise EstimateUnavailable("the point has no client concurrency or no tp_size")
+    # The file's batch_size is per attention-DP rank; aiconfigurator_estimate takes the clients.
+    return aiconfigurator_estimate(p.system, p.backend, p.backend_version, p.model_path, p.isl, p.osl,
+                                   p.concurrency * p.attention_dp * p.pp, p.tp, p.gemm_quant, pp=p.pp,
+                                   attention_dp=p.attention_dp, moe_ep=p.moe_ep, moe_quant=p.row.get("moe_quant_mode") or None)
 
 
 def estimate_point(p) -> tuple[float, float, str]:
-    """AIConfigurator's estimate of a MeasuredPoint (testbed/validate/points.py): (TTFT ms, TPOT ms,
-    which database priced it); EstimateUnavailable (its reason) where the SDK has none."""
-    e = aiconfigurator_estimate(p.system, p.backend, p.backend_version, p.model_path, p.isl, p.osl, p.concurrency, p.tp,
-                                p.gemm_quant, pp=p.pp, attention_dp=p.attention_dp, moe_ep=p.moe_ep,
-                                moe_quant=p.row.get("moe_quant_mode") or None)
+    """estimate_of(p) as validate's table takes it: (TTFT ms, TPOT ms, which database priced it)."""
+    e = estimate_of(p)
     return e.ttft_ms, e.tpot_ms, f"{p.system} {p.backend} {e.database_version}" + (" (KV cache over memory)" if e.kv_cache_oom else "")
