@@ -134,6 +134,24 @@ def test_the_prefix_cache_left_off_for_random_prompts_changes_nothing(small_file
         sim.close()
 
 
+def test_a_measured_request_decodes_beside_the_prefills_of_requests_sent_after_it():
+    """A prefill-heavy point (Qwen3-32B on two H100s, vLLM, 4,096 tokens in, 128 out, 64 clients):
+    while a measured request decodes, the clients whose requests finish send new ones, and their
+    prefills share its steps, as in the benchmark's steady state. Its TPOT is then far above a pure
+    decode step's and near the measured 140 ms (76 ms when the measured wave was the last)."""
+    p = next(p for p in load_points(default_points_path()) if p.system == "h100_sxm" and p.backend == "vllm"
+             and p.model_path == "Qwen/Qwen3-32B" and p.precision == "unstated" and (p.isl, p.osl) == (4096, 128)
+             and p.concurrency == 64 and p.tp == 2)
+    sim = PointSimulator()
+    try:
+        got = sim.simulate(p)
+        decode_only = sim.simulate(MeasuredPoint(**{**p.__dict__, "isl": 1}))
+    finally:
+        sim.close()
+    assert got.tpot_ms > 3 * decode_only.tpot_ms
+    assert 0.8 < got.tpot_ms / p.tpot_ms < 1.2
+
+
 def test_more_clients_wait_longer(small_file):
     """The same point at 4x the clients: every step carries more decodes, so TPOT grows."""
     p = next(p for p in load_points(small_file) if p.skip_reason() is None)
