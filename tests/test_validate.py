@@ -152,6 +152,30 @@ def test_a_measured_request_decodes_beside_the_prefills_of_requests_sent_after_i
     assert 0.8 < got.tpot_ms / p.tpot_ms < 1.2
 
 
+def test_a_point_measured_faster_than_its_kernels_allow_is_flagged(silicon, tmp_path):
+    """The 70B point on two H200s costs about what its kernels say (its bound lies near, not past, 1);
+    the same row with TTFT and TPOT a third of what was measured cannot be run by any schedule of
+    those kernels: points.csv gives its kernel_bound, and validate names it on its own line."""
+    header, rows = silicon
+    real = _row(rows, system="h200_sxm", backend="vllm", model_path="meta-llama/Llama-3.1-70B", mode="agg", isl="1024",
+                osl="1024", batch_size="8", tp_size="2")
+    too_fast = {**real, "id": "too-fast", "silicon_ttft_ms": str(float(real["silicon_ttft_ms"]) / 3),
+                "silicon_tpot_ms": str(float(real["silicon_tpot_ms"]) / 3)}
+    points = tmp_path / "points.csv"
+    with open(points, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header)
+        w.writeheader()
+        w.writerows([real, too_fast])
+    done = _testbed("--points", points, "--no-aiconfigurator", "-q", "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    with open(tmp_path / "out" / "points.csv", newline="") as f:
+        bound = {r["id"]: float(r["kernel_bound"]) for r in csv.DictReader(f)}
+    assert 0.8 < bound[real["id"]] < 1.1
+    assert bound["too-fast"] == pytest.approx(3 * bound[real["id"]], rel=0.01)
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("faster than their kernels"))
+    assert "1 point was measured" in line and "h200_sxm vllm meta-llama/Llama-3.1-70B fp8 (1)" in line
+
+
 def test_more_clients_wait_longer(small_file):
     """The same point at 4x the clients: every step carries more decodes, so TPOT grows."""
     p = next(p for p in load_points(small_file) if p.skip_reason() is None)

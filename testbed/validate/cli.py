@@ -20,7 +20,8 @@ from pathlib import Path
 from testbed.errors import ConfigError
 from testbed.options import positive_int
 from testbed.validate.points import default_points_path, load_points, parse_filter, select
-from testbed.validate.report import GROUP_HEADER, PointResult, group_rows, skip_counts, summary_line, table, write_csv, write_html
+from testbed.validate.report import (GROUP_HEADER, PointResult, faster_than_kernels_line, group_rows, skip_counts, summary_line, table,
+                                     write_csv, write_html)
 from testbed.validate.simulate import PointSimulator, PointSkipped
 
 
@@ -31,7 +32,7 @@ def _result(p, simulator: PointSimulator, estimate) -> PointResult:
     except PointSkipped as e:
         r.skipped = str(e)
         return r
-    r.sim_ttft_ms, r.sim_tpot_ms, r.kernels = sim.ttft_ms, sim.tpot_ms, sim.kernels
+    r.sim_ttft_ms, r.sim_tpot_ms, r.kernels, r.kernel_bound = sim.ttft_ms, sim.tpot_ms, sim.kernels, sim.kernel_bound
     if estimate is not None:
         try:
             r.aic_ttft_ms, r.aic_tpot_ms, r.aic_note = estimate(p)
@@ -143,6 +144,9 @@ def validate_points(args: argparse.Namespace, t0: float) -> None:
     print(table(rows, GROUP_HEADER) if rows else "no point could be simulated")
     for reason, n in skip_counts(results):
         print(f"skipped {n}: {reason}")
+    faster = faster_than_kernels_line(results)
+    if faster:
+        print(faster)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

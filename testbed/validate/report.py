@@ -20,6 +20,7 @@ class PointResult:
     sim_ttft_ms: float | None = None
     sim_tpot_ms: float | None = None
     kernels: str | None = None
+    kernel_bound: float | None = None  # the kernels' least time for the load over the measured (kernel_bound.py)
     aic_ttft_ms: float | None = None
     aic_tpot_ms: float | None = None
     aic_note: str | None = None  # why AIConfigurator has no estimate, or which database it used
@@ -89,6 +90,21 @@ def skip_counts(results: list[PointResult]) -> list[tuple[str, int]]:
     return Counter(r.skipped.split(": ")[0] for r in results if r.skipped).most_common()
 
 
+def faster_than_kernels_line(results: list[PointResult]) -> str | None:
+    """How many points were measured faster than their kernels allow under any schedule, if any."""
+    from testbed.validate.kernel_bound import BOUND_EXCEEDED
+
+    past = [r for r in results if r.kernel_bound is not None and r.kernel_bound > BOUND_EXCEEDED]
+    if not past:
+        return None
+    groups = Counter(f"{r.point.system} {r.point.backend} {r.point.model_path} {r.point.precision}" for r in past)
+    where = ", ".join(f"{g} ({n})" for g, n in groups.most_common())
+    n = f"{len(past)} point was" if len(past) == 1 else f"{len(past)} points were"
+    return (f"faster than their kernels: {n} measured more than {BOUND_EXCEEDED - 1:.0%} faster than the "
+            f"database's kernels allow under any schedule (kernel_bound in points.csv), so their error is in the kernels "
+            f"or in what the measurement ran, not in the schedule: {where}")
+
+
 def summary_line(results: list[PointResult]) -> str:
     s = {(src, m): stats(results, src, m) for src in ("sim", "aic") for m in ("ttft", "tpot")}
     skipped = sum(1 for r in results if r.skipped)
@@ -102,6 +118,7 @@ def summary_line(results: list[PointResult]) -> str:
 
 CSV_COLUMNS = ("id", "line", "system", "backend", "backend_version", "model_path", "precision", "isl", "osl", "concurrency", "tp",
                "measured_ttft_ms", "measured_tpot_ms", "sim_ttft_ms", "sim_tpot_ms", "sim_ttft_err", "sim_tpot_err", "kernels",
+               "kernel_bound",
                "aic_ttft_ms", "aic_tpot_ms", "aic_ttft_err", "aic_tpot_err", "aic_note", "skipped")
 
 
@@ -115,7 +132,8 @@ def write_csv(results: list[PointResult], path: Path) -> None:
             values = {"id": p.id, "line": p.line, "system": p.system, "backend": p.backend, "backend_version": p.backend_version,
                       "model_path": p.model_path, "precision": p.precision, "isl": p.isl, "osl": p.osl, "concurrency": p.concurrency,
                       "tp": p.tp, "measured_ttft_ms": p.ttft_ms, "measured_tpot_ms": p.tpot_ms, "sim_ttft_ms": r.sim_ttft_ms,
-                      "sim_tpot_ms": r.sim_tpot_ms, "kernels": r.kernels, "aic_ttft_ms": r.aic_ttft_ms, "aic_tpot_ms": r.aic_tpot_ms,
+                      "sim_tpot_ms": r.sim_tpot_ms, "kernels": r.kernels,
+                      "kernel_bound": None if r.kernel_bound is None else round(r.kernel_bound, 3), "aic_ttft_ms": r.aic_ttft_ms, "aic_tpot_ms": r.aic_tpot_ms,
                       "aic_note": r.aic_note, "skipped": r.skipped} | err
             w.writerow(["" if values[c] is None else values[c] for c in CSV_COLUMNS])
 
@@ -157,5 +175,6 @@ def write_html(results: list[PointResult], path: Path, title: str) -> None:
     html = (f"<html><head><meta charset='utf-8'><title>{title}</title></head><body>"
             + fig.to_html(full_html=False, include_plotlyjs="inline")
             + f"<h3>Absolute relative error by group</h3><table border='1' cellspacing='0' cellpadding='3'><tr>{head}</tr>{body}</table>"
-            + f"<h3>Skipped</h3><ul>{skipped}</ul><p><code>{summary_line(results)}</code></p></body></html>")
+            + f"<h3>Skipped</h3><ul>{skipped}</ul><p>{faster_than_kernels_line(results) or ''}</p>"
+            + f"<p><code>{summary_line(results)}</code></p></body></html>")
     path.write_text(html)

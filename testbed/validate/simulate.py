@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from testbed.options import ReplayOptions
+from testbed.validate.kernel_bound import kernel_bound
 from testbed.validate.points import MeasuredPoint
 
 WAVES = 3  # requests = WAVES x concurrency: a warm-up wave, the measured wave, and a trailing wave
@@ -50,6 +51,7 @@ class SimulatedPoint:
     ttft_ms: float
     tpot_ms: float
     kernels: str  # which kernels priced it: system, backend and database version
+    kernel_bound: float  # the kernels' least time for the point's load over the measured (kernel_bound.py)
 
 
 class PointSimulator:
@@ -61,6 +63,7 @@ class PointSimulator:
         self.work = Path(self._tmp.name) if self._tmp else Path(work)
         self.work.mkdir(parents=True, exist_ok=True)
         self._profiles: dict[tuple, tuple[str, str] | PointSkipped] = {}
+        self._cost_models: dict[str, object] = {}  # profile path -> its KernelProfileCostModel
 
     def close(self) -> None:
         if self._tmp is not None:
@@ -134,4 +137,13 @@ class PointSimulator:
         ttft = (done["first_token"] - done["arrival"]).to_numpy()
         multi = done[done["output_tokens"] > 1]
         tpot = ((multi["finish"] - multi["first_token"]) / (multi["output_tokens"] - 1)).to_numpy()
-        return SimulatedPoint(float(np.mean(ttft)) * 1e3, float(np.mean(tpot)) * 1e3 if len(tpot) else float("nan"), kernels)
+        return SimulatedPoint(float(np.mean(ttft)) * 1e3, float(np.mean(tpot)) * 1e3 if len(tpot) else float("nan"), kernels,
+                              kernel_bound(self.cost_model(profile), p))
+
+    def cost_model(self, profile: str):
+        """The KernelProfileCostModel of a profile this simulator built (loaded once)."""
+        from simulator.kernel_cost import KernelProfileCostModel
+
+        if profile not in self._cost_models:
+            self._cost_models[profile] = KernelProfileCostModel(json.loads(Path(profile).read_text()), profile)
+        return self._cost_models[profile]
