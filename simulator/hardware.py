@@ -33,6 +33,10 @@ class HardwareSpec:
     # fp8 weights (--quantization fp8) run at. 0: no fp8 tensor cores (A100, a CPU): the engines
     # dequantize fp8 weights into bf16 GEMMs there (weight-only, Marlin), at peak_flops.
     peak_flops_fp8: float = 0.0
+    # Dense fp4 FLOP/s (NVFP4, Blackwell's tensor cores; the datasheet's figure), which the GEMMs of
+    # --quantization nvfp4 run at. 0: no fp4 tensor cores: the engines run NVFP4 weights weight-only
+    # there (Marlin: dequantized into bf16 GEMMs), at peak_flops.
+    peak_flops_fp4: float = 0.0
     # Fractions of the peaks that real kernels reach: large GEMMs get ~60-70% of
     # peak FLOPs, streaming weights and KV gets ~80% of peak bandwidth.
     compute_efficiency: float = 0.65
@@ -54,6 +58,8 @@ class HardwareSpec:
                 raise HardwareConfigError(f"hardware {self.name!r}: {key} must be > 0")
         if self.peak_flops_fp8 < 0:
             raise HardwareConfigError(f"hardware {self.name!r}: peak_flops_fp8 must be >= 0 (0: no fp8 tensor cores)")
+        if self.peak_flops_fp4 < 0:
+            raise HardwareConfigError(f"hardware {self.name!r}: peak_flops_fp4 must be >= 0 (0: no fp4 tensor cores)")
         if self.interconnect_bandwidth < 0 or self.interconnect_latency_s < 0:
             raise HardwareConfigError(f"hardware {self.name!r}: interconnect_bandwidth and interconnect_latency_s must be >= 0")
         for key in ("compute_efficiency", "bandwidth_efficiency"):
@@ -102,6 +108,7 @@ def database_system_spec(system: str) -> HardwareSpec:
             memory_bytes=int(gpu["mem_capacity"]),
             # The YAML's fp8_tc_flops (dense); absent where the GPU has no fp8 tensor cores (A100).
             peak_flops_fp8=float(gpu.get("fp8_tc_flops") or 0.0),
+            peak_flops_fp4=float(gpu.get("fp4_tc_flops") or 0.0),
             bandwidth_efficiency=float(gpu.get("mem_bw_empirical_scaling_factor", 0.8)),
             interconnect_bandwidth=float(node.get("intra_node_bw", 0.0)),
             interconnect_latency_s=float(node.get("p2p_latency", 10e-6)),

@@ -30,8 +30,10 @@ Precision (`quantization`, `kv_cache_dtype`; simulator/precision.py): fp8 weight
 layer GEMMs from the database's per-tensor fp8 GEMM table (GEMMQuantMode.fp8: fp8 weights with one
 scale each, activations quantized to fp8 on the fly: what SGLang's and vLLM's `--quantization fp8`
 run on a bf16 checkpoint, measured as SGLang's sgl_kernel fp8_scaled_mm or vLLM's Cutlass
-scaled_mm); the LM head stays a bf16 GEMM (neither engine quantizes it). A system without fp8 GEMMs
-(no fp8 tensor cores: the A100) is refused. An fp8 KV cache prices both attentions from the
+scaled_mm); fp8_block weights from its `fp8_block` table (128x128-block scales, the kernels of
+block-quantized FP8 checkpoints) and nvfp4 weights from its `nvfp4` table (ModelOpt FP4 on
+Blackwell's fp4 tensor cores); the LM head stays a bf16 GEMM (neither engine quantizes it). A
+system without GEMMs of the format (no fp8 tensor cores: the A100; no fp4 ones: Hopper) is refused. An fp8 KV cache prices both attentions from the
 database's fp8-KV tables, in the attention dtype the database measured the backend's kernel in
 (prefill under SGLang's FA3 on Hopper: fp8, q cast to fp8 too; vLLM's rows are all labelled bf16,
 SGLang's FlashInfer on the RTX PRO 6000 is bf16 over fp8 KV); where the database has no fp8-KV
@@ -134,16 +136,19 @@ class GpuShapes:
         return db.generation_attention(batch, context, self.heads, self.kv_heads, self.head_dim, self.qk_norm, self.decode_kv)
 
 
-def fp8_gemm_check(db: KernelDatabase, g: GpuShapes) -> str | None:
-    """Refuse --quantization fp8 where the database has no fp8 GEMMs; the kernel it measured them with."""
+def quantized_gemm_check(db: KernelDatabase, g: GpuShapes, quant: str) -> str | None:
+    """Refuse --quantization `quant` (fp8, fp8_block, nvfp4) where the database has no GEMMs of that
+    format; the kernel it measured them with."""
     try:
-        db.gemm(1, g.hidden, g.hidden, FP8)
+        db.gemm(1, g.hidden, g.hidden, quant)
     except KernelDataMissing as e:
-        spec = system_spec(db.system).get("gpu", {})
-        why = ("the GPU has no fp8 tensor cores (its spec has no fp8_tc_flops)" if not spec.get("fp8_tc_flops")
+        gpu = system_spec(db.system).get("gpu", {})
+        cores = {"nvfp4": ("fp4", "fp4_tc_flops")}.get(quant, ("fp8", "fp8_tc_flops"))
+        why = (f"the GPU has no {cores[0]} tensor cores (its spec has no {cores[1]})" if not gpu.get(cores[1])
                else f"its GEMM tables: {', '.join(db.gemm_quant_modes()) or 'none'} ({e})")
-        raise KernelDatabaseError(f"--quantization fp8: {db.system}/{db.backend} {db.version} has no fp8 GEMM kernels: {why}") from None
-    return db.gemm_kernel(FP8)
+        raise KernelDatabaseError(f"--quantization {quant}: {db.system}/{db.backend} {db.version} has no {quant} GEMM kernels: "
+                                  f"{why}") from None
+    return db.gemm_kernel(quant)
 
 
 def _fp8_kv_fallback_why(db: KernelDatabase, missing: list[str], errors: list[str]) -> str:
@@ -172,7 +177,7 @@ def build_kernel_profile(system: str, backend: str, backend_version: str | None,
                          kv_cache_dtype: str = "auto") -> dict:
     """The profile of `model` (a ModelConfig, or a name or path load_model_config takes) over `tp` GPUs
     of `system`, from `backend`'s kernels (version None: the newest the database maintains), with its
-    weights quantized (`quantization` fp8, else the model's dtype) and its KV cache in `kv_cache_dtype`
+    weights quantized (`quantization` fp8, fp8_block or nvfp4, else the model's dtype) and its KV cache in `kv_cache_dtype`
     (auto: the model's dtype; bf16; fp8)."""
     t0 = time.perf_counter()
     if isinstance(model, str):
@@ -185,9 +190,9 @@ def build_kernel_profile(system: str, backend: str, backend_version: str | None,
     check_tp(system, model, tp)
     g = GpuShapes.of(model, tp)
     gemm_kernel = db.gemm_kernel(BF16)
-    if precision.fp8_weights:
-        gemm_kernel = fp8_gemm_check(db, g)
-        g = replace(g, gemm_quant=FP8)
+    if precision.quantized_weights:
+        gemm_kernel = quantized_gemm_check(db, g, precision.weights)
+        g = replace(g, gemm_quant=precision.weights)
     tokens = sorted(set(db.measured_gemm_tokens(g.gemm_quant)) | set(POWERS))
 
     phases = [("dense", len(tokens) + len(REQUESTS)), ("prefill attention", len(PREFILL_BATCH) * len(POWERS)),

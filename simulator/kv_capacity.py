@@ -45,7 +45,7 @@ def kv_capacity_tokens(
 
     static = hw.memory_bytes * mem_fraction_static
     p = precision or Precision()
-    weights = model.weight_bytes(dtype_bytes, tp, linear_bytes=p.linear_weight_bytes if p.fp8_weights else None)
+    weights = model.weight_bytes(dtype_bytes, tp, linear_bytes=p.linear_weight_bytes if p.quantized_weights else None)
     free = static - weights - reserve
     gib = 1 << 30
     if free <= 0:

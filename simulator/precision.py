@@ -8,6 +8,17 @@
                                linear layers only (`Fp8Config.get_quant_method`: `LinearBase`; the
                                vocabulary-parallel embedding and LM head are not), and so do the
                                norms and biases. Unset: the model's dtype.
+    --quantization fp8_block   the linear layers' weights in fp8 with one scale per 128x128 block (DeepSeek-style,
+                               as block-quantized FP8 checkpoints carry them: `weight_block_size` [128, 128]),
+                               activations quantized per 128-wide group: the database's `fp8_block` GEMMs
+                               (SGLang's and vLLM's block-scaled fp8 kernels). 1 byte a weight (the block
+                               scales, 4 bytes per 16,384 weights, are left out).
+    --quantization nvfp4       the linear layers' weights in NVFP4 (4-bit e2m1 with one fp8 scale per 16
+                               weights, as NVIDIA's ModelOpt FP4 checkpoints carry them: vLLM's and SGLang's
+                               `modelopt_fp4`): the database's `nvfp4` GEMMs, on the fp4 tensor cores of
+                               Blackwell (B200, B300, GB200). 0.5625 bytes a weight (half a byte plus its
+                               share of a scale). A GPU without fp4 tensor cores has no such GEMMs in the
+                               database, and a kernel profile refuses it.
     --kv-cache-dtype auto      the KV cache in the model's dtype (default); bf16: bfloat16; fp8:
                                fp8 (e4m3, SGLang's `fp8_e4m3`, vLLM's `fp8`), 1 byte an element, so
                                the same memory holds twice the tokens.
@@ -22,12 +33,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FP8 = "fp8"
+FP8_BLOCK = "fp8_block"
+NVFP4 = "nvfp4"
 BF16 = "bfloat16"
-QUANTIZATIONS = (FP8,)  # --quantization's values (unset: none)
+# --quantization's values (unset: none). Each names the database's GEMM table of that format too.
+QUANTIZATIONS = (FP8, FP8_BLOCK, NVFP4)
 KV_CACHE_DTYPES = ("auto", "bf16", FP8)  # --kv-cache-dtype's values
 # Bytes of one element: fp8 (e4m3) is 1, the 16-bit types 2. fp8's per-tensor scales (one float a
 # weight matrix, one a layer for K and V) are left out: a few KB against GBs.
-BYTES = {BF16: 2, "float16": 2, FP8: 1}
+BYTES = {BF16: 2, "float16": 2, FP8: 1, FP8_BLOCK: 1, NVFP4: 0.5625}
 
 
 def served_dtype(torch_dtype: str) -> str:
@@ -47,23 +61,29 @@ class Precision:
         """The precision a replay asks for: its model's dtype, `--quantization` and `--kv-cache-dtype`.
         An unknown value raises ValueError (the options' parser refuses it first)."""
         if quantization not in (None, *QUANTIZATIONS):
-            raise ValueError(f"--quantization {quantization}: choose {' or '.join(QUANTIZATIONS)} (or leave it unset)")
+            raise ValueError(f"--quantization {quantization}: choose one of {', '.join(QUANTIZATIONS)} (or leave it unset)")
         if kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"--kv-cache-dtype {kv_cache_dtype}: choose one of {', '.join(KV_CACHE_DTYPES)}")
         model = served_dtype(torch_dtype)
         kv = {"auto": model, "bf16": BF16, FP8: FP8}[kv_cache_dtype]
-        return cls(FP8 if quantization == FP8 else model, kv)
+        return cls(quantization or model, kv)
+
+    @property
+    def quantized_weights(self) -> bool:
+        """The linear layers' weights in one of --quantization's formats (not the model's 16-bit dtype)."""
+        return self.weights in QUANTIZATIONS
 
     @property
     def fp8_weights(self) -> bool:
-        return self.weights == FP8
+        """fp8 weights, per tensor or per block: GEMMs on the fp8 tensor cores."""
+        return self.weights in (FP8, FP8_BLOCK)
 
     @property
     def fp8_kv(self) -> bool:
         return self.kv_cache == FP8
 
     @property
-    def linear_weight_bytes(self) -> int:
+    def linear_weight_bytes(self) -> float:
         return BYTES.get(self.weights, 2)
 
     @property
@@ -71,8 +91,12 @@ class Precision:
         return BYTES.get(self.kv_cache, 2)
 
     def same_bytes(self, other: "Precision") -> bool:
-        """The same costs and KV pool: fp8 or not, for weights and KV (bfloat16 and float16 both 2 bytes)."""
-        return (self.fp8_weights, self.fp8_kv) == (other.fp8_weights, other.fp8_kv)
+        """The same costs and KV pool: the same weight format (bfloat16 and float16 both 2 bytes, the same
+        GEMMs) and fp8 KV or not."""
+        def weights(p: "Precision") -> str:
+            return p.weights if p.quantized_weights else BF16
+
+        return (weights(self), self.fp8_kv) == (weights(other), other.fp8_kv)
 
     def describe(self) -> str:
         return f"{self.weights} weights and {self.kv_cache} KV cache"

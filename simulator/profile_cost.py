@@ -83,10 +83,10 @@ class ProfileCostModel:
 
     def check_precision(self, asked) -> None:
         """This project's engine runs the model's own dtype: fp8 weights or KV (simulator/precision.py) are not in its timings."""
-        if asked.fp8_weights or asked.fp8_kv:
+        if asked.quantized_weights or asked.fp8_kv:
             raise ProfileError(f"--profile {self.path} was calibrated on this project's engine, which runs the model's own "
-                               f"dtype, not {asked.describe()}; fp8 takes a kernel profile (testbed calibrate --source "
-                               f"aiconfigurator --quantization fp8 / --kv-cache-dtype fp8) or the roofline")
+                               f"dtype, not {asked.describe()}; quantized weights or an fp8 KV cache take a kernel profile "
+                               f"(testbed calibrate --source aiconfigurator --quantization ... / --kv-cache-dtype fp8) or the roofline")
 
     def forward_time(self, plan: ForwardPlan) -> float:
         bs = len(plan.req_pool_indices)

@@ -23,11 +23,13 @@ query-key pairs), on a model with L layers, H query heads of size d:
 P_layers counts the matmul weights of the decoder layers (the embedding
 lookup does no FLOPs; norms are negligible) and w is the bytes per weight.
 
-Precision (simulator/precision.py): with fp8 weights (--quantization fp8)
-P_layers is read at 1 byte a weight (the LM head, norms and biases stay at
-w) and its FLOPs run at the hardware's fp8 peak (`peak_flops_fp8`; where
-the spec has none, as on an A100, the engines dequantize into bf16 GEMMs:
-the bf16 peak); the LM head's FLOPs stay at the bf16 peak. With an fp8 KV
+Precision (simulator/precision.py): with fp8 weights (--quantization fp8 or
+fp8_block) P_layers is read at 1 byte a weight (the LM head, norms and biases
+stay at w) and its FLOPs run at the hardware's fp8 peak (`peak_flops_fp8`;
+where the spec has none, as on an A100, the engines dequantize into bf16
+GEMMs: the bf16 peak); with NVFP4 weights (--quantization nvfp4) at 0.5625
+bytes a weight and the fp4 peak (`peak_flops_fp4`, Blackwell; else the bf16
+peak, weight-only). The LM head's FLOPs stay at the bf16 peak. With an fp8 KV
 cache (--kv-cache-dtype fp8) kv_bytes_per_token is 1 byte an element;
 attention's FLOPs stay at the bf16 peak (FlashAttention under vLLM and
 SGLang casts q to fp8 and attends in fp8 on Hopper, which this prices
@@ -62,7 +64,7 @@ import numpy as np
 from scheduler.forward_plan import ForwardPlan
 from scheduler.model_config import ModelConfig
 from simulator.hardware import HardwareConfigError, HardwareSpec
-from simulator.precision import Precision
+from simulator.precision import NVFP4, Precision
 
 
 def activation_bytes_per_token(model: ModelConfig, dtype_bytes: int = 2, tp: int = 1) -> int:
@@ -77,6 +79,16 @@ def activation_bytes_per_token(model: ModelConfig, dtype_bytes: int = 2, tp: int
     kv, i = model.kv_heads_per_gpu(tp) * model.head_dim, model.intermediate_size // tp
     per_layer = (h + q + 2 * kv) + (q + h) + (h + 2 * i) + (i + h) + 4 * h
     return (model.num_hidden_layers * per_layer + h) * dtype_bytes
+
+
+def linear_peak_flops(hw: HardwareSpec, p: Precision) -> float:
+    """Peak FLOP/s of the decoder layers' GEMMs: the tensor cores of the weights' format where the GPU
+    has them, else bf16 ones (weight-only dequantization)."""
+    if p.fp8_weights and hw.peak_flops_fp8 > 0:
+        return hw.peak_flops_fp8
+    if p.weights == NVFP4 and hw.peak_flops_fp4 > 0:
+        return hw.peak_flops_fp4
+    return hw.peak_flops
 
 
 class RooflineCostModel:
@@ -100,7 +112,7 @@ class RooflineCostModel:
     ) -> None:
         p = self.precision = precision or Precision()
         self.name = (f"roofline:{model.name}@{hw.name}" + (f",tp{tp}" if tp > 1 else "")
-                     + (",fp8-weights" if p.fp8_weights else "") + (",fp8-kv" if p.fp8_kv else ""))
+                     + (f",{p.weights}-weights" if p.quantized_weights else "") + (",fp8-kv" if p.fp8_kv else ""))
         self.model = model
         self.hw = hw
         self.dtype_bytes = dtype_bytes
@@ -110,16 +122,16 @@ class RooflineCostModel:
             raise HardwareConfigError(f"hardware {hw.name!r} has no interconnect (interconnect_bandwidth 0): --tp must be 1")
 
         flops = hw.peak_flops * hw.compute_efficiency
-        # fp8 weights: the layers' GEMMs on fp8 tensor cores where there are some, else bf16 ones.
-        fp8_gemms = p.fp8_weights and hw.peak_flops_fp8 > 0
-        linear_flops = (hw.peak_flops_fp8 if fp8_gemms else hw.peak_flops) * hw.compute_efficiency
+        # Quantized weights: the layers' GEMMs on the tensor cores of their format (fp8, fp4) where the
+        # GPU has them, else bf16 ones (the engines dequantize weight-only there).
+        linear_flops = linear_peak_flops(hw, p) * hw.compute_efficiency
         bw = hw.mem_bandwidth * hw.bandwidth_efficiency
         m = model
         layers = m.num_hidden_layers
         layer_mm_params = layers * m.layer_matmul_params(tp)
         logit_mm_params = -(-m.hidden_size * m.vocab_size // tp)
         kv_tok = m.kv_bytes_per_token(p.kv_bytes if p.fp8_kv else dtype_bytes, tp)
-        linear_bytes = p.linear_weight_bytes if p.fp8_weights else dtype_bytes
+        linear_bytes = p.linear_weight_bytes if p.quantized_weights else dtype_bytes
 
         self._overhead_s = hw.kernel_launch_s + layers * hw.per_layer_overhead_s
         # Compute seconds per unit.

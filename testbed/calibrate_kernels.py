@@ -32,7 +32,7 @@ def hbm_floor_s(model: ModelConfig, tp: int, mem_bandwidth: float, precision: Pr
     """One decode step can not beat reading one GPU's weights once from memory (fp8 weights: 1 byte
     a weight of the linear layers, the embedding and LM head at 2)."""
     p = precision or Precision()
-    return model.weight_bytes(2, tp, linear_bytes=p.linear_weight_bytes if p.fp8_weights else None) / mem_bandwidth
+    return model.weight_bytes(2, tp, linear_bytes=p.linear_weight_bytes if p.quantized_weights else None) / mem_bandwidth
 
 
 def profile_precision(profile: dict) -> Precision:

@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--backend", choices=BACKENDS, default="sglang", help="whose kernels (default %(default)s)")
     g.add_argument("--backend-version", default=None, help="default: the newest the database maintains for the system")
     g.add_argument("--tp", type=positive_int, default=1, help="tensor parallelism over this many GPUs (default %(default)s)")
-    g.add_argument("--quantization", choices=QUANTIZATIONS, default=None, help="fp8: the layers' GEMMs from the database's per-tensor fp8 tables (default: the model's dtype)")
+    g.add_argument("--quantization", choices=QUANTIZATIONS, default=None, help="the layers' GEMMs from the database's tables of that format: fp8 (per tensor), fp8_block (128x128 blocks), nvfp4 (Blackwell) (default: the model's dtype)")
     g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto", help="fp8: attention from the database's fp8-KV tables where it has them (default %(default)s: the model's dtype)")
     p.set_defaults(func=cmd_calibrate)
     return parser

@@ -261,7 +261,7 @@ def check_options(opts: ReplayOptions) -> None:
 def _check_precision(opts: ReplayOptions) -> None:
     """--quantization and --kv-cache-dtype: known values, and for the simulator (the real engine runs the model's dtype)."""
     if opts.quantization not in (None, *QUANTIZATIONS):
-        raise ConfigError(f"--quantization {opts.quantization}: choose {' or '.join(QUANTIZATIONS)} (or leave it unset: the model's dtype)")
+        raise ConfigError(f"--quantization {opts.quantization}: choose one of {', '.join(QUANTIZATIONS)} (or leave it unset: the model's dtype)")
     if opts.kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ConfigError(f"--kv-cache-dtype {opts.kv_cache_dtype}: choose one of {', '.join(KV_CACHE_DTYPES)}")
     if opts.mode == "real" and (opts.quantization is not None or opts.kv_cache_dtype != "auto"):
@@ -333,7 +333,7 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=positive_float, default=None, help="request rate for traces without arrival times (ShareGPT lengths)")
     p.add_argument("--profile", default=None, help="sim: cost every forward and CPU stage from a profile (testbed calibrate: this machine's engine, or --source aiconfigurator: measured GPU kernels) instead of the roofline")
     p.add_argument("--tp", type=positive_int, default=d.tp, help="sim: tensor parallelism over this many GPUs of --hardware (default %(default)s)")
-    p.add_argument("--quantization", choices=QUANTIZATIONS, default=None, help="sim: the linear layers' weights in fp8 (1 byte a weight; the GEMMs at the fp8 peak, or from a profile's fp8 tables), as SGLang's and vLLM's --quantization fp8 (default: the model's dtype)")
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default=None, help="sim: the linear layers' weights in fp8 (per tensor, as SGLang's and vLLM's --quantization fp8), fp8_block (128x128-block scales, as block-quantized FP8 checkpoints) or nvfp4 (ModelOpt FP4); priced at the format's tensor-core peak, or from a kernel profile's tables of that format (default: the model's dtype)")
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=d.kv_cache_dtype, help="sim: the KV cache's dtype; fp8 holds twice the tokens in the same memory (default %(default)s: the model's dtype)")
     p.add_argument("--scheduler", choices=SCHEDULERS, default=d.scheduler, help=f"SGLang's scheduler or vLLM's (v1, release {VLLM_RELEASE}) (default %(default)s)")
     p.add_argument("--max-num-seqs", type=positive_int, default=None, help=f"vllm: running requests at most (default {DEFAULT_MAX_NUM_SEQS})")

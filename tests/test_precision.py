@@ -1,4 +1,5 @@
-"""--quantization fp8 and --kv-cache-dtype: what they cost, what they hold, and what a profile of another precision says.
+"""--quantization (fp8, fp8_block, nvfp4) and --kv-cache-dtype: what they cost, what they hold, and what a profile of
+another precision says.
 
 Real profiles from AIConfigurator's database (built here, a second or two each) and the roofline."""
 
@@ -34,6 +35,9 @@ BUILDS = {
     "fp8": ("h100_sxm", "sglang", "fp8", "auto"),
     "kvfp8": ("h100_sxm", "sglang", None, "fp8"),
     "a100-kvfp8": ("a100_sxm", "sglang", None, "fp8"),
+    "fp8_block": ("h200_sxm", "sglang", "fp8_block", "auto"),
+    "b200-fp8": ("b200_sxm", "vllm", "fp8", "auto"),
+    "nvfp4": ("b200_sxm", "vllm", "nvfp4", "auto"),
 }
 
 
@@ -89,6 +93,30 @@ def test_fp8_weights_make_decode_at_batch_1_and_large_prefill_gemms_cheaper(prof
             gemms = lambda k: sum(k["per_layer"][op][i] for op in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"))  # noqa: E731
             assert gemms(k8) < 0.8 * gemms(k16), n
     assert k8["lm_head"] == k16["lm_head"]
+
+
+def test_block_fp8_and_nvfp4_weights_are_priced_from_their_own_gemm_tables(profiles):
+    """fp8_block: the database's 128x128-block-scaled fp8 GEMMs; nvfp4: its fp4 GEMMs of Blackwell, which
+    beat fp8 on a large prefill (twice the tensor-core FLOPs) and at decode batch 1 (half the weight bytes)."""
+    block = read(profiles, "fp8_block")["precision"]
+    assert block["weights"] == "fp8_block" and block["gemm"]["quant_mode"] == "fp8_block"
+    fp4 = read(profiles, "nvfp4")["precision"]
+    assert fp4["weights"] == "nvfp4" and fp4["gemm"]["quant_mode"] == "nvfp4" and fp4["lm_head"]["quant_mode"] == "bfloat16"
+    k8, k4 = read(profiles, "b200-fp8")["kernels"], read(profiles, "nvfp4")["kernels"]
+    gemms = lambda k, i: sum(k["per_layer"][op][i] for op in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"))  # noqa: E731
+    i = k8["tokens"].index(16384)
+    assert gemms(k4, k4["tokens"].index(16384)) < 0.8 * gemms(k8, i)
+    assert decode(load_profile(profiles["nvfp4"]), 1, 1024) < decode(load_profile(profiles["b200-fp8"]), 1, 1024)
+    model = load_model_config(MODEL)
+    # 0.5625 bytes a linear weight against 1; the embedding and LM head (2.1 GB of its 9.1 at fp8) stay bf16.
+    assert 0.6 < hbm_floor_s(model, 1, 1e12, Precision("nvfp4")) / hbm_floor_s(model, 1, 1e12, Precision("fp8")) < 0.7
+
+
+def test_nvfp4_weights_on_a_gpu_without_fp4_gemms_are_refused(tmp_path):
+    proc = run_cli("calibrate", "--source", "aiconfigurator", "--system", "h100_sxm", "--model", "qwen3-0.6b",
+                   "--quantization", "nvfp4", "--out", str(tmp_path / "p.json"), "-q")
+    assert_clean_error(proc, "--quantization nvfp4", "h100_sxm", "no fp4 tensor cores")
+    assert not (tmp_path / "p.json").exists()
 
 
 def test_fp8_kv_attention_is_priced_from_the_fp8_kv_tables(profiles):
@@ -155,6 +183,14 @@ def test_the_roofline_reads_fp8_weights_at_1_byte_and_runs_them_at_the_fp8_peak(
     kv = RooflineCostModel(model, h100, precision=Precision("bfloat16", "fp8"))
     assert decode(kv, 64, 8192) < decode(RooflineCostModel(model, h100), 64, 8192)
     assert kv.name.endswith(",fp8-kv")
+    # NVFP4 at 0.5625 bytes a weight, on Blackwell's fp4 tensor cores; weight-only (bf16 GEMMs) without them.
+    b200 = load_hardware("b200_sxm")
+    assert b200.peak_flops_fp4 == 2 * b200.peak_flops_fp8 and h100.peak_flops_fp4 == 0
+    fp4, fp8 = (RooflineCostModel(model, b200, precision=Precision(w)) for w in ("nvfp4", "fp8"))
+    assert fp4.forward_time(prefill) < 0.7 * fp8.forward_time(prefill) and decode(fp4, 1, 1024) < 0.7 * decode(fp8, 1, 1024)
+    assert fp4.name.endswith(",nvfp4-weights")
+    on_hopper = RooflineCostModel(model, h100, precision=Precision("nvfp4"))
+    assert on_hopper.forward_time(prefill) == RooflineCostModel(model, h100).forward_time(prefill)
 
 
 def test_a_profile_of_another_precision_is_refused_naming_both(profiles, tmp_path):
@@ -177,7 +213,7 @@ def test_a_profile_of_another_precision_is_refused_naming_both(profiles, tmp_pat
     (["replay", TRACE, "--quantization", "int4"], ["--quantization", "int4", "fp8"]),
     (["replay", TRACE, "--kv-cache-dtype", "fp16"], ["--kv-cache-dtype", "fp16", "auto", "bf16", "fp8"]),
     (["replay", TRACE, "--mode", "real", "--quantization", "fp8"], ["--quantization fp8", "--mode sim"]),
-    (["calibrate", "--source", "aiconfigurator", "--system", "h100_sxm", "--quantization", "fp4"], ["--quantization", "fp4"]),
+    (["calibrate", "--source", "aiconfigurator", "--system", "h100_sxm", "--quantization", "fp4"], ["--quantization", "fp4", "nvfp4"]),
     (["calibrate", "--source", "aiconfigurator", "--system", "h100_sxm", "--kv-cache-dtype", "int8"], ["--kv-cache-dtype", "int8"]),
     (["calibrate", "--kv-cache-dtype", "fp8"], ["--source aiconfigurator"]),
     (["sweep", TRACE, "--grid", "kv-cache-dtype=auto,fp9"], ["kv-cache-dtype", "fp9"]),

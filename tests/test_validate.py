@@ -75,6 +75,13 @@ def test_every_row_of_the_default_file_is_read_and_each_skip_says_why():
     assert all(r is None or ": " in r for r in reasons)
     assert sum(r is None for r in reasons) > 100  # dense vLLM/SGLang agg points it can simulate
     assert any(r and r.startswith("backend trtllm") for r in reasons) and any(r and r.startswith("disagg") for r in reasons)
+    # Weight formats are priced from their own GEMM tables: NVFP4 Llama-3.1-70B on B200, block-fp8 Llama-3.1-8B on H200.
+    fp4 = [p for p in points if p.system == "b200_sxm" and p.backend == "vllm" and p.model_path == "meta-llama/Llama-3.1-70B"
+           and p.precision == "fp4"]
+    block = [p for p in points if p.system == "h200_sxm" and p.backend == "sglang" and p.gemm_quant == "fp8_block"
+             and p.model_path == "meta-llama/Llama-3.1-8B-Instruct"]
+    assert len(fp4) == 60 and all(p.skip_reason() is None and p.quantization == "nvfp4" for p in fp4)
+    assert len(block) == 46 and all(p.skip_reason() is None and p.group[3] == "fp8_block" for p in block)
 
 
 def test_a_small_file_gives_a_group_row_the_skips_and_the_summary_line(small_file, tmp_path):

@@ -35,12 +35,15 @@ REQUIRED = {
 OPTIONAL = ("id", "backend_version", "mode", "gemm_quant_mode", "moe_quant_mode", "pp_size", "attention_dp_size",
             "moe_ep_size", "silicon_data_source")
 BACKENDS_WITH_A_SCHEDULER = ("vllm", "sglang")
-# Weight formats the simulator prices (the database's GEMM tables of that format). A row that states
-# neither precision nor GEMM format (366 of silicon_sample.csv's, all of original checkpoints such as
-# Qwen/Qwen3-32B) is served as the checkpoint is: its own dtype, as vLLM and SGLang do without
-# --quantization. It is priced so and shown as "unstated", not mixed with the rows that say bf16.
+# Weight formats the simulator prices (the database's GEMM tables of that format), by the row's
+# precision and GEMM format. A row that states neither (366 of silicon_sample.csv's, all of original
+# checkpoints such as Qwen/Qwen3-32B) is served as the checkpoint is: its own dtype, as vLLM and SGLang
+# do without --quantization. It is priced so and shown as "unstated", not mixed with the rows that say
+# bf16. fp8 without a GEMM format is per tensor (the engines' --quantization fp8).
 UNSTATED = "unstated"
-PRECISIONS = {"bf16": None, "fp16": None, UNSTATED: None, "fp8": "fp8"}
+PRECISIONS = {"bf16": None, "fp16": None, UNSTATED: None, "fp8": "fp8", "fp4": "nvfp4"}
+GEMM_FORMATS = {"fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4", "bfloat16": None, "float16": None, "bf16": None,
+                "fp16": None}
 # Hugging Face ids name variants of one architecture: the bundled config is the base model's.
 _VARIANT_SUFFIXES = re.compile(r"(-(instruct|chat|base|hf|fp8|fp8-dynamic|nvfp4|fp4|awq|gptq|int4|int8|w8a8))+$")
 
@@ -76,11 +79,16 @@ class MeasuredPoint:
 
     @property
     def quantization(self) -> str | None:
+        """--quantization for this point: the row's GEMM format where it gives one, else its precision's."""
+        if self.gemm_quant in GEMM_FORMATS and self.precision not in (UNSTATED, "bf16", "fp16"):
+            return GEMM_FORMATS[self.gemm_quant]
         return PRECISIONS.get(self.precision)
 
     @property
     def group(self) -> tuple[str, str, str, str]:
-        return (self.system, self.backend, self.model_path, self.precision)
+        """(system, backend, model, precision): the precision as the weight format that prices it
+        (fp8, fp8_block, nvfp4), else as the row says (bf16, unstated)."""
+        return (self.system, self.backend, self.model_path, self.quantization or self.precision)
 
     def skip_reason(self) -> str | None:
         """Why the simulator cannot express this point, as "what: detail"; None if it can."""
@@ -94,8 +102,8 @@ class MeasuredPoint:
             return f"backend {self.backend}: no scheduler for it (have {', '.join(BACKENDS_WITH_A_SCHEDULER)})"
         if self.precision not in PRECISIONS:
             return f"precision {self.precision}: not priced ({self.gemm_quant or '?'} GEMMs; have {', '.join(PRECISIONS)})"
-        if self.gemm_quant and self.gemm_quant not in ("fp8", "bfloat16", "float16", "bf16", "fp16"):
-            return f"GEMM format {self.gemm_quant}: not priced (per-tensor fp8 and bf16 are)"
+        if self.gemm_quant and self.gemm_quant not in GEMM_FORMATS:
+            return f"GEMM format {self.gemm_quant}: not priced (have {', '.join(GEMM_FORMATS)})"
         if self.pp > 1:
             return f"pipeline parallelism: {self.pp} stages"
         if self.moe_ep > 1:
