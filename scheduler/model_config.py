@@ -1,8 +1,8 @@
 """Model architecture parsed from a Hugging Face ``config.json``.
 
 The scheduler needs the model only for sizes (context length, KV bytes per
-token); the simulator needs it for FLOPs and bytes; the real engine (a later
-issue) builds the network from it and may read anything else from ``raw``.
+token); the simulator needs it for FLOPs and bytes; the real engine (engine/llama.py)
+builds the network from it and may read anything else from ``raw``.
 
 Configs of common models ship in ``scheduler/configs/`` as the published
 ``config.json`` files, so a dummy-weight run or a simulation needs no download.

@@ -10,7 +10,7 @@ import numpy as np
 
 STEP_COLUMNS = (
     "step",
-    "mode",  # extend | decode
+    "mode",  # extend | decode | mixed
     "batch_size",
     "num_tokens",  # new tokens computed
     "prefix_tokens",  # tokens attended to from the cache / earlier steps

@@ -1,12 +1,13 @@
 """What the simulator charges for device work and for each CPU stage of the loop.
 
-Two kinds of cost model fit the same ``CostModel`` protocol:
+Three cost models fit the same ``CostModel`` protocol:
 
 - ``simulator.roofline.RooflineCostModel``: analytic, from the model's FLOPs
   and bytes over the hardware's peaks; works for any model and hardware.
-- a calibrated profile (a later issue): interpolates times measured on the
-  real engine. It plugs in beside the roofline by implementing the same two
-  methods; it may reuse ``CpuStageCosts`` with fitted coefficients.
+- ``simulator.kernel_cost.KernelProfileCostModel``: forwards priced from a
+  profile of AIConfigurator's measured GPU kernels.
+- ``simulator.profile_cost.ProfileCostModel``: a profile calibrated on this
+  project's engine (``testbed calibrate``), with fitted ``CpuStageCosts``.
 
 Both are called on the simulator's hot path (~100k plans per replay), so they
 must read only the plan's precomputed summaries, never loop over requests.

@@ -1,4 +1,5 @@
-"""replay: one trace through the scheduler core, on the simulator's clock, into a run folder."""
+"""replay: one trace through the scheduler core, on the simulator's clock (--mode sim) or the real engine's
+(--mode real), into a run folder."""
 
 from __future__ import annotations
 
