@@ -93,10 +93,18 @@ def package_version() -> str:
 
 def available() -> dict[str, dict[str, list[str]]]:
     """system -> backend -> the versions it can be queried at (only systems with kernel data)."""
+    return {s: {b: list(v) for b, v in backends.items()} for s, backends in _supported_databases().items()}
+
+
+@functools.lru_cache(maxsize=1)
+def _supported_databases() -> dict[str, dict[str, tuple[str, ...]]]:
+    """The installed database's systems, backends and versions, read once a process: the SDK parses
+    a few thousand YAML files to list them (0.75 s here), and the installed package does not change
+    under a running process (testbed validate asked it once a point: 85% of its time)."""
     _require_package()
     from aiconfigurator_core.sdk import perf_database
 
-    return {s: {b: list(v) for b, v in backends.items() if v}
+    return {s: {b: tuple(v) for b, v in backends.items() if v}
             for s, backends in sorted(perf_database.get_supported_databases().items())}
 
 
