@@ -14,7 +14,9 @@ A forward of n new tokens for b requests, on one of the profile's TP GPUs:
                     (batch x new tokens x prefix) table: linearly in batch and prefix, and along new
                     tokens linearly in the pairs they make (exact where the kernel's time is affine in
                     its work, as it is once compute bound)
-    decode part     DECODE: every request; MIXED: those with one new token. b requests of mean
+    decode part     DECODE: every request; MIXED: those with one new token (times the profile's
+                    `mixed_decode_factor` where it has one: what decode rows cost beside a prefill
+                    chunk on that GPU, simulator/mixed_attention.py). b requests of mean
                     context S / b (S: their summed sequence lengths), bilinear in the (batch x
                     context) table. Decode attention reads every request's KV once, so its time is
                     affine in b and S at a given batch: the mean prices a ragged batch as the
@@ -61,6 +63,7 @@ from scheduler.forward_plan import ForwardMode, ForwardPlan
 from scheduler.model_config import ModelConfig
 from simulator.cuda_graphs import CudaGraphPolicy
 from simulator.hardware import HardwareConfigError, HardwareSpec
+from simulator.mixed_attention import MixedDecodeFactor
 from simulator.precision import BF16, Precision
 from simulator.profile_cost import ProfileError, check_header
 
@@ -181,6 +184,9 @@ class KernelProfileCostModel:
             self.model = profile["model"]
             self.model_shapes = profile["model_shapes"]
             self.eager_overhead = float(k.get("eager_overhead_s", 0.0))  # profiles made before it: none
+            # Decode rows beside a prefill chunk, where the GPU's mixed batches were measured (mixed_attention.py).
+            mixed = k.get("mixed_decode_factor")
+            self.mixed_decode = MixedDecodeFactor.from_dict(mixed) if mixed else None
             # Profiles made before --quantization and --kv-cache-dtype: the model's dtype for both.
             kept = profile.get("precision") or {}
             self.precision = Precision(str(kept.get("weights", BF16)), str(kept.get("kv_cache", BF16)))
@@ -251,7 +257,10 @@ class KernelProfileCostModel:
                 decodes += 1
                 decode_len += s
         if decodes:
-            t += self.decode(decodes, decode_len / decodes)
+            d = self.decode(decodes, decode_len / decodes)
+            if self.mixed_decode is not None and decodes < b:  # a prefill chunk shares the forward
+                d *= self.mixed_decode(decodes, decode_len / decodes)
+            t += d
         if decodes < b:
             t += self.prefill(b - decodes, n - decodes, plan.attention_pairs - decode_len)
         return t

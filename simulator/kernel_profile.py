@@ -51,11 +51,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Callable
 
 from scheduler.model_config import ModelConfig, load_model_config
 from simulator.hardware import database_system_spec
 from simulator.kernel_db import KernelDatabase, KernelDatabaseError, KernelDataMissing, system_spec
+from simulator.mixed_attention import MixedAttentionError, from_llmservingsim
 from simulator.precision import BF16, FP8, Precision
 from simulator.profile_cost import PROFILE_FORMAT, PROFILE_VERSION
 
@@ -174,12 +176,19 @@ def check_tp(system: str, model: ModelConfig, tp: int) -> None:
 
 def build_kernel_profile(system: str, backend: str, backend_version: str | None, model: ModelConfig | str, tp: int = 1,
                          progress: Progress | None = None, quantization: str | None = None,
-                         kv_cache_dtype: str = "auto") -> dict:
+                         kv_cache_dtype: str = "auto", mixed_attention: str | Path | None = None) -> dict:
     """The profile of `model` (a ModelConfig, or a name or path load_model_config takes) over `tp` GPUs
     of `system`, from `backend`'s kernels (version None: the newest the database maintains), with its
     weights quantized (`quantization` fp8, fp8_block or nvfp4, else the model's dtype) and its KV cache in `kv_cache_dtype`
-    (auto: the model's dtype; bf16; fp8)."""
+    (auto: the model's dtype; bf16; fp8). `mixed_attention`: LLMServingSim's attention.csv of the same GPU and
+    engine, whose mixed batches price decode rows beside a prefill chunk (simulator/mixed_attention.py)."""
     t0 = time.perf_counter()
+    mixed = None
+    if mixed_attention is not None:
+        try:
+            mixed = from_llmservingsim(mixed_attention)
+        except MixedAttentionError as e:
+            raise KernelDatabaseError(str(e)) from None
     if isinstance(model, str):
         model = load_model_config(model)
     try:
@@ -306,6 +315,8 @@ def build_kernel_profile(system: str, backend: str, backend_version: str | None,
             "eager_overhead_s": _seconds(db.eager_forward_overhead(g.layers)),
         },
     }
+    if mixed is not None:
+        profile["kernels"]["mixed_decode_factor"] = mixed.to_dict()
     from simulator.kernel_holdout import holdout_errors
 
     profile["holdout"] = holdout_errors(profile, db, g)

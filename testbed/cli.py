@@ -148,7 +148,8 @@ def cmd_calibrate_kernels(args: argparse.Namespace) -> int:
 
     try:
         profile = calibrate_kernels(args.system, args.backend, args.backend_version, model, args.tp, out, progress,
-                                    quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
+                                    quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+                                    mixed_attention=args.mixed_attention)
     finally:
         for bar in bars:
             bar.close()
@@ -209,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tp", type=positive_int, default=1, help="tensor parallelism over this many GPUs (default %(default)s)")
     g.add_argument("--quantization", choices=QUANTIZATIONS, default=None, help="the layers' GEMMs from the database's tables of that format: fp8 (per tensor), fp8_block (128x128 blocks), nvfp4 (Blackwell) (default: the model's dtype)")
     g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto", help="fp8: attention from the database's fp8-KV tables where it has them (default %(default)s: the model's dtype)")
+    g.add_argument("--mixed-attention", default=None, metavar="CSV", help="LLMServingSim's attention.csv of the same GPU and engine: its mixed batches price the decode rows that share a forward with a prefill chunk (the database measures none)")
     p.set_defaults(func=cmd_calibrate)
     return parser
 

@@ -20,6 +20,7 @@ from simulator.hardware import bundled_hardware_names
 from simulator.kernel_profile import build_kernel_profile
 from testbed.options import ReplayOptions
 from testbed.runs.folder import load_run
+from testbed.validate.points import bundled_model_of
 
 FIGURES = ("mean_ttft_ms", "p50_ttft_ms", "p90_ttft_ms", "mean_tpot_ms", "p50_tpot_ms", "p90_tpot_ms", "mean_e2e_ms")
 HEADERS = ("TTFT mean", "TTFT p50", "TTFT p90", "TPOT mean", "TPOT p50", "TPOT p90", "E2E mean")
@@ -98,19 +99,44 @@ def settings_of(folder: Path, real: Path, hardware: str | None) -> GroundTruthRu
     return GroundTruthRun(folder.name, folder, model, gpu, int(kwargs.get("tensor_parallel_size") or 1), opts)
 
 
+def mixed_attention_of(run: GroundTruthRun) -> Path | None:
+    """LLMServingSim's kernel timings of the run's GPU under vLLM beside the run (a sibling folder with
+    attention.csv and a meta.yaml whose `gpu` names the same GPU, as ../shared/ground_truth/ops-*): its
+    mixed batches price decode rows beside a prefill chunk (simulator/mixed_attention.py). Those of the
+    run's model first."""
+    found = []
+    for folder in sorted(run.folder.parent.iterdir()):
+        timings, meta = folder / "attention.csv", folder / "meta.yaml"
+        if folder == run.folder or not (timings.is_file() and meta.is_file()):
+            continue
+        text = meta.read_text(errors="replace")
+        gpu = re.search(r"^gpu:\s*(.+)$", text, re.M)
+        engine = re.search(r"^vllm_version:", text, re.M)
+        if gpu and engine and gpu_of({"hardware": {"device_name": gpu.group(1).strip()}}, folder) == run.gpu:
+            model = re.search(r"^model:\s*(.+)$", text, re.M)
+            same_model = bool(model) and bundled_model_of(model.group(1).strip()) == run.model
+            found.append((not same_model, timings))
+    return min(found)[1] if found else None
+
+
 def kernel_profile(run: GroundTruthRun, meta: dict, out: Path) -> tuple[str | None, str]:
-    """The kernel profile of the run's GPU, model and TP with vLLM's kernels (path, or None and why not)."""
+    """The kernel profile of the run's GPU, model and TP with vLLM's kernels (path, or None and why not),
+    with the GPU's own mixed-batch attention where its kernel timings lie beside the run."""
     versions = kernel_db.available().get(run.gpu, {}).get("vllm", [])
     if not versions:
         return None, f"AIConfigurator has no vLLM kernels of {run.gpu}"
     version = kernel_db.nearest_version(versions, meta.get("vllm_version"))
     path = out / "kernels.json"
+    mixed = mixed_attention_of(run)
     try:
-        profile = build_kernel_profile(run.gpu, "vllm", version, run.model, run.tp)
+        profile = build_kernel_profile(run.gpu, "vllm", version, run.model, run.tp, mixed_attention=mixed)
     except kernel_db.KernelDatabaseError as e:
         return None, str(e)
     path.write_text(json.dumps(profile) + "\n")
-    return str(path), f"{run.gpu} vllm {profile['database']['backend_version']} kernels (the run: vLLM {meta.get('vllm_version', '?')})"
+    said = f"{run.gpu} vllm {profile['database']['backend_version']} kernels (the run: vLLM {meta.get('vllm_version', '?')})"
+    if mixed is not None:
+        said += f", mixed batches from {mixed.parent.name}/{mixed.name}"
+    return str(path), said
 
 
 
