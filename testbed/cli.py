@@ -15,14 +15,14 @@ from testbed.interrupts import ignore_stop_signals, sigterm_as_sigint
 from testbed.options import add_replay_options, options_from_args, positive_int
 from testbed.progress import progress_bar
 from testbed.replay import default_run_dir, replay
-from testbed.runs.folder import interrupted_message
+from testbed.runs.folder import check_out_folder, interrupted_message
 from testbed.runs.summary_table import format_rejections, format_summary, run_title
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     since = time.time()
     opts = options_from_args(args)
-    out = Path(args.out) if args.out is not None else default_run_dir(args.trace, opts)
+    out = check_out_folder(args.out) if args.out is not None else default_run_dir(args.trace, opts)
     bars = []  # made at the first report: after the trace, the model and the options are checked
 
     def started(meta: dict) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import typing
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -239,8 +240,34 @@ def _check_scheduler_options(opts: ReplayOptions) -> None:
                 raise ConfigError(f"{flag(name)} belongs to --scheduler vllm; with --scheduler sglang {instead}")
 
 
+# Upper bounds of the size options, each with why (a larger value is refused, naming the bound).
+TOKENS_PER_FORWARD = (2**31 - 1, "tokens in one forward, which the engines index with 32-bit integers")
+SIZE_LIMITS: dict[str, tuple[int, str]] = {
+    "chunked_prefill_size": TOKENS_PER_FORWARD,
+    "max_prefill_tokens": TOKENS_PER_FORWARD,
+    "max_num_batched_tokens": TOKENS_PER_FORWARD,
+    "kv_tokens": (2**31 - 1, "KV slots, which the engines index with 32-bit integers"),
+    "page_size": (2**16, "tokens a KV page"),
+    "max_running_requests": (2**20, "running requests: the request table is allocated whole (10^7 rows took 1.4 GB)"),
+    "max_num_seqs": (2**20, "running requests: the request table is allocated whole (10^7 rows took 1.4 GB)"),
+    "concurrency": (2**20, "clients"),
+}
+
+
+def _check_sizes(opts: ReplayOptions) -> None:
+    for name, (limit, what) in SIZE_LIMITS.items():
+        value = getattr(opts, name)
+        if value is not None and value > limit:
+            raise ConfigError(f"--{name.replace('_', '-')} {value}: at most {limit:,} ({what})")
+    for name in ("schedule_conservativeness", "kv_memory_gb", "time_scale"):
+        value = getattr(opts, name)
+        if not math.isfinite(value):
+            raise ConfigError(f"--{name.replace('_', '-')} {value}: must be a finite number")
+
+
 def check_options(opts: ReplayOptions) -> None:
     """Reject what cannot run, before any work starts."""
+    _check_sizes(opts)
     if opts.mode not in MODES:
         raise ConfigError(f"--mode {opts.mode}: choose one of {', '.join(MODES)}")
     if opts.load_format not in (None, "auto", "dummy"):

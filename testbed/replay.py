@@ -24,7 +24,7 @@ from scheduler.vllm_scheduler import VllmScheduler
 from testbed.backends import build_real, build_sim
 from testbed.options import ReplayOptions, check_options, closed_loop_note, resolved_options, with_scheduler_defaults
 from testbed.runs import metrics
-from testbed.runs.folder import REQUESTS_FILE, STEPS_FILE, RunLoadError, read_run_meta, unused_path, versions
+from testbed.runs.folder import REQUESTS_FILE, STEPS_FILE, RunLoadError, check_out_folder, read_run_meta, unused_path, versions
 from testbed.runs.writer import RunWriter
 from testbed.traces.formats import detect_format, load_trace
 from testbed.traces.schema import Trace, TracePrompts
@@ -161,7 +161,7 @@ def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
     backend, config = build(opts, model, lambda kv_tokens: scheduler_config(opts, model, kv_tokens))
     kv_tokens = backend.kv_tokens
 
-    run_dir = Path(out) if out is not None else default_run_dir(trace_path, opts)
+    run_dir = check_out_folder(out) if out is not None else default_run_dir(trace_path, opts)
     meta = {
         "status": "running",
         "mode": opts.mode,

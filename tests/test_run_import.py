@@ -262,7 +262,7 @@ def _lss_line(**over) -> str:
     "name, text, needles",
     [
         ("bad-json.jsonl", _lss_line() + "\n{not json\n", ["bad-json.jsonl:2:", "invalid JSON"]),
-        ("neg-len.jsonl", _lss_line() + "\n" + _lss_line(input_toks=-4) + "\n", ["neg-len.jsonl:2:", "field 'input_toks'", "integer >= 1"]),
+        ("neg-len.jsonl", _lss_line() + "\n" + _lss_line(input_toks=-4) + "\n", ["neg-len.jsonl:2:", "field 'input_toks'", "integer from 1 to"]),
         ("no-first.jsonl", _lss_line() + "\n" + json.dumps({"input_toks": 4, "output_toks": 2, "queued_ts": 1.0, "scheduled_ts": 1.1}) + "\n", ["no-first.jsonl:2:", "field 'first_token_ts'", "missing"]),
         ("order.jsonl", _lss_line(first_token_ts=4.0) + "\n", ["order.jsonl:1:", "field 'first_token_ts'", "before scheduled_ts"]),
         ("text.jsonl", _lss_line(last_token_ts="late") + "\n", ["text.jsonl:1:", "field 'last_token_ts'", "must be a number"]),

@@ -108,19 +108,20 @@ def test_a_point_is_the_run_replay_makes_file_for_file(sweep, trace, tmp_path):
 
 def test_a_failing_point_is_a_row_with_its_error_and_the_others_complete(trace, tmp_path):
     out = tmp_path / "s"
-    proc = _testbed("sweep", trace, "--grid", "model=llama-3.2-1b,no-such-model", "--grid", "overlap=on,off",
+    # A model that loads but does not fit on one H100 (a name that loads nothing is refused up front, exit 2).
+    proc = _testbed("sweep", trace, "--grid", "model=llama-3.2-1b,llama-3.1-70b", "--grid", "overlap=on,off",
                     "--max-requests", 20, "--out", out, "-q")
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     df, _ = load_sweep(out)
     assert len(df) == 4
-    failed = df[df["model"] == "no-such-model"]
+    failed = df[df["model"] == "llama-3.1-70b"]
     assert list(failed["status"]) == ["failed", "failed"]
-    assert all("no-such-model" in e for e in failed["error"]) and failed["p90_ttft_ms"].isna().all()
+    assert all("does not fit" in e for e in failed["error"]) and failed["p90_ttft_ms"].isna().all()
     ok = df[df["model"] == "llama-3.2-1b"]
     assert list(ok["status"]) == ["complete", "complete"] and ok["error"].isna().all()
     assert (ok["completed"] == 20).all()
-    assert "2 complete, 2 failed" in proc.stdout and "no-such-model" in proc.stdout
+    assert "2 complete, 2 failed" in proc.stdout and "llama-3.1-70b" in proc.stdout
 
 
 def _walls(out: Path) -> dict[str, bytes]:

@@ -79,6 +79,23 @@ def unused_path(path: Path) -> Path:
     return path.with_name(f"{path.name}-{n}")
 
 
+def check_out_folder(out: str | os.PathLike) -> Path:
+    """--out as a run folder to write, or ConfigError in one line: empty, a file, or under a file."""
+    from testbed.errors import ConfigError
+
+    if not str(out).strip():
+        raise ConfigError("--out '': give a folder for the run")
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--out {out}: is a file, not a folder")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"--out {out}: {parent} is a file, so no folder can be made under it")
+            break
+    return path
+
+
 def temporary_path(path: Path) -> Path:
     """Where a file of the folder is written before it is renamed to path (whole)."""
     return path.with_name(path.name + ".tmp")

@@ -18,9 +18,10 @@ from pathlib import Path
 
 from scheduler.model_config import bundled_model_names
 from scheduler.step_log import StepLog
-from testbed.errors import TraceError
+from testbed.errors import ConfigError, TraceError
 from testbed.runs import metrics
-from testbed.runs.folder import REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE, versions, write_json, write_requests, write_steps
+from testbed.runs.folder import (REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE, check_out_folder, versions, write_json, write_requests,
+                                 write_steps)
 from testbed.runs.importers import load_import
 from testbed.traces.schema import Trace, TraceRequest, file_sha256
 
@@ -47,6 +48,9 @@ def bundled_model(source_model: str | None) -> str | None:
 
 def import_run(path: str | Path, out: str | Path, format: str | None = None, *, entry: int | None = None, seed: int = 0) -> ImportResult:
     wall_start = time.perf_counter()
+    run_dir = check_out_folder(out)
+    if seed < 0:
+        raise ConfigError(f"--seed {seed}: must be >= 0")
     imported = load_import(path, format, entry=entry, seed=seed)
     reqs = imported.requests
     done = [r for r in reqs if r.finished()]
@@ -54,7 +58,6 @@ def import_run(path: str | Path, out: str | Path, format: str | None = None, *, 
         raise TraceError(str(path), None, None, "no request completed: there is no workload to replay")
     for i, r in enumerate(reqs):  # the trace's order: completed by arrival, then the failed
         r.index = i
-    run_dir = Path(out)
     run_dir.mkdir(parents=True, exist_ok=True)
     trace_path = run_dir / TRACE_FILE
     trace = Trace([TraceRequest(r.arrival_time, r.input_len, len(r.output_ids), rid=r.rid) for r in done], format="native")

@@ -121,8 +121,29 @@ def point_name(axes: Sequence[tuple[str, Any]]) -> str:
 
 
 
+def check_named_values(axes: Sequence[GridAxis]) -> None:
+    """An axis of models, hardware or profiles names things that must load: each value is loaded once
+    here, so that a bad one is refused (exit 2) before any point runs, not found by a failed point."""
+    from scheduler.model_config import load_model_config
+    from simulator.hardware import load_hardware
+    from simulator.profiles import load_profile
+    from testbed.errors import USER_ERRORS
+
+    loaders = {"model": load_model_config, "hardware": load_hardware, "profile": load_profile}
+    for axis in axes:
+        load = loaders.get(axis.name)
+        for value in axis.values if load else ():
+            if value is None:
+                continue
+            try:
+                load(value)
+            except (*USER_ERRORS, OSError, ValueError) as e:
+                raise ConfigError(f"--grid {axis.name}={value}: {e}") from None
+
+
 def expand(base: ReplayOptions, axes: Sequence[GridAxis], out_dir: Path) -> list[SweepPoint]:
     """The cross product of the axes over the base options, in grid order (last axis fastest)."""
+    check_named_values(axes)
     points = []
     for combo in itertools.product(*(a.values for a in axes)):
         values = tuple(zip((a.name for a in axes), combo))

@@ -34,18 +34,25 @@ def int_field(value: Any, field: str, where: tuple[str, int | None], minimum: in
 
 
 def time_field(value: Any, field: str, where: tuple[str, int | None]) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise fail(where, field, f"must be a non-negative number, got {value!r}")
-    return float(value)
+    try:  # an integer of hundreds of digits has no float
+        ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
+        seconds = float(value) if ok else None
+    except OverflowError:
+        seconds = None
+    if seconds is None:
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:20]}... ({len(repr(value))} characters)"
+        raise fail(where, field, f"must be a non-negative number of seconds a float holds, got {shown}")
+    return seconds
 
 
 def int_list_field(value: Any, field: str, where: tuple[str, int | None], minimum: int | None) -> list[int]:
     if not isinstance(value, list):
         raise fail(where, field, f"must be a list of integers, got {type(value).__name__}")
-    for i, v in enumerate(value):
-        if not isinstance(v, int) or isinstance(v, bool) or (minimum is not None and v < minimum):
+    for i, v in enumerate(value):  # token ids are int64 columns; hashes only need to compare
+        if not isinstance(v, int) or isinstance(v, bool) or (minimum is not None and not minimum <= v <= INT64_MAX):
             kind = "a non-negative integer" if minimum == 0 else "an integer"
-            raise fail(where, field, f"element {i} must be {kind}, got {v!r}")
+            shown = repr(v) if len(repr(v)) <= 40 else f"{repr(v)[:20]}... ({len(repr(v))} digits)"
+            raise fail(where, field, f"element {i} must be {kind} of 64 bits (at most 2**63 - 1), got {shown}")
     return value
 
 

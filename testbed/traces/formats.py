@@ -55,6 +55,9 @@ NATIVE_CSV_OPTIONAL = ("id", "priority")
 SHAREGPT_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
 
 
+# Python's JSON reader recurses once a level: a document nested thousands deep cannot be read.
+TOO_DEEP = "JSON nested too deeply to read (a trace is a list of flat request objects)"
+
 # --- detection -------------------------------------------------------------------------
 
 
@@ -82,6 +85,8 @@ def detect_format(path: str | os.PathLike) -> str:
     if line[0] == "{":
         try:
             obj = json.loads(line)
+        except RecursionError:
+            raise TraceError(path, lineno, None, TOO_DEEP) from None
         except json.JSONDecodeError as e:
             # The JSON form opens its object on the first line without closing it.
             if NATIVE_FORMAT_TAG in head or '"requests"' in head:
@@ -122,6 +127,8 @@ def load_trace(
     except UnicodeDecodeError as e:
         message = f"not UTF-8 text ({e.reason} at byte {e.start}); is it a {fmt} trace?"
         raise TraceError(path, None, None, message) from None
+    except RecursionError:
+        raise TraceError(path, None, None, TOO_DEEP) from None
     except OSError as e:
         raise TraceError(path, None, None, f"cannot read: {e.strerror or e}") from None
     if not requests:

@@ -35,12 +35,14 @@ class LengthDist:
         else:  # lognormal, parameterized so that the mean of the lengths is `a`
             mu = math.log(self.a) - self.b**2 / 2
             x = rng.lognormal(mu, self.b, size=n)
-        return np.maximum(np.rint(x), 1).astype(np.int64)
+        return np.clip(np.rint(x), 1, MAX_LENGTH).astype(np.int64)  # a wide spread has tails past both ends
 
     def __str__(self) -> str:
         return f"{self.a:g}" if self.kind == "const" else f"{self.kind}:{self.a:g},{self.b:g}"
 
 
+# A generated length: more than any model's context (a trace's lengths are int64; numpy draws them).
+MAX_LENGTH = 2**24
 _SPEC = re.compile(r"(?:(const|uniform|normal|lognormal):)?([^,:]+)(?:,([^,:]+))?")
 
 
@@ -62,10 +64,10 @@ def parse_length_spec(spec: str | int) -> LengthDist:
         raise ValueError(usage)
     b = b or 0.0
     problem = {
-        "const": a < 1 and "a length must be >= 1",
-        "uniform": not 1 <= a <= b and "need 1 <= LO <= HI",
-        "normal": b < 0 and "STD must be >= 0",
-        "lognormal": (a <= 0 or b < 0) and "need MEAN > 0 and SIGMA >= 0",
+        "const": not 1 <= a <= MAX_LENGTH and f"a length must be from 1 to {MAX_LENGTH:,}",
+        "uniform": not 1 <= a <= b <= MAX_LENGTH and f"need 1 <= LO <= HI <= {MAX_LENGTH:,}",
+        "normal": (b < 0 or not 1 <= a <= MAX_LENGTH) and f"need 1 <= MEAN <= {MAX_LENGTH:,} and STD >= 0",
+        "lognormal": (not 0 < a <= MAX_LENGTH or b < 0) and f"need 0 < MEAN <= {MAX_LENGTH:,} and SIGMA >= 0",
     }[kind]
     if problem:
         raise ValueError(f"bad length spec {text!r}: {problem}")

@@ -45,11 +45,16 @@ def number(value: Any, field_name: str, where: Where, minimum: float | None = 0.
     return float(value)
 
 
+# A request's token count: more than any model's context, and its per-token times would not fit in memory.
+MAX_TOKENS = 2**24
+
+
 def count(value: Any, field_name: str, where: Where, minimum: int = 0) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise fail(where, field_name, f"must be an integer >= {minimum}, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= MAX_TOKENS:
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:20]}... ({len(repr(value))} characters)"
+        raise fail(where, field_name, f"must be an integer from {minimum} to {MAX_TOKENS:,}, got {shown}")
     return value
 
 

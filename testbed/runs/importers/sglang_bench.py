@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from testbed.runs.importers.imported import ImportedRun, count, failed_req, finished_req
+from testbed.runs.importers.imported import ImportedRun, count, fail, failed_req, finished_req
 from testbed.runs.importers.vllm_bench import detail_lists, pick_entry, request_times
 from testbed.traces.gen import poisson_arrivals
 
@@ -33,8 +33,10 @@ def load(path: str, entry: int | None = None, seed: int = 0) -> ImportedRun:
     lineno, obj = pick_entry(path, entry, "ttfts", "--output-file F --output-details")
     where = (path, lineno)
     inputs, outputs, ttfts, itls, errors = detail_lists(obj, DETAIL_LISTS, where)
-    rate = obj.get("request_rate")
-    finite = isinstance(rate, (int, float)) and not isinstance(rate, bool) and math.isfinite(rate) and rate > 0
+    rate = obj.get("request_rate", math.inf)  # bench_serving writes inf (JSON Infinity) for "all at once"
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
+        raise fail(where, "request_rate", f"must be a positive number of requests a second (Infinity: all at once), got {rate!r}")
+    finite = math.isfinite(rate)
     arrivals = poisson_arrivals(len(inputs), rate, np.random.default_rng(seed)) if finite else [0.0] * len(inputs)
     done, failed = [], []
     for i, (inp, out, ttft, itl, err, arrival) in enumerate(zip(inputs, outputs, ttfts, itls, errors, arrivals)):
