@@ -55,7 +55,18 @@ def files(tmp_path) -> dict[str, Path]:
         "rate_str": write(tmp_path / "rate_str.jsonl", json.dumps(bench | {"request_rate": "fast"}) + "\n"),
         "rate_zero": write(tmp_path / "rate_zero.jsonl", json.dumps(bench | {"request_rate": 0}) + "\n"),
         "bench": write(tmp_path / "bench.jsonl", json.dumps(bench) + "\n"),
+        "csv_underscore": write(tmp_path / "us.csv", "arrival,input_len,output_len\n0,1_000,5\n"),
+        "csv_nbsp": write(tmp_path / "nbsp.csv", "arrival,input_len,output_len\n0,100\u00a0,5\n"),
+        "csv_extra": write(tmp_path / "extra.csv", "arrival,input_len,output_len\n0,100,5,7\n"),
+        "csv_twice": write(tmp_path / "twice.csv", "arrival,input_len,output_len,input_len\n0,100,5,7\n"),
+        "only_run_json": _only_run_json(tmp_path / "only-run-json"),
     }
+
+
+def _only_run_json(folder: Path) -> Path:
+    folder.mkdir()
+    write(folder / "run.json", {"status": "running", "mode": "sim", "summary": None, "options": {}})
+    return folder
 
 
 CASES = {
@@ -86,6 +97,11 @@ CASES = {
     "sweep model=nope": (["sweep", "{ok}", "--grid", "model=nope", "--out", "{tmp}/s", "-q"], ["--grid model=nope", "unknown model"]),
     "sweep hardware=nope": (["sweep", "{ok}", "--grid", "hardware=nope", "--out", "{tmp}/s", "-q"], ["--grid hardware=nope"]),
     "sweep profile=nope.json": (["sweep", "{ok}", "--grid", "profile=nope.json", "--out", "{tmp}/s", "-q"], ["--grid profile=nope.json"]),
+    "CSV number 1_000": (["trace", "info", "{csv_underscore}"], ["us.csv:2", "'input_len'", "1_000"]),
+    "CSV non-breaking space": (["trace", "info", "{csv_nbsp}"], ["nbsp.csv:2", "'input_len'"]),
+    "CSV extra cells": (["trace", "info", "{csv_extra}"], ["extra.csv:2", "expected 3 columns"]),
+    "CSV column twice": (["trace", "info", "{csv_twice}"], ["twice.csv:1", "'input_len'", "twice"]),
+    "compare a folder of run.json alone": (["compare", "{only_run_json}", "{only_run_json}"], ["only-run-json", "no requests table"]),
     "sweep chunked-prefill-size=2**64": (["sweep", "{ok}", "--grid", f"chunked-prefill-size=64,{2**64}", "--out", "{tmp}/s", "-q"],
                                          ["--chunked-prefill-size", "at most"]),
 }
@@ -140,3 +156,12 @@ def test_a_size_option_within_its_bound_is_taken_and_past_it_refused(name, value
             check_options(opts)
         except USER_ERRORS as e:  # refused for another reason (an option of the other scheduler): never the bound
             assert "at most" not in str(e)
+
+
+def test_a_sweep_folder_without_its_table_says_what_it_holds(tmp_path):
+    from testbed.studies.sweep import load_sweep
+
+    (tmp_path / "points" / "a").mkdir(parents=True)
+    (tmp_path / "points" / "a" / "run.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=r"no sweep.parquet: it holds points/; 1 point folder"):
+        load_sweep(tmp_path)

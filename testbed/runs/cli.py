@@ -45,6 +45,8 @@ def _load(path: str) -> Run:
     run = load_run(path)
     if not isinstance(run.meta, dict):
         raise RunLoadError(f"{path}: run.json is not a JSON object")
+    if run.requests.empty:  # run.json alone: no request ran, or its tables are gone
+        raise RunLoadError(f"{path}: no requests table (requests.parquet or its journal): nothing to compare")
     return run
 
 

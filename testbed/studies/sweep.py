@@ -321,6 +321,15 @@ def load_sweep(path: str | os.PathLike) -> tuple[pd.DataFrame, dict]:
     path = Path(path)
     if path.is_dir():
         path = path / SWEEP_FILE
+    if not path.is_file():
+        folder = path.parent
+        held = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir()) if folder.is_dir() else []
+        points = folder / POINTS_DIR
+        runs = sorted(p.name for p in points.iterdir() if (p / "run.json").is_file()) if points.is_dir() else []
+        said = (f"it holds {', '.join(held[:8])}" + (", ..." if len(held) > 8 else "") if held else "it is empty or missing")
+        if runs:
+            said += f"; {len(runs)} point folder(s) with a run.json (a sweep stopped before its table was written)"
+        raise FileNotFoundError(f"{folder}: no {SWEEP_FILE}: {said}")
     table = pq.read_table(path)
     meta = json.loads((table.schema.metadata or {}).get(META_KEY, b"{}"))
     return table.to_pandas(), meta

@@ -93,13 +93,24 @@ def check_hashes(hashes: list[int], input_len: int, block_size: int, exact: bool
         raise fail(where, field, f"{rel} {need} entries for the input length, got {len(hashes)}")
 
 
+# The blanks a CSV cell is stripped of: ASCII only, so that a non-breaking space stays and is refused.
+CSV_BLANKS = " \t\r\n"
+_CSV_INT = re.compile(r"[+-]?[0-9]+")
+_CSV_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def csv_number(text: str) -> Any:
+    """An int or float written in ASCII digits (not Python's `1_000` or other scripts' digits), else the text."""
+    if _CSV_INT.fullmatch(text):
+        return int(text)
+    if _CSV_FLOAT.fullmatch(text):
+        return float(text)
+    return text
+
+
 def csv_int(text: str, field: str, where: tuple[str, int | None], minimum: int) -> int:
-    value: Any = text  # int_field rejects it with the text in the message if it is no number
-    try:
-        value = float(text) if "." in text or "e" in text.lower() else int(text)  # "12.0" is accepted
-    except ValueError:
-        pass
-    return int_field(value, field, where, minimum)
+    # int_field rejects anything but a number, with the text in the message; "12.0" is accepted
+    return int_field(csv_number(text), field, where, minimum)
 
 
 # TIMESTAMP: "2023-11-16 18:17:03.9799600": any number of fractional digits (datetime only

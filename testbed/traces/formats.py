@@ -26,11 +26,13 @@ import numpy as np
 
 from testbed.errors import ConfigError, TraceError
 from testbed.traces.fields import (
+    CSV_BLANKS,
     INT64_MAX,
     INT64_MIN,
     Arrivals,
     check_hashes,
     csv_int,
+    csv_number,
     fail,
     int_field,
     int_list_field,
@@ -250,13 +252,9 @@ def _load_native_json(path: str, arrivals: Arrivals) -> list[TraceRequest]:
 
 
 def _csv_value(text: str) -> Any:
-    """A CSV cell as JSON would have it: an int, a float, else the text."""
-    for parse in (int, float):
-        try:
-            return parse(text)
-        except ValueError:
-            pass
-    return text
+    """A CSV cell as JSON would have it: an int, a float (ASCII digits only: Python's own parsers take
+    `1_000` and non-ASCII digits, which a CSV writer never means), else the text."""
+    return csv_number(text)
 
 
 def _load_native_csv(path: str, arrivals: Arrivals) -> list[TraceRequest]:
@@ -326,19 +324,22 @@ def _csv_rows(path: str, required: tuple[str, ...], optional: tuple[str, ...] = 
     ones the header has; checks the header has the required ones."""
     with open(path, encoding="utf-8-sig", newline="") as f:  # newline='' lets csv handle CRLF
         reader = csv.reader(f)
-        header = [c.strip() for c in next(reader, [])]
+        header = [c.strip(CSV_BLANKS) for c in next(reader, [])]
         missing = [c for c in required if c not in header]
         if missing:
             raise TraceError(path, 1, missing[0], f"missing column (header has {header!r})")
+        twice = next((c for i, c in enumerate(header) if c and c in header[:i]), None)
+        if twice is not None:
+            raise TraceError(path, 1, twice, "the column appears twice in the header")
         idx = {c: header.index(c) for c in (*required, *optional) if c in header}
         lineno = reader.line_num
         for row in reader:
             start, lineno = lineno + 1, reader.line_num  # a quoted field may span lines
             if not row or (len(row) == 1 and not row[0].strip()):
                 continue
-            if len(row) < len(header):
-                raise TraceError(path, start, None, f"expected {len(header)} columns, got {len(row)}")
-            yield start, {c: row[i].strip() for c, i in idx.items()}
+            if len(row) != len(header):
+                raise TraceError(path, start, None, f"expected {len(header)} columns (the header's), got {len(row)}")
+            yield start, {c: row[i].strip(CSV_BLANKS) for c, i in idx.items()}
 
 
 def _load_azure(path: str, arrivals: Arrivals) -> list[TraceRequest]:
