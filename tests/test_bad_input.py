@@ -60,6 +60,10 @@ def files(tmp_path) -> dict[str, Path]:
         "csv_extra": write(tmp_path / "extra.csv", "arrival,input_len,output_len\n0,100,5,7\n"),
         "csv_twice": write(tmp_path / "twice.csv", "arrival,input_len,output_len,input_len\n0,100,5,7\n"),
         "only_run_json": _only_run_json(tmp_path / "only-run-json"),
+        "off_clock": write(tmp_path / "off_clock.jsonl", "".join(
+            json.dumps(lss | {"request_id": str(i), "arrival_time": 1e9 + i, "queued_ts": 5000.0 + i, "scheduled_ts": 5000.1 + i,
+                              "first_token_ts": 5000.2 + i, "last_token_ts": 5000.4 + i} | ({"queued_ts": 0.0} if i == 2 else {})) + "\n"
+            for i in range(5))),
     }
 
 
@@ -101,6 +105,8 @@ CASES = {
     "CSV non-breaking space": (["trace", "info", "{csv_nbsp}"], ["nbsp.csv:2", "'input_len'"]),
     "CSV extra cells": (["trace", "info", "{csv_extra}"], ["extra.csv:2", "expected 3 columns"]),
     "CSV column twice": (["trace", "info", "{csv_twice}"], ["twice.csv:1", "'input_len'", "twice"]),
+    "import a queued_ts off the run's clock": (["run", "import", "{off_clock}", "--format", "llmservingsim", "--out", "{tmp}/i"],
+                                               ["off_clock.jsonl:3", "'queued_ts'", "not on the run's clock"]),
     "compare a folder of run.json alone": (["compare", "{only_run_json}", "{only_run_json}"], ["only-run-json", "no requests table"]),
     "sweep chunked-prefill-size=2**64": (["sweep", "{ok}", "--grid", f"chunked-prefill-size=64,{2**64}", "--out", "{tmp}/s", "-q"],
                                          ["--chunked-prefill-size", "at most"]),

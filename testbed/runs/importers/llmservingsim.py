@@ -11,6 +11,7 @@ sharing), the time of every token but the first and last (so no ITL), cached tok
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from testbed.errors import TraceError
@@ -58,6 +59,26 @@ def engine_options(meta: dict) -> tuple[dict, dict, int | None]:
     return engine, options, kv_tokens
 
 
+def check_one_clock(done: list) -> None:
+    """Each request's queued_ts on the run's monotonic clock. A request is sent (arrival_time, the
+    client's wall clock) and queued a moment later, so arrival_time - queued_ts is one offset for the
+    whole run, give or take the network; a row whose offset is further from the run's median than the
+    run lasts was stamped on another clock (a queued_ts of 0 made the mean TTFT 26 hours)."""
+    stamped = [(r[0], r[4]) for r in done if "arrival_time" in r[4]]
+    if len(stamped) < 3:
+        return
+    offsets = sorted(t["arrival_time"] - t["queued_ts"] for _, t in stamped)
+    median = offsets[len(offsets) // 2]
+    sends = [t["arrival_time"] for _, t in stamped]
+    spans = sorted(t["last_token_ts"] - t["queued_ts"] for _, t in stamped)  # the off-clock row's own is not one
+    lasts = max(sends) - min(sends) + 2 * spans[len(spans) // 2] + 60.0
+    for where, t in stamped:
+        off = t["arrival_time"] - t["queued_ts"] - median
+        if abs(off) > lasts:
+            raise fail(where, "queued_ts", f"is {t['queued_ts']!r}, {abs(off):,.0f} s off the clock of the run's other "
+                                            f"requests (arrival_time - queued_ts is {median:,.3f} s for them): not on the run's clock")
+
+
 def load(path: str) -> ImportedRun:
     rows = []
     for lineno, obj in json_lines(path):
@@ -75,10 +96,14 @@ def load(path: str) -> ImportedRun:
         for a, b in zip(TIMES, TIMES[1:]):
             if t[b] < t[a]:
                 raise fail(where, b, f"is {t[b]!r}, before {a} {t[a]!r}")
+        sent = obj.get("arrival_time")
+        if isinstance(sent, (int, float)) and not isinstance(sent, bool) and math.isfinite(sent):
+            t["arrival_time"] = float(sent)
         rows.append((where, rid, input_len, output_len, t))
     if not rows:
         raise TraceError(path, None, None, "no requests")
     done = [r for r in rows if r[4] is not None]
+    check_one_clock(done)
     t0 = min((r[4]["queued_ts"] for r in done), default=0.0)
     reqs = [
         finished_req(rid, i, o, t["queued_ts"] - t0, t["first_token_ts"] - t0, t["last_token_ts"] - t0, scheduled=t["scheduled_ts"] - t0)
