@@ -13,6 +13,9 @@ EXPECTED_DIFFERENCES = (
     "arrival with a reason; SGLang aborts it and runs a one-token prefill to report the abort.",
     "Several running requests preempted for one waiting request re-queue in running-batch order; "
     "SGLang re-queues them in set order (arbitrary), which matters only for equal priorities.",
+    "A request that SGLang's admission refuses even on an empty KV pool is rejected at arrival with the "
+    "reason; SGLang queues it and waits for it forever (and, first come first served, for the requests "
+    "behind it).",
     "Overlap mode: results are processed one step late in both, but the testbed's clock is the "
     "simulator's or the wall clock; the oracle's loop runs on a logical clock (one step a forward).",
 )
@@ -70,7 +73,10 @@ __all__ = ["Divergence", "first_divergence", "StepDecision"]
 
 def expected_reason(ours: RunResult, d: Divergence, priorities: dict[str, int]) -> str | None:
     """The EXPECTED_DIFFERENCES entry a divergence follows from, if any: here, two running
-    requests of equal priority preempted in one step before it (their re-queue order differs)."""
+    requests of equal priority preempted in one step before it (their re-queue order differs), or a
+    request no admission takes, rejected at arrival here and waited for forever by SGLang."""
+    if ours.never_admitted:
+        return f"never admitted, rejected at arrival: {', '.join(ours.never_admitted[:3])}"
     for step in ours.steps[: d.step + 1]:
         if step.mode != "decode" and len(step.retracted) > 1:
             prios = [priorities[r] for r in step.retracted]

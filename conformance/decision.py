@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scheduler.step_clock import StepRecord
 
@@ -15,3 +15,4 @@ class RunResult:
     rejected: list[str]  # requests refused at arrival
     outputs: dict[str, int]  # rid -> output tokens produced
     error: str | None = None  # the scheduler raised or stalled
+    never_admitted: list[str] = field(default_factory=list)  # ours: rejected at arrival as no admission takes them

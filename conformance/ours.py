@@ -60,4 +60,5 @@ def run_ours(sc: Scenario, max_steps: int = 100_000) -> RunResult:
         error = f"stuck: {e}"
     rejected = [r.rid for r in loop.received if r.finished_reason == FinishReason.REJECTED]
     outputs = {r.rid: len(r.output_ids) for r in loop.received if r.finished_reason != FinishReason.REJECTED}
-    return RunResult(driver.steps, rejected, outputs, error)
+    never = [r.rid for r in loop.received if (r.reject_reason or "").startswith("never admitted")]
+    return RunResult(driver.steps, rejected, outputs, error, never)

@@ -18,7 +18,7 @@ from scheduler.future_indices import FUTURE_MAP_SIZE, FutureIndices
 from scheduler.invariants import InvariantError, check_end_of_run
 from scheduler.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 from scheduler.policy import SchedulePolicy
-from scheduler.prefill_adder import AddReqResult, PrefillAdder
+from scheduler.prefill_adder import CLIP_MAX_NEW_TOKENS, IGNORE_EOS_RESERVE_TOKENS, AddReqResult, PrefillAdder
 from scheduler.radix_cache import RadixCache
 from scheduler.req import FinishReason, Req
 from scheduler.schedule_batch import ScheduleBatch
@@ -98,7 +98,33 @@ class Scheduler(SglangDecodeStretches):
             req.truncate_reason = f"output truncated from {req.max_new_tokens} to {fits} tokens to fit {limit}"
             req.truncated_from = req.max_new_tokens
             req.max_new_tokens = fits
+        never = self._never_admitted(req)
+        if never is not None:
+            self._reject(req, never)
+            return
         self._enqueue(req)
+
+    def _never_admitted(self, req: Req) -> str | None:
+        """Why PrefillAdder refuses req even on an empty pool, or None. SGLang queues such a request
+        and waits for it forever (and, first come first served, for every request behind it); here it
+        is rejected at arrival with the reason. On an empty pool the whole pool is free (a cached
+        prefix counts against the pool as much as it shortens the prefill), so this is the adder's own
+        test with nothing running: add_one_req's `extend + reserved output + a page < free`, or without
+        a radix cache, for a request that ignores EOS, add_one_req_ignore_eos's check that its decode
+        never runs the pool dry."""
+        ps, pool, n = self.allocator.page_size, self.allocator.size, req.input_len
+        out = min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS)
+        if req.sampling_params.ignore_eos and self.tree_cache.disabled:
+            paged = -(-n // ps) * ps + ps
+            if paged <= pool and not (req.max_new_tokens > 0 and pool - paged - req.max_new_tokens <= IGNORE_EOS_RESERVE_TOKENS):
+                return None
+            need = f"its prompt's {paged} slots (paged, and a page) and its {req.max_new_tokens} output tokens"
+        elif n + out + ps < pool:
+            return None
+        else:
+            need = f"its {n}-token prompt, {out} output tokens and a page of {ps}"
+        return (f"never admitted: {need} do not fit the KV pool of {pool} tokens with the slack SGLang's admission keeps "
+                f"(SGLang would wait for it forever); a larger --kv-tokens or a smaller --page-size admits it")
 
     def _enqueue(self, req: Req) -> None:
         """Append to the waiting queue (new, retracted or preempted: all go to the back)."""

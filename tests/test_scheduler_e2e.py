@@ -424,6 +424,38 @@ def test_prompt_that_leaves_no_room_for_output_is_rejected(tmp_path):
     assert df.loc["ok", "output_tokens"] == 5
 
 
+@pytest.mark.parametrize("case", ["page64", "page16", "no-radix"])
+def test_a_request_no_admission_takes_is_rejected_at_arrival_and_the_others_run(tmp_path, case):
+    """SGLang queues a request its PrefillAdder refuses even on an empty pool and waits for it
+    forever: a prompt whose pages and the page the adder keeps free fill the pool, or (no radix
+    cache, ignoring EOS) an output the pool cannot hold to its end. Here it is rejected at arrival
+    with the reason, the run completes, and the request after it is served."""
+    n, out, opts = {"page64": (150, 10, {"page_size": 64, "kv_tokens": 192}),
+                    "page16": (50, 10, {"page_size": 16, "kv_tokens": 64}),
+                    "no-radix": (5, 591, {"kv_tokens": 186, "disable_radix_cache": True})}[case]
+    trace = Trace([TraceRequest(0.0, n, out, rid="never"), TraceRequest(0.5, 8, 4, rid="small")])
+    path = _write(trace, tmp_path / "t.json")
+    result, run = _run(path, tmp_path / "run", **opts)
+    assert result.status == "complete"
+    df = run.requests.set_index("rid")
+    assert df.loc["never", "status"] == "rejected" and df.loc["never", "reason"].startswith("never admitted")
+    assert "wait for it forever" in df.loc["never", "reason"]
+    assert df.loc["small", "status"] == "finished" and df.loc["small", "output_tokens"] == 4
+    assert (result.summary["completed"], result.summary["rejected"]) == (1, 1)
+
+
+def test_an_output_cut_to_nothing_still_yields_the_prefill_token(tmp_path):
+    """As SGLang 0.5.23 (init_req_max_new_tokens; the conformance harness agrees): a prompt whose
+    pages leave no room for output gets max_new_tokens 0 and finishes with the one token its
+    prefill samples; `truncated` counts it."""
+    path = _write(Trace([TraceRequest(0.0, 100, 10, rid="zero")]), tmp_path / "z.json")
+    result, run = _run(path, tmp_path / "run", page_size=64, kv_tokens=192)
+    row = run.requests.set_index("rid").loc["zero"]
+    assert row["status"] == "finished" and row["output_tokens"] == 1 and row["max_new_tokens"] == 0
+    assert row["reason"].startswith("output truncated from 10 to 0")
+    assert (result.summary["completed"], result.summary["truncated"]) == (1, 1)
+
+
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "normal"])
 @pytest.mark.parametrize("page_size", [1, 16], ids=["page1", "page16"])
 def test_request_exactly_the_size_of_the_pool_does_not_hang(tmp_path, page_size, overlap):

@@ -307,10 +307,10 @@ def test_chunk_size_and_memory_fraction_follow_the_device_memory():
     assert (given.chunked_prefill_size, given.mem_fraction_static) == (512, 0.5)
 
 
-def test_request_sglang_never_admits_is_a_one_line_error(tmp_path):
+def test_request_sglang_never_admits_is_rejected_at_arrival(tmp_path):
     """Without a radix cache, a fixed-length request whose output was cut to the pool's limit
-    fails SGLang's ignore-EOS check forever (SGLang would wait): the replay stops with a
-    one-line error that says so, exit code 2."""
+    fails SGLang's ignore-EOS check forever (SGLang would wait): it is rejected at arrival with
+    the reason, and a replay whose every request is rejected says so in one line, exit code 2."""
     import subprocess
     import sys
 
@@ -319,4 +319,4 @@ def test_request_sglang_never_admits_is_a_one_line_error(tmp_path):
            "--disable-radix-cache", "--out", str(tmp_path / "run"), "-q"]
     p = subprocess.run(cmd, capture_output=True, text=True)
     assert p.returncode == 2 and "Traceback" not in p.stderr
-    assert "none can ever be scheduled (big)" in p.stderr
+    assert "every request was rejected: 1 never admitted" in p.stderr and "wait for it forever" in p.stderr
