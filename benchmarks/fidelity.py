@@ -153,7 +153,7 @@ def print_table(rows: list[dict]) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default=None, help="reuse a profile instead of calibrating first")
-    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "fidelity")
+    ap.add_argument("--out", type=Path, default=Path("runs") / "fidelity")  # beside where it runs, as every command
     ap.add_argument("--model", default="tiny-llama")
     ap.add_argument("--hardware", default="cpu", help="the simulator's hardware spec (the profile prices the forwards)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))

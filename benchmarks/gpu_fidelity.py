@@ -128,7 +128,7 @@ def format_table(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ground-truth", type=Path, default=GROUND_TRUTH, help="folder of vllm-* runs (default %(default)s)")
-    p.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu-fidelity")
+    p.add_argument("--out", type=Path, default=Path("runs") / "gpu-fidelity")  # beside where it runs, as every command
     p.add_argument("--hardware", default=None, help="hardware spec (name or JSON) for every run instead of the one its meta.json names")
     p.add_argument("--profile", default=None, help="also replay with this cost profile (the run's GPU and model)")
     p.add_argument("--no-kernels", action="store_true", help="no kernel profile (AIConfigurator's database): the roofline and --profile only")

@@ -15,7 +15,8 @@ from typing import Sequence
 import pandas as pd
 import pyarrow.parquet as pq
 
-from testbed.runs.folder import REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE, RunLoadError, effective_status, read_run_meta
+from testbed.runs.folder import (REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE, RunLoadError, effective_status, holds_only_profiles,
+                                 read_run_meta)
 from testbed.studies.capacity import CAPACITY_FILE
 from testbed.studies.sweep import POINTS_DIR, SWEEP_FILE
 
@@ -73,7 +74,8 @@ def find_run_folders(runs_dir: Path) -> list[Path]:
                 dirs.clear()  # a run folder's subfolders are not runs
             else:
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        found += inside or ([] if (top / SWEEP_FILE).is_file() else [top])
+        # A folder of cost profiles (calibrate's default runs/profiles/) is not a run that lost its run.json.
+        found += inside or ([] if (top / SWEEP_FILE).is_file() or holds_only_profiles(top) else [top])
     return found
 
 

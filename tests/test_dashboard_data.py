@@ -89,6 +89,21 @@ def test_index_finds_nested_run_folders(tmp_path, runs):
     assert index["status"].iloc[0] == "complete"
 
 
+def test_a_folder_of_cost_profiles_is_not_listed_as_a_broken_run(tmp_path, runs):
+    """`testbed calibrate` writes profiles under runs/profiles/ by default: the index leaves that folder
+    out quietly, while a folder that lost its run.json is still listed with its error."""
+    import shutil
+
+    shutil.copytree(runs["sim-lpm"], tmp_path / "a-run")
+    (tmp_path / "profiles").mkdir()
+    shutil.copy(REPO / "profiles" / "h100_sxm-sglang-llama-3.1-8b-tp1.json", tmp_path / "profiles")
+    (tmp_path / "lost").mkdir()
+    (tmp_path / "lost" / "requests.parquet").write_bytes(b"")
+    index = scan_runs(tmp_path)
+    assert sorted(index["name"]) == ["a-run", "lost"]
+    assert index.set_index("name").loc["lost", "status"] == "error"
+
+
 def test_filter_and_display(index):
     assert list(filter_runs(index, "LPM")["name"]) == ["sim-lpm"]
     assert set(filter_runs(index, status=["incomplete"])["name"]) == {INCOMPLETE}

@@ -79,6 +79,25 @@ def unused_path(path: Path) -> Path:
     return path.with_name(f"{path.name}-{n}")
 
 
+def holds_only_profiles(folder: Path) -> bool:
+    """A folder of cost profiles and nothing else (testbed calibrate writes them under runs/profiles/
+    by default): not a run that lost its run.json."""
+    from simulator.profile_cost import PROFILE_FORMAT
+
+    files = [p for p in folder.iterdir() if not p.name.startswith(".")]
+    if not files or any(not (p.is_file() and p.suffix == ".json") for p in files):
+        return False
+    for p in files:
+        try:
+            with open(p, encoding="utf-8", errors="replace") as f:
+                head = f.read(200)  # a profile's JSON opens with its "format"
+        except OSError:
+            return False
+        if f'"{PROFILE_FORMAT}"' not in head:
+            return False
+    return True
+
+
 def check_out_folder(out: str | os.PathLike) -> Path:
     """--out as a run folder to write, or ConfigError in one line: empty, a file, or under a file."""
     from testbed.errors import ConfigError
