@@ -39,13 +39,17 @@ class MixedDecodeFactor:
     factor: tuple[tuple[float, ...], ...]  # [n_decode][kv_decode]
     source: str  # what measured it
 
+    def __post_init__(self) -> None:
+        # The grids in log space, made once: a replay asks at every mixed forward.
+        object.__setattr__(self, "_log_n", np.log(self.n_decode))
+        object.__setattr__(self, "_log_kv", np.log(self.kv_decode))
+        object.__setattr__(self, "_table", np.asarray(self.factor))
+
     def __call__(self, n_decode: float, kv_decode: float) -> float:
         """Bilinear in log(requests) and log(context), held at the grid's edges."""
-        f = np.asarray(self.factor)
-        x, y = np.log(self.n_decode), np.log(self.kv_decode)
-        a, b = np.log(max(n_decode, 1.0)), np.log(max(kv_decode, 1.0))
-        row = [float(np.interp(b, y, f[i])) for i in range(len(x))]
-        return float(np.interp(a, x, row))
+        b = np.log(max(kv_decode, 1.0))
+        row = [np.interp(b, self._log_kv, r) for r in self._table]
+        return float(np.interp(np.log(max(n_decode, 1.0)), self._log_n, row))
 
     def to_dict(self) -> dict:
         return {"n_decode": list(self.n_decode), "kv_decode": list(self.kv_decode),

@@ -137,7 +137,7 @@ def cmd_calibrate_kernels(args: argparse.Namespace) -> int:
     if args.hardware:
         raise ConfigError("--hardware: with --source aiconfigurator the hardware is the --system's")
     model = args.model or DEFAULT_MODEL
-    precision = ("-fp8" if args.quantization else "") + ("-kv" + args.kv_cache_dtype if args.kv_cache_dtype != "auto" else "")
+    precision = (f"-{args.quantization}" if args.quantization else "") + ("-kv" + args.kv_cache_dtype if args.kv_cache_dtype != "auto" else "")
     out = args.out or str(Path("runs") / "profiles" / f"{args.system}-{args.backend}-{Path(model.rstrip('/')).name}-tp{args.tp}{precision}.json")
     bars: list = []
 

@@ -242,14 +242,15 @@ def _check_scheduler_options(opts: ReplayOptions) -> None:
 
 # Upper bounds of the size options, each with why (a larger value is refused, naming the bound).
 TOKENS_PER_FORWARD = (2**31 - 1, "tokens in one forward, which the engines index with 32-bit integers")
+RUNNING_REQUESTS = (2**20, "running requests: the request table is allocated whole (10^7 rows took 1.4 GB)")
 SIZE_LIMITS: dict[str, tuple[int, str]] = {
     "chunked_prefill_size": TOKENS_PER_FORWARD,
     "max_prefill_tokens": TOKENS_PER_FORWARD,
     "max_num_batched_tokens": TOKENS_PER_FORWARD,
     "kv_tokens": (2**31 - 1, "KV slots, which the engines index with 32-bit integers"),
     "page_size": (2**16, "tokens a KV page"),
-    "max_running_requests": (2**20, "running requests: the request table is allocated whole (10^7 rows took 1.4 GB)"),
-    "max_num_seqs": (2**20, "running requests: the request table is allocated whole (10^7 rows took 1.4 GB)"),
+    "max_running_requests": RUNNING_REQUESTS,
+    "max_num_seqs": RUNNING_REQUESTS,
     "concurrency": (2**20, "clients"),
 }
 

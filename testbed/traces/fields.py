@@ -22,6 +22,12 @@ def fail(where: tuple[str, int | None], field: str | None, message: str) -> Trac
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # lengths and priorities are int64 columns of a run
 
 
+def shown(value: Any) -> str:
+    """A value as a one-line error quotes it: whole, or its start and length when it is long."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+
+
 def int_field(value: Any, field: str, where: tuple[str, int | None], minimum: int) -> int:
     # bool is an int in Python but never a length; integral floats (5.0) are accepted
     # because some JSON writers emit them.
@@ -40,8 +46,7 @@ def time_field(value: Any, field: str, where: tuple[str, int | None]) -> float:
     except OverflowError:
         seconds = None
     if seconds is None:
-        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:20]}... ({len(repr(value))} characters)"
-        raise fail(where, field, f"must be a non-negative number of seconds a float holds, got {shown}")
+        raise fail(where, field, f"must be a non-negative number of seconds a float holds, got {shown(value)}")
     return seconds
 
 
@@ -51,8 +56,7 @@ def int_list_field(value: Any, field: str, where: tuple[str, int | None], minimu
     for i, v in enumerate(value):  # token ids are int64 columns; hashes only need to compare
         if not isinstance(v, int) or isinstance(v, bool) or (minimum is not None and not minimum <= v <= INT64_MAX):
             kind = "a non-negative integer" if minimum == 0 else "an integer"
-            shown = repr(v) if len(repr(v)) <= 40 else f"{repr(v)[:20]}... ({len(repr(v))} digits)"
-            raise fail(where, field, f"element {i} must be {kind} of 64 bits (at most 2**63 - 1), got {shown}")
+            raise fail(where, field, f"element {i} must be {kind} of 64 bits (at most 2**63 - 1), got {shown(v)}")
     return value
 
 

@@ -14,6 +14,7 @@ from typing import Any, Iterator
 from scheduler.req import FinishReason, Req
 from scheduler.sampling import SamplingParams
 from testbed.errors import TraceError
+from testbed.traces.fields import shown
 
 Where = tuple[str, "int | None"]
 
@@ -53,8 +54,7 @@ def count(value: Any, field_name: str, where: Where, minimum: int = 0) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= MAX_TOKENS:
-        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:20]}... ({len(repr(value))} characters)"
-        raise fail(where, field_name, f"must be an integer from {minimum} to {MAX_TOKENS:,}, got {shown}")
+        raise fail(where, field_name, f"must be an integer from {minimum} to {MAX_TOKENS:,}, got {shown(value)}")
     return value
 
 

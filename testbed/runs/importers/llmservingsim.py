@@ -71,6 +71,8 @@ def check_one_clock(done: list) -> None:
     median = offsets[len(offsets) // 2]
     sends = [t["arrival_time"] for _, t in stamped]
     spans = sorted(t["last_token_ts"] - t["queued_ts"] for _, t in stamped)  # the off-clock row's own is not one
+    # How long the run lasts, generously: its sends, twice a typical request, and a minute for the client's
+    # and network's delays; an offset further off than that cannot be network time.
     lasts = max(sends) - min(sends) + 2 * spans[len(spans) // 2] + 60.0
     for where, t in stamped:
         off = t["arrival_time"] - t["queued_ts"] - median
