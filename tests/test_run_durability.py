@@ -311,6 +311,40 @@ def test_sigterm_stops_a_sweep_as_ctrl_c_does(tmp_path):
     assert (table["status"] == "complete").sum() >= 1 and (table["status"] == "pending").any()
 
 
+def _point_statuses(out: Path) -> dict[str, str]:
+    """What each point folder holds: its run.json status."""
+    return {d.name: json.loads((d / "run.json").read_text())["status"] for d in (out / "points").glob("*") if (d / "run.json").is_file()}
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["SIGTERM-to-the-sweep", "Ctrl-C-to-the-process-group"])
+def test_a_stopped_sweep_starts_no_new_point_and_its_table_says_what_each_folder_holds(trace, tmp_path, group):
+    """Two points running (7 s each) of four on two workers, then a stop: the sweep ends in
+    seconds, no third point starts, the two end "incomplete", and sweep.parquet says so."""
+    out = tmp_path / "sweep"
+    grid = ["--grid", "policy=fcfs,lpm", "--grid", "chunked-prefill-size=4096,8192"]
+    proc = subprocess.Popen([*CLI, "sweep", str(trace), *grid, "--workers", "2", "--out", str(out), "-q"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while list(_point_statuses(out).values()) != ["running", "running"]:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    running = set(_point_statuses(out))
+    stopped_at = time.monotonic()
+    if group:
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
+    else:
+        proc.send_signal(signal.SIGTERM)  # to the sweep only, as a job scheduler sends it
+    _, stderr = _finish(proc)
+    assert proc.returncode == 130, stderr
+    assert time.monotonic() - stopped_at < 30
+    line = _one_line(stderr)
+    assert "2 stopped mid-run (incomplete), 2 not started" in line and "--resume" in line
+    assert _point_statuses(out) == {name: "incomplete" for name in running}  # no new point started
+    table, _ = load_sweep(out)
+    held = _point_statuses(out)
+    assert dict(zip(table["point"], table["status"])) == {p: held.get(p, "pending") for p in table["point"]}
+
+
 def test_a_journal_batch_cut_short_by_a_kill_is_left_out(tmp_path):
     """What a kill in the middle of an append leaves: the batches before it read, the torn one not."""
     path = tmp_path / "steps.journal.arrows"

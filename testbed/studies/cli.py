@@ -39,6 +39,7 @@ from testbed.studies.sweep import (
     Sweep,
     check_out_dir,
     format_value,
+    load_sweep,
     parse_grid,
     plan_sweep,
     run_sweep,
@@ -182,6 +183,20 @@ def _closed_loop_note(sweep: Sweep) -> str | None:
     return note + ("; the open-loop points (concurrency none) keep them" if open_loop else "")
 
 
+def interrupted_sweep_message(out_dir: Path) -> str:
+    """The one line an interrupted sweep prints: what its table says each point's folder holds."""
+    try:
+        statuses = load_sweep(out_dir)[0]["status"].value_counts().to_dict()
+    except (OSError, ValueError, KeyError):
+        return f"interrupted before any point started: nothing was written to {out_dir}"
+    said = ", ".join(f"{n} {STATUS_WORDS.get(k, k)}" for k, n in sorted(statuses.items(), key=lambda kv: STATUS_ORDER.get(kv[0], 9)))
+    return f"interrupted: {said} ({out_dir / SWEEP_FILE}); --resume runs the points not complete"
+
+
+STATUS_WORDS = {"complete": "complete", "incomplete": "stopped mid-run (incomplete)", "failed": "failed", "pending": "not started"}
+STATUS_ORDER = {k: i for i, k in enumerate(STATUS_WORDS)}
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     axes = parse_grid(args.grid)
     sweep = plan_sweep(args.trace, options_from_args(args), axes, args.out or _default_out("sweep", args.trace))
@@ -206,7 +221,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         results = run_sweep(sweep, runner, args.resume, on_result)
     except KeyboardInterrupt:
         bar.close()
-        print(f"\ninterrupted: {sweep.out_dir / SWEEP_FILE} has the points done so far; --resume goes on", file=sys.stderr)
+        print(f"\n{interrupted_sweep_message(sweep.out_dir)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
         bar.close()

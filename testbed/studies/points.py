@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from testbed.options import ReplayOptions
 from testbed.replay import finished_run_meta, replay
-from testbed.runs.folder import WALL_FILE
+from testbed.runs.folder import WALL_FILE, RunLoadError, effective_status, read_run_meta
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class SweepPoint:
 @dataclass
 class PointResult:
     name: str
-    status: str  # complete | failed | incomplete (replay's run statuses), or pending (never ran)
+    status: str  # complete | failed | incomplete (replay's run statuses), or pending (not started)
     summary: dict | None = None
     error: str | None = None
     wall_s: float | None = None
@@ -37,6 +37,8 @@ class PointResult:
 
 
 OnResult = Callable[[SweepPoint, PointResult], None]  # a runner reports each result as it arrives
+
+DRAIN_S = 60.0  # after a stop, how long the running points get to write their folders
 
 
 def run_point(trace_path: str, point: SweepPoint) -> PointResult:
@@ -61,3 +63,25 @@ def finished_result(point: SweepPoint, trace_sha256: str) -> PointResult | None:
     except (OSError, ValueError, AttributeError):
         wall_s = None
     return PointResult(point.name, "complete", meta.get("summary"), None, wall_s, resumed=True)
+
+
+def run_point_until_stopped(trace_path: str, point: SweepPoint) -> PointResult | None:
+    """run_point, where a stop (KeyboardInterrupt: Ctrl-C, SIGTERM, a cancelled Ray task) is a
+    result too: the point's folder as the interrupted replay left it, or None if the point had
+    not started (no run folder yet)."""
+    try:
+        return run_point(trace_path, point)
+    except KeyboardInterrupt:
+        return folder_result(point)
+
+
+def folder_result(point: SweepPoint, trace_sha256: str | None = None) -> PointResult | None:
+    """What the point's folder holds: its run's status and summary (a run that says "running"
+    with no writer left is incomplete), or None if it holds no run (of this trace, if given)."""
+    try:
+        meta = read_run_meta(point.run_dir)
+    except RunLoadError:
+        return None
+    if trace_sha256 is not None and (meta.get("trace") or {}).get("sha256") != trace_sha256:
+        return None
+    return PointResult(point.name, effective_status(point.run_dir, meta), meta.get("summary"), meta.get("error"))

@@ -15,7 +15,8 @@ import socket
 from typing import Sequence
 
 from testbed.errors import ConfigError
-from testbed.studies.points import OnResult, PointResult, SweepPoint, run_point
+from testbed.interrupts import interrupt_once
+from testbed.studies.points import DRAIN_S, OnResult, PointResult, SweepPoint, run_point_until_stopped
 
 
 def _check_reachable(address: str) -> None:
@@ -54,7 +55,7 @@ class RayRunner:
             self._owns = True
         cpus = int(ray.cluster_resources().get("CPU", 0))
         self.description = f"Ray ({cpus} CPUs)"
-        self._task = ray.remote(num_cpus=1)(run_point)
+        self._task = ray.remote(num_cpus=1)(run_point_until_stopped)
 
     def run(self, trace_path: str, points: Sequence[SweepPoint], on_result: OnResult) -> None:
         ray = self._ray
@@ -62,16 +63,34 @@ class RayRunner:
         trace_path = os.path.abspath(trace_path)
         by_ref = {self._task.remote(trace_path, p): p for p in points}
         pending = list(by_ref)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            for ref in done:
-                point = by_ref[ref]
-                try:
-                    result = ray.get(ref)
-                except Exception as e:  # noqa: BLE001 - a task that died (worker crash, node lost)
-                    first_line = (str(e).strip().splitlines() or [""])[0]
-                    result = PointResult(point.name, "failed", None, f"{type(e).__name__}: {first_line}")
+
+        def report(ref) -> None:
+            point = by_ref[ref]
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.TaskCancelledError:
+                return  # stopped before it started
+            except Exception as e:  # noqa: BLE001 - a task that died (worker crash, node lost)
+                first_line = (str(e).strip().splitlines() or [""])[0]
+                result = PointResult(point.name, "failed", None, f"{type(e).__name__}: {first_line}")
+            if result is not None:
                 on_result(point, result)
+
+        with interrupt_once():  # a second Ctrl-C while the running points write their folders is ignored
+            try:
+                while pending:
+                    done, pending = ray.wait(pending, num_returns=1)
+                    for ref in done:
+                        report(ref)
+            except KeyboardInterrupt:
+                # Queued tasks never start; a running one gets a KeyboardInterrupt, which stops
+                # its replay (folder marked incomplete) and comes back as its result.
+                for ref in pending:
+                    ray.cancel(ref)
+                done, _ = ray.wait(pending, num_returns=len(pending), timeout=DRAIN_S)
+                for ref in done:
+                    report(ref)
+                raise
 
     def close(self) -> None:
         if self._owns:

@@ -38,7 +38,7 @@ from testbed.options import (
     parse_option_value,
     resolved_options,
 )
-from testbed.studies.points import OnResult, PointResult, SweepPoint, finished_result
+from testbed.studies.points import OnResult, PointResult, SweepPoint, finished_result, folder_result
 from testbed.replay import load_replay_trace
 from testbed.studies.runners import Runner
 
@@ -237,7 +237,8 @@ def run_sweep(
     on_result: OnResult | None = None,
 ) -> list[PointResult]:
     """Run every point (skipping finished ones with resume) and write sweep.parquet as points
-    finish and at the end, also when interrupted (points not run are rows with status "pending").
+    finish and at the end, also when interrupted: then no new point starts, the running ones
+    stop ("incomplete"), and the ones not started are rows with status "pending".
     A sweep killed outright leaves its finished points' folders and the table as last written;
     --resume goes on from them."""
     check_out_dir(sweep.out_dir, resume)
@@ -246,8 +247,8 @@ def run_sweep(
 
     def write_table(final: bool = False) -> None:
         ordered = [results.get(p.name) or PointResult(p.name, "pending") for p in sweep.points]
-        if final:  # interrupted: a point may have finished on disk without its result reaching us
-            ordered = [finished_result(p, sweep.trace_info.sha256) or r if r.status == "pending" else r
+        if final:  # stopped: a point killed while it ran has a folder but no result reached us
+            ordered = [folder_result(p, sweep.trace_info.sha256) or r if r.status == "pending" else r
                        for p, r in zip(sweep.points, ordered)]
         with deferred_interrupts():  # never half a table
             write_sweep_table(sweep.out_dir / SWEEP_FILE, sweep, sweep.points, ordered)
