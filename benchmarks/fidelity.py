@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from testbed.options import ReplayOptions  # noqa: E402
+from testbed.progress import progress_bar  # noqa: E402
 from testbed.replay import finished_run_meta, replay  # noqa: E402
 from testbed.runs.compare import rel_err  # noqa: E402
 from testbed.traces.formats import load_trace  # noqa: E402
@@ -100,10 +101,27 @@ def load_profile(args) -> Path:
     return path
 
 
+def replay_with_progress(trace: Path, opts: ReplayOptions, out: Path) -> dict:
+    """The summary of replaying trace with opts into out, with a progress bar named by the run (a
+    real run on a CPU takes minutes)."""
+    bars = []
+
+    def progress(done: int, total: int) -> None:
+        if not bars:
+            bars.append(progress_bar(out.name, "req", total))
+        bars[0].update(done - bars[0].n)
+
+    try:
+        return replay(str(trace), opts, out=out, progress=progress).summary
+    finally:
+        for bar in bars:
+            bar.close()
+
+
 def replay_or_reuse(trace: Path, opts: ReplayOptions, out: Path, reuse: bool) -> dict:
     """The summary of replaying trace with opts into out; with reuse, of the complete run already there."""
     meta = finished_run_meta(out, file_sha256(trace), opts) if reuse else None
-    return meta["summary"] if meta is not None else replay(str(trace), opts, out=out).summary
+    return meta["summary"] if meta is not None else replay_with_progress(trace, opts, out)
 
 
 def run_pair(trace: Path, name: str, load: str, scale: float, overlap: bool, profile: Path, kv_tokens: int, args) -> dict:
@@ -114,7 +132,7 @@ def run_pair(trace: Path, name: str, load: str, scale: float, overlap: bool, pro
     for k in range(args.repeats):
         reals.append(replay_or_reuse(trace, ReplayOptions(mode="real", device=args.device, **common), runs / f"{tag}-real{k + 1}",
                                      args.reuse_real))
-    sim = replay(str(trace), ReplayOptions(mode="sim", hardware=args.hardware, profile=str(profile), **common), out=runs / f"{tag}-sim").summary
+    sim = replay_with_progress(trace, ReplayOptions(mode="sim", hardware=args.hardware, profile=str(profile), **common), runs / f"{tag}-sim")
     real = reals[0]
     row = {"trace": name, "load": load, "time_scale": scale, "overlap": overlap, "real": {f: real[f] for f in FIGURES},
            "sim": {f: sim[f] for f in FIGURES}, "err": {f: rel_err(real[f], sim[f]) for f in FIGURES}}
@@ -151,6 +169,16 @@ def print_table(rows: list[dict]) -> dict:
 
 
 def main() -> int:
+    args = parse_args()
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the runs done so far are in {args.out / 'runs'} (--reuse-real keeps the complete real ones)",
+              file=sys.stderr)
+        return 130
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default=None, help="reuse a profile instead of calibrating first")
     ap.add_argument("--out", type=Path, default=Path("runs") / "fidelity")  # beside where it runs, as every command
@@ -163,6 +191,13 @@ def main() -> int:
     ap.add_argument("--traces", default=",".join(t.name for t in TRACES), help="comma-separated subset")
     ap.add_argument("--overlap", default="off,on", help="off, on or off,on")
     args = ap.parse_args()
+    unknown = set(args.traces.split(",")) - {t.name for t in TRACES}
+    if unknown:
+        ap.error(f"--traces: unknown {', '.join(sorted(unknown))}; the traces are {', '.join(t.name for t in TRACES)}")
+    return args
+
+
+def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     profile = load_profile(args)

@@ -13,6 +13,7 @@ import json
 import random
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from conformance.compare import EXPECTED_DIFFERENCES, expected_reason, first_divergence
@@ -33,43 +34,86 @@ def main(argv: list[str] | None = None) -> int:
             print(f"- {d}")
         return 0
 
-    from conformance.oracle import SGLANG_VERSION, run_sglang  # imports SGLang (~20 s)
-
     if args.scenario is not None:
-        scenarios = [Scenario.from_json(args.scenario.read_text())]
+        try:
+            scenarios = [Scenario.from_json(args.scenario.read_text())]
+        except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError) as e:
+            print(f"python -m conformance: error: --scenario {args.scenario}: {_reason(e)}", file=sys.stderr)
+            return EXIT_USAGE
     else:
         rng = random.Random(args.seed)
         overlap = {"random": None, "on": True, "off": False}[args.overlap]
         scenarios = [random_scenario(rng, i, overlap=overlap) for i in range(args.scenarios)]
-    print(f"conformance against sglang {SGLANG_VERSION}: {len(scenarios)} scenarios (seed {args.seed})", flush=True)
-    t0 = time.perf_counter()
-    steps = 0
-    divergent = 0
-    expected = 0
-    for sc in scenarios:
-        theirs = run_sglang(sc)
-        ours = run_ours(sc)
-        steps += len(theirs.steps)
-        d = first_divergence(ours, theirs)
-        if d is None:
-            continue
-        reason = expected_reason(ours, d, {r.rid: r.priority for r in sc.requests})
-        if reason is not None:
-            expected += 1
-            print(f"expected difference: scenario {sc.name}, step {d.step} ({reason})", flush=True)
-            continue
-        divergent += 1
-        if divergent == 1:
-            print(f"\nfirst divergence: scenario {sc.name}, step {d.step} ({d.what})")
-            print("scenario:", sc.to_json())
-            print("ours:  ", json.dumps(d.ours))
-            print("sglang:", json.dumps(d.sglang), flush=True)
-        else:
-            print(f"divergence: scenario {sc.name}, step {d.step} ({d.what})", flush=True)
-    print(f"({time.perf_counter() - t0:.1f} s; {expected} scenarios end in an expected difference, see --list-expected)")
-    print(f"conformance: {len(scenarios)} scenarios, {steps} steps, {divergent} divergences")
-    return 1 if divergent else 0
 
+    tally = Tally(len(scenarios))
+    try:
+        from conformance.oracle import SGLANG_VERSION  # imports SGLang (~20 s)
+
+        print(f"conformance against sglang {SGLANG_VERSION}: {len(scenarios)} scenarios (seed {args.seed})", flush=True)
+        for sc in scenarios:
+            check(sc, tally)
+            tally.progress()
+    except KeyboardInterrupt:
+        print(f"\ninterrupted after {tally.done} of {tally.total} scenarios: {tally.divergent} divergences so far", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"({time.perf_counter() - tally.start:.1f} s; {tally.expected} scenarios end in an expected difference, see --list-expected)")
+    print(f"conformance: {len(scenarios)} scenarios, {tally.steps} steps, {tally.divergent} divergences")
+    return 1 if tally.divergent else 0
+
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+PROGRESS_EVERY_S = 10.0  # a line on stderr this often while scenarios run
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, OSError):
+        return e.strerror or str(e)
+    return f"not a scenario as a divergence prints it ({type(e).__name__}: {e})"
+
+
+@dataclass
+class Tally:
+    total: int
+    done: int = 0
+    steps: int = 0
+    divergent: int = 0
+    expected: int = 0
+    start: float = field(default_factory=time.perf_counter)
+    _next_line: float = field(default_factory=lambda: time.perf_counter() + PROGRESS_EVERY_S)
+
+    def progress(self) -> None:
+        """A line now and then: a run of thousands of scenarios takes many minutes."""
+        self.done += 1
+        now = time.perf_counter()
+        if now >= self._next_line and self.done < self.total:
+            self._next_line = now + PROGRESS_EVERY_S
+            print(f"  {self.done}/{self.total} scenarios, {self.divergent} divergences, {now - self.start:.0f} s", file=sys.stderr, flush=True)
+
+
+def check(sc: Scenario, tally: Tally) -> None:
+    """One scenario through both schedulers; prints its divergence, if any."""
+    from conformance.oracle import run_sglang
+
+    theirs = run_sglang(sc)
+    ours = run_ours(sc)
+    tally.steps += len(theirs.steps)
+    d = first_divergence(ours, theirs)
+    if d is None:
+        return
+    reason = expected_reason(ours, d, {r.rid: r.priority for r in sc.requests})
+    if reason is not None:
+        tally.expected += 1
+        print(f"expected difference: scenario {sc.name}, step {d.step} ({reason})", flush=True)
+        return
+    tally.divergent += 1
+    if tally.divergent == 1:
+        print(f"\nfirst divergence: scenario {sc.name}, step {d.step} ({d.what})")
+        print("scenario:", sc.to_json())
+        print("ours:  ", json.dumps(d.ours))
+        print("sglang:", json.dumps(d.sglang), flush=True)
+    else:
+        print(f"divergence: scenario {sc.name}, step {d.step} ({d.what})", flush=True)
 
 if __name__ == "__main__":
     sys.exit(main())
