@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from testbed.options import ReplayOptions  # noqa: E402
 from testbed.progress import progress_bar  # noqa: E402
-from testbed.replay import finished_run_meta, replay  # noqa: E402
+from testbed.replay import ReplayProgress, finished_run_meta, replay  # noqa: E402
 from testbed.runs.compare import rel_err  # noqa: E402
 from testbed.traces.formats import load_trace  # noqa: E402
 from testbed.traces.gen import GenConfig, generate_trace  # noqa: E402
@@ -106,10 +106,10 @@ def replay_with_progress(trace: Path, opts: ReplayOptions, out: Path) -> dict:
     real run on a CPU takes minutes)."""
     bars = []
 
-    def progress(done: int, total: int) -> None:
+    def progress(p: ReplayProgress) -> None:
         if not bars:
-            bars.append(progress_bar(out.name, "req", total))
-        bars[0].update(done - bars[0].n)
+            bars.append(progress_bar(out.name, "req", p.total))
+        bars[0].update(p.done - bars[0].n)
 
     try:
         return replay(str(trace), opts, out=out, progress=progress).summary

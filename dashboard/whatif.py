@@ -152,7 +152,7 @@ def run_variants(
     results = []
     for i, variant in enumerate(todo):
         out = run_dir_for(runs_dir, trace, stamp, i, variant)
-        report = (lambda done, total, i=i: progress(i, len(todo), done, total)) if progress else None
+        report = (lambda p, i=i: progress(i, len(todo), p.done, p.total)) if progress else None
         try:
             result = replay(trace, variant.opts, out=out, progress=report)
         except USER_ERRORS as e:

@@ -104,6 +104,7 @@ def build_real(opts, model: ModelConfig, make_config: Callable[[int], SchedulerC
         "attention_backend": choice.attention_backend,
         "dtype": str(choice.dtype).removeprefix("torch."),
         "load_format": load_format,
+        **({"cpu_threads": _torch_threads()} if choice.device.type == "cpu" else {}),
     }
     return Backend(RealDriver(runner, opts.overlap), kv_tokens, model.vocab_size, meta), config
 
@@ -124,6 +125,12 @@ def _free_earlier_engines() -> None:
 def describe_engine(meta: dict) -> str:
     """The line a real run or a calibration prints first: which device, dtype, backend, weights (from Backend.meta)."""
     return f"real engine: {meta['device']}; {meta['load_format']} weights"
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _gpu_name(device) -> str:

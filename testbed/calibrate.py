@@ -179,7 +179,7 @@ def measure_replay(cfg: CalibrationConfig, model_name: str, overlap: bool, progr
         for k, scale in enumerate(scales):
             opts = ReplayOptions(mode="real", model=model_name, load_format=cfg.load_format, device=cfg.device, dtype=cfg.dtype,
                                  attention_backend=cfg.attention_backend, seed=cfg.seed, overlap=overlap, time_scale=scale)
-            report = (lambda done, total, k=k: progress(phase, k * n + done, n * len(scales))) if progress else None
+            report = (lambda p, k=k: progress(phase, k * n + p.done, n * len(scales))) if progress else None
             out = Path(d) / f"run-{k}"
             replay(str(path), opts, out=out, progress=report)
             steps = load_run(out).steps

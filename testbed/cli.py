@@ -14,7 +14,8 @@ from testbed.errors import EXIT_INTERRUPTED, EXIT_USAGE, USER_ERRORS, ConfigErro
 from testbed.interrupts import ignore_stop_signals, sigterm_as_sigint
 from testbed.options import add_replay_options, options_from_args, positive_int
 from testbed.progress import progress_bar
-from testbed.replay import default_run_dir, replay
+from testbed.replay import ReplayProgress, default_run_dir, replay
+from testbed.run_estimate import TimeLeft, busy_cpu_note, describe_work
 from testbed.runs.folder import check_out_folder, interrupted_message
 from testbed.runs.summary_table import format_rejections, format_summary, run_title
 
@@ -25,16 +26,26 @@ def cmd_replay(args: argparse.Namespace) -> int:
     out = check_out_folder(args.out) if args.out is not None else default_run_dir(args.trace, opts)
     bars = []  # made at the first report: after the trace, the model and the options are checked
 
+    time_left: list[TimeLeft] = []  # real mode: the wall time left beside the progress
+
     def started(meta: dict) -> None:
         if meta.get("mode") == "real":
             print(describe_engine(meta), flush=True)
+            if not args.quiet:
+                print(describe_work(meta["trace"]), file=sys.stderr, flush=True)
+            if (note := busy_cpu_note(meta)) is not None:
+                print(note, file=sys.stderr, flush=True)
+            time_left.append(TimeLeft(meta["trace"]["arrival_span_s"]))
         if meta.get("arrivals"):  # a closed loop (--concurrency): said once, before the progress
             print(meta["arrivals"], file=sys.stderr, flush=True)
 
-    def progress(done: int, total: int) -> None:
+    def progress(p: ReplayProgress) -> None:
         if not bars:
-            bars.append(progress_bar(f"replay {opts.mode}", "req", total, disable=args.quiet))
-        bars[0].update(done - bars[0].n)
+            bars.append(progress_bar(f"replay {opts.mode}", "req", p.total, disable=args.quiet))
+        bar = bars[0]
+        if time_left and (text := time_left[0].update(p)) is not None:
+            bar.set_postfix_str(text, refresh=False)
+        bar.update(p.done - bar.n)
 
     try:
         result = replay(args.trace, opts, out=out, progress=progress, started=started)

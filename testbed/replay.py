@@ -30,6 +30,16 @@ from testbed.traces.formats import detect_format, load_trace
 from testbed.traces.schema import Trace, TracePrompts
 
 
+@dataclass(frozen=True)
+class ReplayProgress:
+    """How far a replay is, after a step: what its progress callback is given."""
+
+    done: int  # requests finished or rejected
+    total: int  # requests in the trace (after --max-requests)
+    tokens_done: int  # prompt + output tokens of those requests: the work behind them
+    tokens_total: int  # prompt + output tokens of every request
+
+
 @dataclass
 class ReplayResult:
     run_dir: Path
@@ -136,11 +146,11 @@ def replay(
     trace_path: str,
     opts: ReplayOptions,
     out: str | Path | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[ReplayProgress], None] | None = None,
     started: Callable[[dict], None] | None = None,
 ) -> ReplayResult:
     """Replay a trace and write its run folder. started(run.json) is called once the folder is
-    made (every input checked), progress(done, total) as requests finish.
+    made (every input checked), progress(ReplayProgress) after every step.
 
     A KeyboardInterrupt (Ctrl-C, or SIGTERM in the CLI) leaves the folder marked "incomplete"
     (with every request so far) and is raised again; a second one meanwhile is ignored.
@@ -170,6 +180,10 @@ def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
             "sha256": trace.sha256(),
             "format": trace.format,
             "num_requests": len(trace),
+            "prompt_tokens": sum(r.input_len for r in trace.requests),
+            "output_tokens": sum(r.output_len for r in trace.requests),
+            # how long the arrivals last on the replay's clock (a closed loop has no arrival times)
+            "arrival_span_s": trace.duration_s * opts.time_scale if opts.concurrency is None else None,
         },
         "options": asdict(opts),
         **({"arrivals": note} if (note := closed_loop_note(opts)) is not None else {}),
@@ -186,14 +200,20 @@ def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
     scheduler = new_scheduler(config)
     driver = backend.driver
     total = len(trace)
+    tokens = [r.input_len + r.output_len for r in trace.requests]  # as the trace asks (a cut is still done)
+    tokens_total = sum(tokens)
+    tokens_done = [0, 0]  # tokens of scheduler.done[: counted]; counted
 
     def after_step(done: int) -> None:
         writer.after_step(loop.steps, scheduler.done)
         if progress is not None:
-            progress(done, total)
+            finished = scheduler.done
+            tokens_done[0] += sum(tokens[r.index] for r in finished[tokens_done[1] :])
+            tokens_done[1] = len(finished)
+            progress(ReplayProgress(done, total, tokens_done[0], tokens_total))
 
     if progress is not None:
-        progress(0, total)
+        progress(ReplayProgress(0, total, 0, tokens_total))
     arrivals = make_arrivals(make_requests(trace, opts, model, backend.vocab_size), opts)
     loop = EventLoop(scheduler, arrivals, driver.clock, opts.overlap, after_step)
     status = "incomplete"  # until the loop ends: Ctrl-C leaves it so

@@ -42,8 +42,8 @@ def make_runs(runs_dir: Path, trace: Path) -> dict[str, Path]:
     kv = 2 * (max(r.input_len for r in burst.requests) + 1 + 4096) + 64
     out[RETRACT] = replay(str(burst_path), ReplayOptions(kv_tokens=kv), out=runs_dir / RETRACT).run_dir
 
-    def interrupt(done: int, total: int) -> None:
-        if done >= 10:
+    def interrupt(p) -> None:
+        if p.done >= 10:
             raise KeyboardInterrupt  # what Ctrl-C does to a replay
 
     try:

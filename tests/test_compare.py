@@ -82,8 +82,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     ):
         out[name] = replay(str(trace), opts, out=d / name).run_dir
 
-    def interrupt(done: int, total: int) -> None:
-        if done >= 5:
+    def interrupt(p) -> None:
+        if p.done >= 5:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):

@@ -16,7 +16,7 @@ import pytest
 
 from scheduler.step_log import STEP_COLUMNS
 from testbed.options import ReplayOptions
-from testbed.replay import replay
+from testbed.replay import ReplayProgress, replay
 from testbed.runs.folder import load_run
 from testbed.traces.gen import GenConfig, generate_trace
 from testbed.traces.schema import Trace
@@ -66,8 +66,8 @@ def run(request, trace_file, tmp_path_factory):
     path, trace = trace_file
     opts = ReplayOptions(overlap=request.param, page_size=16, chunked_prefill_size=256, seed=1)
     out = tmp_path_factory.mktemp("run") / "folder"
-    calls: list[tuple[int, int]] = []
-    result = replay(str(path), opts, out=out, progress=lambda done, total: calls.append((done, total)))
+    calls: list[ReplayProgress] = []
+    result = replay(str(path), opts, out=out, progress=calls.append)
     return opts, result, load_run(out), path, trace, calls
 
 
@@ -255,9 +255,9 @@ def test_same_inputs_give_byte_identical_files(trace_file, tmp_path, overlap):
 def _interrupting(after: int):
     seen: list[tuple[int, int]] = []
 
-    def progress(done: int, total: int) -> None:
-        seen.append((done, total))
-        if done >= after:
+    def progress(p: ReplayProgress) -> None:
+        seen.append((p.done, p.total))
+        if p.done >= after:
             raise KeyboardInterrupt
 
     return progress, seen
@@ -319,9 +319,13 @@ def test_rerun_into_an_interrupted_folder_replaces_it(tmp_path):
 def test_progress_reports_every_request_of_a_complete_run(run):
     _, _, r, _, trace, calls = run
     assert calls, "progress was never called"
-    assert all(total == len(trace) for _, total in calls)
-    dones = [d for d, _ in calls]
+    assert all(p.total == len(trace) for p in calls)
+    dones = [p.done for p in calls]
     assert dones == sorted(dones) and dones[-1] == len(trace)
+    # The work behind the finished requests: every prompt and output token of the trace at the end.
+    tokens = [p.tokens_done for p in calls]
+    assert tokens == sorted(tokens) and tokens[0] == 0
+    assert tokens[-1] == calls[-1].tokens_total == sum(t.input_len + t.output_len for t in trace.requests)
 
 
 # --- options that shape the workload -----------------------------------------------------------
