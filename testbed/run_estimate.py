@@ -69,7 +69,7 @@ class TimeLeft:
         now = time.monotonic() if now is None else now
         if self.start is None:
             self.start = now
-        if now < self._next_update:
+        if now < self._next_update and p.done < p.total:  # (the last report is always remade: ~0 s left)
             return self.text
         self._next_update = now + UPDATE_EVERY_S
         elapsed = now - self.start

@@ -45,8 +45,8 @@ WAYS: dict[str, Way] = {
     "testbed replay ../shared/traces/mooncake/conversation_trace.jsonl --policy lpm --time-scale 4": Way(append=("--max-requests", "500")),
     "testbed replay traces/a.json --mode real": Way(append=("--max-requests", "2")),
     "testbed replay traces/a.json --mode real --model /path/to/hf-folder": Way(append=("--max-requests", "2"), replace=(("/path/to/hf-folder", "{hf}"),)),
-    "testbed replay traces/a.json --mode real --model qwen2.5-0.5b --load-format dummy --kv-tokens 20000": Way(
-        skip="a 0.5B model in float32 on the CPU: minutes for even one request; tests/test_engine_replay.py runs a bundled config with dummy weights"),
+    "testbed replay traces/a.json --mode real --model qwen2.5-0.5b --load-format dummy --kv-tokens 20000 --max-requests 2": Way(
+        skip="a 0.5B model in float32 on the CPU: over a minute; tests/test_engine_replay.py runs a bundled config with dummy weights"),
     "testbed calibrate --model tiny-llama --hardware cpu": Way(
         skip="a minute or two of real measurements; tests/test_calibrate.py runs the command on a smaller grid. The bundled "
              "profile stands in at the path it writes, for the commands after it"),
