@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from testbed.errors import USER_ERRORS, ConfigError
-from testbed.options import ReplayOptions
+from testbed.options import ReplayOptions, check_options
 from testbed.replay import replay
 
 MAX_VARIANTS = 24  # each is a whole replay; more is a sweep (`testbed sweep`), not a page
@@ -26,7 +26,8 @@ class WhatIfGrid:
     """The values tried for each option; every combination is one run."""
 
     policies: tuple[str, ...] = ("fcfs",)
-    chunk_sizes: tuple[int, ...] = (8192,)
+    schedulers: tuple[str, ...] = ("sglang",)
+    chunk_sizes: tuple[int, ...] = (8192,)  # SGLang's chunked prefill size; vLLM's step token budget
     kv_tokens: tuple[int | None, ...] = (None,)  # None: from the model and the hardware (or the profile)
     overlaps: tuple[bool, ...] = (True,)
     load_scales: tuple[float, ...] = (1.0,)  # 2 = twice the arrival rate (time_scale 0.5)
@@ -83,7 +84,7 @@ def _label(values: dict[str, object], varied: set[str]) -> str:
     for name, v in values.items():
         if name not in varied:
             continue
-        if name == "policy":
+        if name in ("policy", "scheduler"):
             parts.append(str(v))
         elif name == "chunk":
             parts.append(f"chunk {v}")
@@ -104,6 +105,7 @@ def variants(base: ReplayOptions, grid: WhatIfGrid) -> list[Variant]:
     """Every combination of the grid over the base options (mode sim), in grid order."""
     axes = {
         "policy": grid.policies,
+        "scheduler": grid.schedulers,
         "chunk": grid.chunk_sizes,
         "kv": grid.kv_tokens,
         "overlap": grid.overlaps,
@@ -115,11 +117,14 @@ def variants(base: ReplayOptions, grid: WhatIfGrid) -> list[Variant]:
     out = []
     for combo in itertools.product(*axes.values()):
         v = dict(zip(axes, combo))
+        vllm = v["scheduler"] == "vllm"  # its prefills are chunked to the step's token budget
         opts = replace(
             base,
             mode="sim",
             policy=v["policy"],
-            chunked_prefill_size=v["chunk"],
+            scheduler=v["scheduler"],
+            chunked_prefill_size=base.chunked_prefill_size if vllm else v["chunk"],
+            max_num_batched_tokens=v["chunk"] if vllm else base.max_num_batched_tokens,
             kv_tokens=v["kv"],
             overlap=v["overlap"],
             time_scale=1.0 / v["load"],
@@ -129,6 +134,20 @@ def variants(base: ReplayOptions, grid: WhatIfGrid) -> list[Variant]:
         )
         out.append(Variant(_label(v, varied), opts))
     return out
+
+
+def split_runnable(todo: Sequence[Variant]) -> tuple[list[Variant], list[tuple[Variant, str]]]:
+    """The variants whose options can run, and the others with why (lpm with vLLM's scheduler):
+    every combination is tried, and one that makes no sense is skipped, not run into an error."""
+    ok, skipped = [], []
+    for variant in todo:
+        try:
+            check_options(variant.opts)
+        except ConfigError as e:
+            skipped.append((variant, str(e)))
+            continue
+        ok.append(variant)
+    return ok, skipped
 
 
 def _slug(text: str) -> str:

@@ -193,10 +193,6 @@ def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
         "versions": versions(),
         "summary": None,
     }
-    writer = RunWriter(run_dir, meta)
-    if started is not None:
-        started(meta)
-
     scheduler = new_scheduler(config)
     driver = backend.driver
     total = len(trace)
@@ -212,12 +208,16 @@ def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
             tokens_done[1] = len(finished)
             progress(ReplayProgress(done, total, tokens_done[0], tokens_total))
 
-    if progress is not None:
-        progress(ReplayProgress(0, total, 0, tokens_total))
     arrivals = make_arrivals(make_requests(trace, opts, model, backend.vocab_size), opts)
     loop = EventLoop(scheduler, arrivals, driver.clock, opts.overlap, after_step)
+    with deferred_interrupts():  # from the folder's first file on, the finally below says how the run ended
+        writer = RunWriter(run_dir, meta)
     status = "incomplete"  # until the loop ends: Ctrl-C leaves it so
     try:
+        if started is not None:
+            started(meta)
+        if progress is not None:
+            progress(ReplayProgress(0, total, 0, tokens_total))
         try:
             driver.run(loop)
         finally:

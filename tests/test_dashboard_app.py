@@ -248,6 +248,25 @@ def test_whatif_page_runs_sims_that_land_as_run_folders(monkeypatch, tmp_path, r
     assert sorted(at.dataframe[0].value["run"]) == [p.name for p in made]
 
 
+def test_whatif_page_runs_both_schedulers_and_says_what_it_skips(monkeypatch, tmp_path, runs):
+    runs_dir = tmp_path / "runs"
+    trace = runs["sim-fcfs"].parent.parent / "trace.json"
+    at = _app(monkeypatch, runs_dir, "views/whatif.py")
+    _by_label(at.text_input, "or another trace file").set_value(str(trace))
+    _by_label(at.number_input, "Max requests (0: all)").set_value(20)
+    _by_label(at.multiselect, "Policy").set_value(["fcfs", "lpm"])
+    _by_label(at.multiselect, "Scheduler").set_value(["sglang", "vllm"]).run()
+    assert not at.error
+    assert [i.value for i in at.info] == ["skipped lpm, vllm: --policy lpm is SGLang's; --scheduler vllm orders its queue by fcfs or priority"]
+    (button,) = [b for b in at.button if b.label.startswith("Run ")]
+    assert button.label == "Run 3 simulations"
+    button.click().run()
+    assert not at.exception and not at.error
+    assert at.dataframe[0].value["what-if"].tolist() == ["fcfs, sglang", "fcfs, vllm", "lpm, sglang"]
+    made = sorted(p for p in runs_dir.iterdir() if p.name.startswith("whatif-trace-"))
+    assert sorted(json.loads((p / "run.json").read_text())["options"]["scheduler"] for p in made) == ["sglang", "sglang", "vllm"]
+
+
 def test_whatif_page_refuses_what_cannot_run(monkeypatch, runs):
     at = _app(monkeypatch, runs["sim-fcfs"].parent, "views/whatif.py")
     _by_label(at.text_input, "Load scale").set_value("1, fast").run()

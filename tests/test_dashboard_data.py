@@ -17,7 +17,7 @@ from dashboard.downsample import MAX_POINTS, cdf_points, step_series
 from dashboard.latency import latencies_ms, latency_cdfs
 from dashboard.runs_index import ERROR_STATUS, HEADLINE_KEYS, comparable_pair, display_frame, filter_runs, scan_runs
 from dashboard.timeline import INTERVALS, intervals, overlap_stats, trace_events, trace_json
-from dashboard.whatif import WhatIfGrid, parse_values, run_variants, variants
+from dashboard.whatif import WhatIfGrid, parse_values, run_variants, split_runnable, variants
 from testbed.options import ReplayOptions
 from testbed.runs.cli import fmt_rel_err
 from testbed.runs.compare import METRIC_KEYS, STATS, compare_runs
@@ -276,6 +276,18 @@ def test_whatif_grid_is_every_combination():
     assert parse_values(" ", int, None) == (None,) and parse_values("default,100", int) == (None, 100)
     with pytest.raises(ValueError, match="x12"):
         parse_values("1, x12", int)
+
+
+def test_whatif_grid_of_both_schedulers_skips_what_vllm_has_not():
+    """lpm is SGLang's: in a grid of both policies and both schedulers, lpm with vLLM is skipped
+    with why, and the others run; vLLM's prefills are chunked to its step token budget."""
+    grid = WhatIfGrid(policies=("fcfs", "lpm"), schedulers=("sglang", "vllm"), chunk_sizes=(512,))
+    todo, skipped = split_runnable(variants(ReplayOptions(), grid))
+    assert [v.label for v in todo] == ["fcfs, sglang", "fcfs, vllm", "lpm, sglang"]
+    assert [(v.label, "is SGLang's" in why) for v, why in skipped] == [("lpm, vllm", True)]
+    sglang, vllm = todo[0].opts, todo[1].opts
+    assert (sglang.scheduler, sglang.chunked_prefill_size, sglang.max_num_batched_tokens) == ("sglang", 512, None)
+    assert (vllm.scheduler, vllm.chunked_prefill_size, vllm.max_num_batched_tokens) == ("vllm", ReplayOptions().chunked_prefill_size, 512)
 
 
 def test_whatif_runs_land_as_run_folders(tmp_path, runs):

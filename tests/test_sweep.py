@@ -124,6 +124,33 @@ def test_a_failing_point_is_a_row_with_its_error_and_the_others_complete(trace, 
     assert "2 complete, 2 failed" in proc.stdout and "llama-3.1-70b" in proc.stdout
 
 
+def test_points_whose_options_cannot_run_together_are_skipped_and_the_others_run(trace, tmp_path):
+    """lpm is SGLang's: a grid of both policies and both schedulers runs three points and lists
+    the fourth as skipped, with why (exit 0: nothing failed)."""
+    out = tmp_path / "s"
+    proc = _ok(_testbed("sweep", trace, "--grid", "policy=fcfs,lpm", "--grid", "scheduler=sglang,vllm",
+                        "--max-requests", 10, "--out", out, "-q"))
+    df, _ = load_sweep(out)
+    assert dict(zip(df["point"], df["status"])) == {
+        "policy=fcfs,scheduler=sglang": "complete", "policy=fcfs,scheduler=vllm": "complete",
+        "policy=lpm,scheduler=sglang": "complete", "policy=lpm,scheduler=vllm": "skipped"}
+    skipped = df[df["status"] == "skipped"]
+    assert "is SGLang's" in skipped["error"].item() and skipped["p90_ttft_ms"].isna().all()
+    assert sorted(p.name for p in (out / "points").iterdir()) == sorted(df.loc[df["status"] == "complete", "point"])
+    assert "4 points, 3 complete, 1 skipped, 0 failed" in proc.stdout
+    assert "skipped: policy=lpm,scheduler=vllm: --policy lpm is SGLang's" in proc.stdout
+
+
+@pytest.mark.parametrize("grid, base, needle", [
+    (["--grid", "policy=fcfs,lpm"], ["--scheduler", "vllm"], "--grid policy=lpm: no point with it can run"),
+    (["--grid", "policy=lpm"], ["--scheduler", "vllm"], "--policy lpm is SGLang's"),
+])
+def test_a_grid_value_no_point_can_run_with_is_refused(grid, base, needle, trace, tmp_path, capsys):
+    line = _error_line(["sweep", str(trace), *grid, *base, "--out", str(tmp_path / "s"), "-q"], capsys)
+    assert needle in line
+    assert not (tmp_path / "s").exists()
+
+
 def _walls(out: Path) -> dict[str, bytes]:
     return {p.name: (p / "wall.json").read_bytes() for p in (out / "points").iterdir()}
 

@@ -14,9 +14,9 @@ import streamlit as st
 from dashboard import cache, charts, sweep_section, ui
 from dashboard.runs_index import DISPLAY_COLUMNS, ERROR_STATUS, HEADLINE_KEYS, index_row
 from dashboard.settings import runs_dir
-from dashboard.whatif import MAX_VARIANTS, WhatIfGrid, parse_values, run_variants, variants
+from dashboard.whatif import MAX_VARIANTS, WhatIfGrid, parse_values, run_variants, split_runnable, variants
 from testbed.errors import USER_ERRORS
-from testbed.options import DEFAULT_HARDWARE, DEFAULT_MODEL, POLICIES, ReplayOptions, bundled_model_names
+from testbed.options import DEFAULT_HARDWARE, DEFAULT_MODEL, POLICIES, SCHEDULERS, ReplayOptions, bundled_model_names
 
 TRACE_PATTERNS = ("traces/*.json", "traces/*.jsonl", "traces/*.csv")
 HARDWARE = ("h100", "h200", "a100", "cpu")
@@ -73,16 +73,19 @@ policies = c1.multiselect("Policy", POLICIES, default=["fcfs"])
 chunks_text = c2.text_input("Chunk size (tokens)", "8192", help="comma-separated; <= 0 disables chunked prefill")
 kv_text = c3.text_input("KV tokens", "default", help="comma-separated; default: from the model and hardware")
 overlap_names = c4.multiselect("Overlap", ["on", "off"], default=["on"])
-c1, c2, c3, _ = st.columns(4)
+c1, c2, c3, c4 = st.columns(4)
 load_text = c1.text_input("Load scale", "1", help="comma-separated: 2 = twice the arrival rate")
 page_text = c2.text_input("Page size", "1", help="comma-separated")
 profile_files = [str(p) for p in sorted(Path("profiles").glob("*.json"))]
 profile_names = c3.multiselect("Profile", [ROOFLINE, *profile_files], default=[ROOFLINE])
+scheduler_names = c4.multiselect("Scheduler", SCHEDULERS, default=["sglang"],
+                                 help="SGLang's core or vLLM's; with vLLM's, the chunk size is its step token budget (max_num_batched_tokens)")
 
 problems = []
 try:
     grid = WhatIfGrid(
         policies=tuple(policies),
+        schedulers=tuple(scheduler_names),
         chunk_sizes=parse_values(chunks_text, int, 8192),
         kv_tokens=parse_values(kv_text, int, None),
         overlaps=tuple(name == "on" for name in overlap_names),
@@ -94,7 +97,7 @@ except ValueError as e:
     problems.append(str(e))
     grid = None
 if grid is not None:
-    for label, values in (("policy", grid.policies), ("overlap", grid.overlaps), ("profile", grid.profiles)):
+    for label, values in (("policy", grid.policies), ("scheduler", grid.schedulers), ("overlap", grid.overlaps), ("profile", grid.profiles)):
         if not values:
             problems.append(f"pick at least one {label}")
     if any(x <= 0 for x in grid.load_scales):
@@ -103,17 +106,21 @@ if grid is not None:
         problems.append("KV tokens and page sizes must be positive")
 if not trace:
     problems.append("pick a trace")
-todo = []
+todo, skipped = [], []
 if not problems:
     base = ReplayOptions(model=model, hardware=hardware, max_requests=int(max_requests) or None, seed=int(seed))
     try:
-        todo = variants(base, grid)
+        todo, skipped = split_runnable(variants(base, grid))
     except USER_ERRORS as e:
         problems.append(str(e))
     if len(todo) > MAX_VARIANTS:
         problems.append(f"{len(todo)} combinations: at most {MAX_VARIANTS} run from this page")
+    elif not todo and skipped:
+        problems.append(f"no combination can run: {skipped[0][1]}")
 for p in problems:
     st.error(p)
+for variant, why in skipped:
+    st.info(f"skipped {variant.label}: {why}")
 
 if st.button(f"Run {len(todo)} simulation{'s' * (len(todo) != 1)}", type="primary", disabled=bool(problems)):
     runs_dir().mkdir(parents=True, exist_ok=True)

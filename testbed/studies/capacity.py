@@ -231,6 +231,7 @@ class CapacityReport:
     resolution: float  # asked for
     results: list[CapacityResult]  # ranked: highest capacity first
     out_dir: Path
+    skipped: dict[str, str] = field(default_factory=dict)  # configs whose options cannot run together -> why
 
     def to_json(self) -> dict:
         return {
@@ -241,6 +242,7 @@ class CapacityReport:
             "resolution": self.resolution,
             "out": str(self.out_dir),
             "configs": [r.to_json() for r in self.results],
+            **({"skipped": self.skipped} if self.skipped else {}),
         }
 
 
@@ -330,7 +332,7 @@ def run_capacity(
         write_table()
     report = CapacityReport(
         sweep.trace, sweep.trace_info.requests, sweep.trace_info.rate, list(slos), resolution,
-        rank([s.result() for s in searches]), sweep.out_dir,
+        rank([s.result() for s in searches]), sweep.out_dir, dict(sweep.skipped),
     )
     sweep.out_dir.mkdir(parents=True, exist_ok=True)
     write_json(sweep.out_dir / CAPACITY_FILE, report.to_json())

@@ -153,15 +153,15 @@ def format_sweep(sweep: Sweep, results: Sequence[PointResult]) -> str:
     axis_names = [a.name for a in sweep.axes]
     headers = [*axis_names, "status", *(h for _, h, _ in SWEEP_METRICS)]
     rows = []
-    for p, r in zip(sweep.points, results):
+    for p, r in zip(sweep.grid, results):
         values = dict(p.axes)
         s = r.summary or {}
         status = r.status + (" (resumed)" if r.resumed else "")
         rows.append([*(format_value(values[a]) for a in axis_names), status, *(_fmt(s.get(k), pct) for k, _, pct in SWEEP_METRICS)])
     lines = [format_table(headers, rows, left=len(axis_names) + 1)]
-    for p, r in zip(sweep.points, results):
-        if r.status == "failed":
-            lines.append(f"failed: {p.name}: {r.error}")
+    for p, r in zip(sweep.grid, results):
+        if r.status in ("failed", "skipped"):
+            lines.append(f"{r.status}: {p.name}: {r.error}")
     return "\n".join(lines)
 
 
@@ -193,7 +193,8 @@ def interrupted_sweep_message(out_dir: Path) -> str:
     return f"interrupted: {said} ({out_dir / SWEEP_FILE}); --resume runs the points not complete"
 
 
-STATUS_WORDS = {"complete": "complete", "incomplete": "stopped mid-run (incomplete)", "failed": "failed", "pending": "not started"}
+STATUS_WORDS = {"complete": "complete", "incomplete": "stopped mid-run (incomplete)", "failed": "failed", "pending": "not started",
+                "skipped": "skipped"}
 STATUS_ORDER = {k: i for i, k in enumerate(STATUS_WORDS)}
 
 
@@ -203,7 +204,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     check_out_dir(sweep.out_dir, args.resume)  # before starting processes or Ray
     runner = _runner(args, len(sweep.points))
     if not args.json:
-        print(f"sweep of {args.trace} ({sweep.trace_info.requests} requests): {len(sweep.points)} points ({_axes_text(sweep)}) "
+        skipped = f", {len(sweep.skipped)} skipped (their options cannot run together)" if sweep.skipped else ""
+        print(f"sweep of {args.trace} ({sweep.trace_info.requests} requests): {len(sweep.grid)} points ({_axes_text(sweep)}){skipped} "
               f"on {runner.description} -> {sweep.out_dir}", flush=True)
     note = _closed_loop_note(sweep)
     if note is not None:  # (on stderr, with the progress: --json's stdout stays one object)
@@ -226,15 +228,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     finally:
         bar.close()
         runner.close()
-    failed = sum(r.status != "complete" for r in results)
+    failed = sum(r.status not in ("complete", "skipped") for r in results)
     if args.json:
-        rows, meta = sweep_rows(sweep, sweep.points, results)
+        rows, meta = sweep_rows(sweep, sweep.grid, results)
         print(json.dumps({"out": str(sweep.out_dir), "columns": meta, "points": rows}, indent=2, default=str))
     else:
         print(format_sweep(sweep, results))
         resumed = sum(r.resumed for r in results)
-        print(f"{sweep.out_dir / SWEEP_FILE}: {len(results)} points, {len(results) - failed} complete"
-              f"{f' ({resumed} resumed)' if resumed else ''}, {failed} failed")
+        complete = sum(r.status == "complete" for r in results)
+        skipped = f", {len(sweep.skipped)} skipped" if sweep.skipped else ""
+        print(f"{sweep.out_dir / SWEEP_FILE}: {len(results)} points, {complete} complete"
+              f"{f' ({resumed} resumed)' if resumed else ''}{skipped}, {failed} failed")
     return EXIT_FAILED if failed else 0
 
 
@@ -284,6 +288,7 @@ def format_capacity(report: CapacityReport) -> str:
         ])
     lines += ["", format_table(headers, rows, left=len(axis_names) + 1)]
     lines += [f"{r.config}: {r.message()}" for r in report.results if r.status in ("none", "failed", "above_range")]
+    lines += [f"skipped: {name}: {why}" for name, why in report.skipped.items()]
     return "\n".join(lines)
 
 

@@ -28,7 +28,7 @@ class SweepPoint:
 @dataclass
 class PointResult:
     name: str
-    status: str  # complete | failed | incomplete (replay's run statuses), or pending (not started)
+    status: str  # complete | failed | incomplete (replay's run statuses), pending (not started), skipped (options that cannot run together)
     summary: dict | None = None
     error: str | None = None
     wall_s: float | None = None

@@ -21,7 +21,7 @@ import json
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -141,17 +141,40 @@ def check_named_values(axes: Sequence[GridAxis]) -> None:
                 raise ConfigError(f"--grid {axis.name}={value}: {e}") from None
 
 
-def expand(base: ReplayOptions, axes: Sequence[GridAxis], out_dir: Path) -> list[SweepPoint]:
-    """The cross product of the axes over the base options, in grid order (last axis fastest)."""
+def expand(base: ReplayOptions, axes: Sequence[GridAxis], out_dir: Path) -> tuple[list[SweepPoint], dict[str, str]]:
+    """The cross product of the axes over the base options, in grid order (last axis fastest),
+    and the points whose options cannot run together (name -> why), which are skipped: lpm
+    with --scheduler vllm, in a grid of both policies and both schedulers. A value no point
+    can run with (every combination of it refused) is a mistake in the grid: ConfigError."""
     check_named_values(axes)
-    points = []
+    points: list[SweepPoint] = []
+    skipped: dict[str, str] = {}
     for combo in itertools.product(*(a.values for a in axes)):
         values = tuple(zip((a.name for a in axes), combo))
         opts = replace(base, **dict(values))
-        check_options(opts)  # every point can start, before any of them does
         name = point_name(values)
+        try:
+            check_options(opts)  # every point can start, before any of them does
+        except ConfigError as e:
+            skipped[name] = str(e)
         points.append(SweepPoint(name, values, opts, Path(out_dir) / POINTS_DIR / name))
-    return points
+    _check_some_point_runs(points, skipped, axes)
+    return points, skipped
+
+
+def _check_some_point_runs(points: Sequence[SweepPoint], skipped: Mapping[str, str], axes: Sequence[GridAxis]) -> None:
+    """Refuse a grid where nothing runs, or where a value of an axis runs with nothing: the
+    option itself is wrong (a typo, a bound), not its combination with the others."""
+    first_error = next((skipped[p.name] for p in points if p.name in skipped), None)
+    if first_error is None:
+        return
+    if len(skipped) == len(points):
+        raise ConfigError(first_error if len(points) == 1 else f"no point of the grid can run: {first_error}")
+    for axis in axes:
+        for value in axis.values:
+            with_value = [p for p in points if dict(p.axes)[axis.name] == value]
+            if all(p.name in skipped for p in with_value):
+                raise ConfigError(f"--grid {axis.name}={format_value(value)}: no point with it can run: {skipped[with_value[0].name]}")
 
 
 
@@ -179,16 +202,26 @@ class Sweep:
     trace: str  # as given; recorded in every point's run.json
     trace_info: TraceInfo  # with the first point's options
     axes: list[GridAxis]
-    points: list[SweepPoint]
+    grid: list[SweepPoint]  # every point of the cross product, in grid order
     out_dir: Path
+    skipped: dict[str, str] = field(default_factory=dict)  # points whose options cannot run together -> why
+
+    @property
+    def points(self) -> list[SweepPoint]:
+        """The points that run."""
+        return [p for p in self.grid if p.name not in self.skipped]
+
+    def skipped_result(self, point: SweepPoint) -> PointResult:
+        return PointResult(point.name, "skipped", None, self.skipped[point.name])
 
 
 def plan_sweep(trace_path: str, base: ReplayOptions, axes: Sequence[GridAxis], out_dir: str | Path) -> Sweep:
     """The points of a sweep, checked: every option combination can start, and the trace loads
     (a bad trace is one error, not one failed point per point)."""
     out_dir = Path(out_dir).absolute()
-    points = expand(base, axes, out_dir)
-    return Sweep(str(trace_path), trace_info(trace_path, points[0].options), list(axes), points, out_dir)
+    grid, skipped = expand(base, axes, out_dir)
+    runs = next(p for p in grid if p.name not in skipped)
+    return Sweep(str(trace_path), trace_info(trace_path, runs.options), list(axes), grid, out_dir, skipped)
 
 
 def check_out_dir(out_dir: Path, resume: bool) -> None:
@@ -246,12 +279,12 @@ def run_sweep(
     every = Every(TABLE_EVERY_S)
 
     def write_table(final: bool = False) -> None:
-        ordered = [results.get(p.name) or PointResult(p.name, "pending") for p in sweep.points]
+        ordered = grid_results(sweep, results)
         if final:  # stopped: a point killed while it ran has a folder but no result reached us
             ordered = [folder_result(p, sweep.trace_info.sha256) or r if r.status == "pending" else r
-                       for p, r in zip(sweep.points, ordered)]
+                       for p, r in zip(sweep.grid, ordered)]
         with deferred_interrupts():  # never half a table
-            write_sweep_table(sweep.out_dir / SWEEP_FILE, sweep, sweep.points, ordered)
+            write_sweep_table(sweep.out_dir / SWEEP_FILE, sweep, sweep.grid, ordered)
 
     def record(point: SweepPoint, result: PointResult) -> None:
         results[point.name] = result
@@ -264,7 +297,13 @@ def run_sweep(
         run_points(sweep, sweep.points, runner, resume, record)
     finally:
         write_table(final=True)
-    return [results.get(p.name) or PointResult(p.name, "pending") for p in sweep.points]
+    return grid_results(sweep, results)
+
+
+def grid_results(sweep: Sweep, results: Mapping[str, PointResult]) -> list[PointResult]:
+    """One result per point of the grid, in grid order: skipped, as reported, or pending."""
+    return [sweep.skipped_result(p) if p.name in sweep.skipped else results.get(p.name) or PointResult(p.name, "pending")
+            for p in sweep.grid]
 
 
 # --- sweep.parquet --------------------------------------------------------------------------
