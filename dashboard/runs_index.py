@@ -177,21 +177,36 @@ def scan_runs(runs_dir: str | os.PathLike, extra: Sequence[Path] = ()) -> pd.Dat
 # What a real run and its simulation must share to be compared (testbed compare's differences,
 # as far as the index knows them).
 SAME_WORKLOAD = ("trace_sha256", "model", "policy", "overlap", "chunked_prefill_size", "page_size", "kv_tokens", "time_scale", "max_requests")
+# What two runs must share for their comparison to mean something at all: the same requests at the
+# same load on the same model (the options may differ: that is a what-if).
+SAME_LOAD = ("trace_sha256", "model", "time_scale", "max_requests")
+MEASURED_MODES = ("real", "imported")
+
+
+def _same(rows: pd.DataFrame, run: pd.Series, columns: tuple[str, ...]) -> pd.Series:
+    same = pd.Series(True, index=rows.index)
+    for column in columns:
+        same &= rows[column].astype(object).fillna("none") == ("none" if pd.isna(run[column]) else run[column])
+    return same & (rows["name"] != run["name"])
 
 
 def comparable_pair(index: pd.DataFrame) -> list[str]:
-    """The newest complete real run and the newest complete sim of the same trace, model and options;
-    else the two newest complete runs; else the two newest runs (the index is newest first)."""
+    """What the Compare page opens on: the newest complete measured run (real or imported) and
+    the newest complete sim of the same trace, model and options; else the newest two complete
+    runs of the same trace, model and load (a measured one first); else nothing: the page asks
+    (two runs of different traces compare nothing). The index is newest first."""
     complete = index[index["status"] == "complete"]
+    measured = complete["mode"].isin(MEASURED_MODES)
     sims = complete[complete["mode"] == "sim"]
-    for _, real in complete[complete["mode"] == "real"].iterrows():
-        same = pd.Series(True, index=sims.index)
-        for column in SAME_WORKLOAD:
-            same &= sims[column].astype(object).fillna("none") == ("none" if pd.isna(real[column]) else real[column])
+    for _, real in complete[measured].iterrows():
+        same = _same(sims, real, SAME_WORKLOAD)
         if same.any():
             return [real["name"], sims.loc[same, "name"].iloc[0]]
-    pool = complete if len(complete) >= 2 else index
-    return list(pool["name"].iloc[:2])
+    for _, run in pd.concat([complete[measured], complete[~measured]]).iterrows():
+        same = _same(complete, run, SAME_LOAD)
+        if same.any():
+            return [run["name"], complete.loc[same, "name"].iloc[0]]
+    return []
 
 
 def studies(index: pd.DataFrame, runs_dir: str | os.PathLike) -> pd.DataFrame:

@@ -201,6 +201,21 @@ def test_compare_page_opens_on_two_complete_runs_of_one_workload(monkeypatch, ru
     assert all(status(runs[name]) == "complete" for name in chosen) and INCOMPLETE not in chosen
 
 
+def test_compare_page_asks_when_no_two_runs_share_a_trace(monkeypatch, tmp_path):
+    """Two runs of different traces compare nothing: the page picks none and says why."""
+    from testbed.options import ReplayOptions
+    from testbed.replay import replay
+
+    for name, arrival_gap in (("a", 0.1), ("b", 0.2)):
+        trace = tmp_path / f"{name}.jsonl"
+        trace.write_text("".join(f'{{"arrival": {i * arrival_gap}, "input_len": 50, "output_len": 5}}\n' for i in range(5)))
+        replay(str(trace), ReplayOptions(), out=tmp_path / "runs" / name)
+    at = _app(monkeypatch, tmp_path / "runs", "views/compare.py")
+    assert _by_label(at.multiselect, "Runs (the first is the reference A)").value == []
+    assert any("No two runs here replayed the same trace" in i.value for i in at.info)
+    assert not at.dataframe  # no table of two unrelated runs
+
+
 # --- tables as the CLI prints numbers ----------------------------------------------------------
 
 

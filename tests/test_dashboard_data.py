@@ -308,9 +308,9 @@ def test_whatif_runs_land_as_run_folders(tmp_path, runs):
 
 
 def test_compare_opens_on_the_newest_complete_real_run_and_a_sim_of_the_same_workload():
-    def row(name, mode, status="complete", model="tiny-llama", policy="fcfs", trace="t1"):
+    def row(name, mode, status="complete", model="tiny-llama", policy="fcfs", trace="t1", time_scale=1.0):
         return {"name": name, "mode": mode, "status": status, "model": model, "policy": policy, "trace_sha256": trace,
-                "overlap": False, "chunked_prefill_size": 8192, "page_size": 1, "kv_tokens": 4096, "time_scale": 1.0,
+                "overlap": False, "chunked_prefill_size": 8192, "page_size": 1, "kv_tokens": 4096, "time_scale": time_scale,
                 "max_requests": None}
 
     index = pd.DataFrame([  # newest first, as scan_runs sorts it
@@ -323,5 +323,11 @@ def test_compare_opens_on_the_newest_complete_real_run_and_a_sim_of_the_same_wor
         row("sim-same-older", "sim"),
     ])
     assert comparable_pair(index) == ["real-ok", "sim-same"]
-    # No sim of the same workload: the two newest complete runs.
-    assert comparable_pair(index[~index["name"].str.startswith("sim-same")]) == ["sim-other-model", "sim-other-policy"]
+    # No sim of the same options: the real run and the newest sim of the same trace, model and load.
+    assert comparable_pair(index[~index["name"].str.startswith("sim-same")]) == ["real-ok", "sim-other-policy"]
+    # An imported run is measured too; a capacity point (another load) is not its pair.
+    index = pd.DataFrame([row("capacity-x2", "sim", time_scale=0.5), row("imported", "imported"), row("sim-lpm", "sim", policy="lpm")])
+    assert comparable_pair(index) == ["imported", "sim-lpm"]
+    # Nothing shares a trace, model and load: nothing is picked (the page asks).
+    index = pd.DataFrame([row("real", "real"), row("capacity-x2", "sim", time_scale=0.5), row("other", "sim", trace="t2")])
+    assert comparable_pair(index) == []
