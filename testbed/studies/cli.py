@@ -200,9 +200,14 @@ STATUS_ORDER = {k: i for i, k in enumerate(STATUS_WORDS)}
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     axes = parse_grid(args.grid)
-    sweep = plan_sweep(args.trace, options_from_args(args), axes, args.out or _default_out("sweep", args.trace))
-    check_out_dir(sweep.out_dir, args.resume)  # before starting processes or Ray
-    runner = _runner(args, len(sweep.points))
+    out_dir = Path(args.out or _default_out("sweep", args.trace))
+    try:  # loading the trace and starting the processes (or Ray) takes a while
+        sweep = plan_sweep(args.trace, options_from_args(args), axes, out_dir)
+        check_out_dir(sweep.out_dir, args.resume)  # before starting processes or Ray
+        runner = _runner(args, len(sweep.points))
+    except KeyboardInterrupt:
+        print(f"interrupted before any point started: nothing was written to {out_dir}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if not args.json:
         skipped = f", {len(sweep.skipped)} skipped (their options cannot run together)" if sweep.skipped else ""
         print(f"sweep of {args.trace} ({sweep.trace_info.requests} requests): {len(sweep.grid)} points ({_axes_text(sweep)}){skipped} "
@@ -295,10 +300,15 @@ def format_capacity(report: CapacityReport) -> str:
 def cmd_capacity(args: argparse.Namespace) -> int:
     slos = parse_slos(args.slo)
     axes = parse_grid(args.grid, forbidden={"time_scale": SCALES_ITSELF, "concurrency": CLOSED_LOOP_HAS_NO_RATE})
-    sweep = plan_capacity(args.trace, options_from_args(args), axes, args.out or _default_out("capacity", args.trace), args.resolution)
-    check_out_dir(sweep.out_dir, args.resume)  # before starting processes or Ray
-    configs = len(sweep.points)
-    runner = _runner(args, configs)
+    out_dir = Path(args.out or _default_out("capacity", args.trace))
+    try:  # loading the trace and starting the processes (or Ray) takes a while
+        sweep = plan_capacity(args.trace, options_from_args(args), axes, out_dir, args.resolution)
+        check_out_dir(sweep.out_dir, args.resume)  # before starting processes or Ray
+        configs = len(sweep.points)
+        runner = _runner(args, configs)
+    except KeyboardInterrupt:
+        print(f"interrupted before any rate was tested: nothing was written to {out_dir}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if not args.json:
         slo_text = ", ".join(f"{s.key} <= {s.limit:g}" for s in slos)
         print(f"capacity of {args.trace} ({sweep.trace_info.requests} requests at {sweep.trace_info.rate:.4g} req/s) under {slo_text}: "
