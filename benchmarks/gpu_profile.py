@@ -33,7 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scheduler.forward_plan import ForwardMode  # noqa: E402
+from scheduler.core.forward_plan import ForwardMode  # noqa: E402
 from scheduler.model_config import load_model_config  # noqa: E402
 from simulator.kernel_cost import Curve, KernelProfileCostModel  # noqa: E402
 from simulator.kernel_db import KernelDatabase  # noqa: E402

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scheduler.forward_plan import ForwardMode  # noqa: E402
+from scheduler.core.forward_plan import ForwardMode  # noqa: E402
 from simulator.kernel_holdout import uniform_plan  # noqa: E402
 from simulator.profiles import load_profile  # noqa: E402
 from simulator.profile_cost import read_profile  # noqa: E402

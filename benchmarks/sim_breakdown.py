@@ -15,7 +15,7 @@ start of the next to the kind of piece it was:
 - no stretch: the fast-forward look that found no stretch to take;
 - idle: nothing to run (the look that found nothing, and the wait for the next arrival);
 - loop start: the driver's start before the first piece (with a full garbage collection where
-  an earlier replay in the same process left its garbage: scheduler/gc_pause.py).
+  an earlier replay in the same process left its garbage: scheduler/loop/gc_pause.py).
 
 Then the time outside the loop: loading the trace, and writing the run's tables. The
 time of a piece includes the driver's: its costs, SimPy's events, the step log. Across the
@@ -39,10 +39,10 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scheduler.forward_plan import ForwardMode  # noqa: E402
-from scheduler.loop import EventLoop  # noqa: E402
-from scheduler.scheduler import Scheduler  # noqa: E402
-from scheduler.vllm_scheduler import VllmScheduler  # noqa: E402
+from scheduler.core.forward_plan import ForwardMode  # noqa: E402
+from scheduler.loop.event_loop import EventLoop  # noqa: E402
+from scheduler.sglang.scheduler import Scheduler  # noqa: E402
+from scheduler.vllm.scheduler import VllmScheduler  # noqa: E402
 from simulator.sim_driver import SimDriver  # noqa: E402
 from testbed.options import ReplayOptions  # noqa: E402
 from testbed.replay import replay  # noqa: E402
@@ -51,7 +51,7 @@ from testbed.traces.schema import TracePrompts  # noqa: E402
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
 STEP_KINDS = ("prefill, chunk goes on", "prefill", "decode step")  # a step scheduled one at a time
 KINDS = ("loop start", "decode stretch", *STEP_KINDS, "processing", "no stretch", "idle")
-# What the loop calls on a scheduler (scheduler/protocol.py's SchedulerCore; its end-of-run
+# What the loop calls on a scheduler (scheduler/core/protocol.py's SchedulerCore; its end-of-run
 # check_invariants is outside the loop).
 CORE_METHODS = ("add_request", "get_next_batch_to_run", "launch", "process_batch_result", "on_idle", "is_idle",
                 "kv_used_tokens", "decode_stretch", "advance_decode_stretch")

@@ -36,10 +36,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scheduler.config import SchedulerConfig  # noqa: E402
-from scheduler.req import Req  # noqa: E402
-from scheduler.sampling import SamplingParams  # noqa: E402
-from scheduler.scheduler import Scheduler  # noqa: E402
+from scheduler.sglang.config import SchedulerConfig  # noqa: E402
+from scheduler.core.req import Req  # noqa: E402
+from scheduler.core.sampling import SamplingParams  # noqa: E402
+from scheduler.sglang.scheduler import Scheduler  # noqa: E402
 from testbed.options import ReplayOptions  # noqa: E402
 from testbed.replay import replay  # noqa: E402
 from testbed.traces.gen import GenConfig, generate_trace  # noqa: E402

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from scheduler.step_clock import StepRecord
+from scheduler.loop.step_clock import StepRecord
 
 StepDecision = StepRecord
 

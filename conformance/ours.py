@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from conformance.decision import RunResult
 from conformance.scenario import EOS_TOKEN_ID, Scenario, ScenarioRequest, sampled_token
-from scheduler.config import SchedulerConfig
-from scheduler.loop import DeadlockError, EventLoop
-from scheduler.req import FinishReason, Req
-from scheduler.sampling import SamplingParams
-from scheduler.scheduler import Scheduler
-from scheduler.step_clock import StepClockDriver
+from scheduler.sglang.config import SchedulerConfig
+from scheduler.loop.event_loop import DeadlockError, EventLoop
+from scheduler.core.req import FinishReason, Req
+from scheduler.core.sampling import SamplingParams
+from scheduler.sglang.scheduler import Scheduler
+from scheduler.loop.step_clock import StepClockDriver
 
 
 def config_for(sc: Scenario) -> SchedulerConfig:

@@ -1,6 +1,6 @@
 """Steps as intervals on two lanes, CPU and device: Chrome/Perfetto trace events and overlap figures.
 
-Each step has four intervals on the run's clock (scheduler/step_log.py):
+Each step has four intervals on the run's clock (scheduler/loop/step_log.py):
 schedule, launch and process on the CPU, the forward on the device. With
 overlap scheduling the CPU schedules step N+1 while the device runs step N,
 so the two lanes are busy at the same time; without it they take turns.

@@ -20,7 +20,7 @@ import torch
 
 from engine.forward_batch import ForwardBatch
 from engine.kv_cache import KVCache
-from scheduler.forward_plan import ForwardMode
+from scheduler.core.forward_plan import ForwardMode
 
 WORKSPACE_BYTES = 256 << 20
 

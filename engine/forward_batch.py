@@ -7,7 +7,7 @@ from itertools import accumulate
 
 import torch
 
-from scheduler.forward_plan import ForwardMode, ForwardPlan
+from scheduler.core.forward_plan import ForwardMode, ForwardPlan
 
 
 def ids_tensor(values, device: torch.device) -> torch.Tensor:

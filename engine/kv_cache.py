@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from engine.forward_batch import ids_tensor
-from scheduler.forward_plan import ForwardPlan
+from scheduler.core.forward_plan import ForwardPlan
 from scheduler.model_config import ModelConfig
 
 

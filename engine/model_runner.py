@@ -20,8 +20,8 @@ from engine.kv_cache import KVCache
 from engine.llama import LlamaForCausalLM
 from engine.sampler import SamplingBatch, sample
 from engine.weights import init_dummy_weights, load_weights
-from scheduler.forward_plan import ForwardMode, ForwardPlan, synthetic_plan
-from scheduler.future_indices import FUTURE_MAP_SIZE
+from scheduler.core.forward_plan import ForwardMode, ForwardPlan, synthetic_plan
+from scheduler.core.future_indices import FUTURE_MAP_SIZE
 from scheduler.model_config import ModelConfig
 
 LOAD_FORMATS = ("auto", "dummy")

@@ -19,8 +19,8 @@ from typing import Any, Generator
 import torch
 
 from engine.model_runner import ModelRunner
-from scheduler.forward_plan import ForwardPlan
-from scheduler.loop import AwaitResult, CpuWork, EventLoop, ForwardResult, Launch, WaitForArrival
+from scheduler.core.forward_plan import ForwardPlan
+from scheduler.loop.event_loop import AwaitResult, CpuWork, EventLoop, ForwardResult, Launch, WaitForArrival
 
 
 @dataclass

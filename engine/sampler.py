@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from scheduler.sampling import SamplingParams
+from scheduler.core.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from scheduler.forward_plan import ForwardPlan
+from scheduler.core.forward_plan import ForwardPlan
 
 CPU_STAGES = ("schedule", "launch", "process")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.forward_plan import ForwardMode, ForwardPlan
+from scheduler.core.forward_plan import ForwardMode, ForwardPlan
 
 VLLM_MAX_CAPTURE_TOKENS = 512
 SGLANG_CUDA_GRAPH_MAX_BS = 256  # SGLang's default on GPUs of 80 GB and more at TP 1

@@ -59,7 +59,7 @@ from bisect import bisect_right
 
 import numpy as np
 
-from scheduler.forward_plan import ForwardMode, ForwardPlan
+from scheduler.core.forward_plan import ForwardMode, ForwardPlan
 from scheduler.model_config import ModelConfig
 from simulator.cuda_graphs import CudaGraphPolicy
 from simulator.hardware import HardwareConfigError, HardwareSpec

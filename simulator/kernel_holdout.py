@@ -18,7 +18,7 @@ import copy
 
 import numpy as np
 
-from scheduler.forward_plan import ForwardMode, ForwardPlan
+from scheduler.core.forward_plan import ForwardMode, ForwardPlan
 from simulator.kernel_cost import KernelProfileCostModel
 from simulator.kernel_db import KernelDatabase
 

@@ -11,7 +11,7 @@ import functools
 import json
 from pathlib import Path
 
-from scheduler.forward_plan import ForwardMode, ForwardPlan
+from scheduler.core.forward_plan import ForwardMode, ForwardPlan
 from simulator.cost_model import CpuStageCosts, StageCost
 from simulator.profile_fit import DECODE_FEATURES, EXTEND_FEATURES, LinearFit, extend_features
 

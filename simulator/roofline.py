@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from scheduler.forward_plan import ForwardPlan
+from scheduler.core.forward_plan import ForwardPlan
 from scheduler.model_config import ModelConfig
 from simulator.hardware import HardwareConfigError, HardwareSpec
 from simulator.precision import NVFP4, Precision

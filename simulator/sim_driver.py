@@ -22,11 +22,11 @@ from typing import Any, Callable, Generator
 import numpy as np
 import simpy
 
-from scheduler.decode_stretch import DecodeStretch, StretchSegment
-from scheduler.forward_plan import ForwardMode, ForwardPlan
-from scheduler.gc_pause import gc_paused
-from scheduler.ids import ids
-from scheduler.loop import AwaitResult, CpuWork, EventLoop, FastForward, ForwardResult, Launch, StretchTimes, WaitForArrival
+from scheduler.fast_forward.decode_stretch import DecodeStretch, StretchSegment
+from scheduler.core.forward_plan import ForwardMode, ForwardPlan
+from scheduler.loop.gc_pause import gc_paused
+from scheduler.core.ids import ids
+from scheduler.loop.event_loop import AwaitResult, CpuWork, EventLoop, FastForward, ForwardResult, Launch, StretchTimes, WaitForArrival
 from simulator.cost_model import CostModel
 from simulator.stretch_clock import DriverClock, StepCosts, StretchColumns, scalar_steps, vector_steps
 

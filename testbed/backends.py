@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from scheduler.config import SchedulerConfig
+from scheduler.sglang.config import SchedulerConfig
 from scheduler.model_config import ModelConfig
 from simulator.hardware import load_hardware
 from simulator.kv_capacity import kv_capacity_tokens

@@ -11,7 +11,7 @@ import json
 import re
 from pathlib import Path
 
-from scheduler.forward_plan import ForwardMode
+from scheduler.core.forward_plan import ForwardMode
 from scheduler.model_config import ModelConfig, load_model_config
 from simulator.kernel_db import KernelDatabaseError, available
 from simulator.kernel_holdout import uniform_plan

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler.loop import DeadlockError
+from scheduler.loop.event_loop import DeadlockError
 from scheduler.model_config import ModelConfigError
 from simulator.hardware import HardwareConfigError
 

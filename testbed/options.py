@@ -17,9 +17,9 @@ from typing import Any
 
 # The --model and --policy choices; the dashboard offers the same ones through this module.
 from scheduler.model_config import bundled_model_names
-from scheduler.policy import POLICIES
-from scheduler.server_defaults import default_chunked_prefill_size, default_mem_fraction_static
-from scheduler.vllm_config import (
+from scheduler.sglang.policy import POLICIES
+from scheduler.sglang.server_defaults import default_chunked_prefill_size, default_mem_fraction_static
+from scheduler.vllm.config import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -88,7 +88,7 @@ class ReplayOptions:
     # Issue 14: the simulator takes decode stretches at once (equal results); off steps one by one.
     fast_forward: bool = True
     # Closed loop: this many clients, each sending its next request (in trace order) when its last
-    # one is done; the trace's arrival times are not used (scheduler/arrivals.py). None: open loop.
+    # one is done; the trace's arrival times are not used (scheduler/loop/arrivals.py). None: open loop.
     concurrency: int | None = None
 
 

@@ -9,18 +9,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterator
 
-from scheduler.config import SchedulerConfig
-from scheduler.arrivals import ArrivalSource, ClosedLoopArrivals, OpenLoopArrivals
-from scheduler.gc_pause import gc_paused
-from scheduler.loop import EventLoop
+from scheduler.sglang.config import SchedulerConfig
+from scheduler.loop.arrivals import ArrivalSource, ClosedLoopArrivals, OpenLoopArrivals
+from scheduler.loop.gc_pause import gc_paused
+from scheduler.loop.event_loop import EventLoop
 from scheduler.model_config import ModelConfig, load_model_config
-from scheduler.protocol import SchedulerCore
-from scheduler.req import Req
-from scheduler.sampling import SamplingParams
-from scheduler.scheduler import Scheduler
+from scheduler.core.protocol import SchedulerCore
+from scheduler.core.req import Req
+from scheduler.core.sampling import SamplingParams
+from scheduler.sglang.scheduler import Scheduler
 from testbed.interrupts import deferred_interrupts, interrupt_once
-from scheduler.vllm_config import VllmSchedulerConfig
-from scheduler.vllm_scheduler import VllmScheduler
+from scheduler.vllm.config import VllmSchedulerConfig
+from scheduler.vllm.scheduler import VllmScheduler
 from testbed.backends import build_real, build_sim
 from testbed.options import ReplayOptions, check_options, closed_loop_note, resolved_options, with_scheduler_defaults
 from testbed.runs import metrics

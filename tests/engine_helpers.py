@@ -17,14 +17,14 @@ import torch
 
 from engine.device import choose_device
 from engine.model_runner import EngineConfig, ModelRunner
-from scheduler.config import SchedulerConfig
-from scheduler.forward_plan import ForwardMode, ForwardPlan
+from scheduler.sglang.config import SchedulerConfig
+from scheduler.core.forward_plan import ForwardMode, ForwardPlan
 from scheduler.model_config import load_model_config
-from scheduler.protocol import SchedulerCore
-from scheduler.req import Req
-from scheduler.sampling import SamplingParams
-from scheduler.scheduler import Scheduler
-from scheduler.vllm_config import VllmSchedulerConfig
+from scheduler.core.protocol import SchedulerCore
+from scheduler.core.req import Req
+from scheduler.core.sampling import SamplingParams
+from scheduler.sglang.scheduler import Scheduler
+from scheduler.vllm.config import VllmSchedulerConfig
 
 TINY = dict(
     hidden_size=64,

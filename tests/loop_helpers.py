@@ -3,7 +3,7 @@ decode stretches are really taken (a test of equality proves little if none ever
 
 from __future__ import annotations
 
-from scheduler.loop import EventLoop, FastForward
+from scheduler.loop.event_loop import EventLoop, FastForward
 
 
 class CountingLoop(EventLoop):

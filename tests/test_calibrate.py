@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.forward_plan import ForwardMode, synthetic_plan
+from scheduler.core.forward_plan import ForwardMode, synthetic_plan
 from simulator import profile_fit as pf
 from simulator.profile_cost import ProfileCostModel, ProfileError
 from testbed.calibrate import CalibrationConfig, calibrate

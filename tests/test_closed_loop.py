@@ -27,14 +27,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loop_helpers import CountingLoop
 
-from scheduler.arrivals import ClosedLoopArrivals
-from scheduler.config import SchedulerConfig
+from scheduler.loop.arrivals import ClosedLoopArrivals
+from scheduler.sglang.config import SchedulerConfig
 from scheduler.model_config import load_model_config
-from scheduler.req import Req
-from scheduler.sampling import SamplingParams
-from scheduler.scheduler import Scheduler
-from scheduler.vllm_config import VllmSchedulerConfig
-from scheduler.vllm_scheduler import VllmScheduler
+from scheduler.core.req import Req
+from scheduler.core.sampling import SamplingParams
+from scheduler.sglang.scheduler import Scheduler
+from scheduler.vllm.config import VllmSchedulerConfig
+from scheduler.vllm.scheduler import VllmScheduler
 from simulator.hardware import load_hardware
 from simulator.roofline import RooflineCostModel
 from simulator.sim_driver import SimDriver

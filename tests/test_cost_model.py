@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from scheduler.forward_plan import ForwardMode, ForwardPlan
+from scheduler.core.forward_plan import ForwardMode, ForwardPlan
 from scheduler.model_config import load_model_config
 from simulator.cost_model import CostModel, CpuStageCosts, StageCost
 from simulator.hardware import (

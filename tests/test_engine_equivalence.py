@@ -34,10 +34,10 @@ from engine_helpers import (
 )
 
 from engine.real_driver import RealDriver
-from scheduler.forward_plan import ForwardMode
-from scheduler.loop import EventLoop
-from scheduler.req import FinishReason
-from scheduler.scheduler import Scheduler
+from scheduler.core.forward_plan import ForwardMode
+from scheduler.loop.event_loop import EventLoop
+from scheduler.core.req import FinishReason
+from scheduler.sglang.scheduler import Scheduler
 
 
 class Env:

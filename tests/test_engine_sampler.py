@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.sampler import SamplingBatch, sample
-from scheduler.sampling import SamplingParams
+from scheduler.core.sampling import SamplingParams
 
 V = 64
 

@@ -24,17 +24,17 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from loop_helpers import CountingLoop
 
-from scheduler.config import SchedulerConfig
-from scheduler.forward_plan import ForwardMode, ForwardPlan
-from scheduler.ids import ids
-from scheduler.loop import DeadlockError
-from scheduler.memory_pool import TokenToKVPoolAllocator
+from scheduler.sglang.config import SchedulerConfig
+from scheduler.core.forward_plan import ForwardMode, ForwardPlan
+from scheduler.core.ids import ids
+from scheduler.loop.event_loop import DeadlockError
+from scheduler.memory.memory_pool import TokenToKVPoolAllocator
 from scheduler.model_config import load_model_config
-from scheduler.req import Req
-from scheduler.sampling import SamplingParams
-from scheduler.scheduler import Scheduler
-from scheduler.vllm_config import VllmSchedulerConfig
-from scheduler.vllm_scheduler import VllmScheduler
+from scheduler.core.req import Req
+from scheduler.core.sampling import SamplingParams
+from scheduler.sglang.scheduler import Scheduler
+from scheduler.vllm.config import VllmSchedulerConfig
+from scheduler.vllm.scheduler import VllmScheduler
 from simulator.hardware import load_hardware
 from simulator.roofline import RooflineCostModel
 from simulator.sim_driver import SimDriver
@@ -141,7 +141,7 @@ def test_fast_forward_gives_the_run_that_stepping_gives(case, tmp_path_factory):
 def _queued_case(draw):
     """A burst of requests, some with long prompts, on a pool for a few: the batch is full, the
     rest wait, and the step after a request leaves looks at the queue, whose head often does not
-    fit (the checks a stretch goes through, scheduler/refused_admission.py)."""
+    fit (the checks a stretch goes through, scheduler/sglang/refused_admission.py)."""
     n = draw(st.integers(6, 24))
     prefixes = [list(range(10_000 * (k + 1), 10_000 * (k + 1) + draw(st.sampled_from([16, 100, 300])))) for k in range(2)]
     reqs, t = [], 0.0
@@ -486,7 +486,7 @@ def test_roofline_prices_a_stretch_as_each_step_alone(per_component, tp, attenti
 def test_steps_with_pages_counts_as_taking_them_one_step_at_a_time(free, per_step, reserve, limit):
     """The stretch planner's count of steps that find their pages (closed-form where pages are
     slots) against taking the pages a step at a time."""
-    from scheduler.decode_stretch import steps_with_pages
+    from scheduler.fast_forward.decode_stretch import steps_with_pages
 
     left, count = free, 0
     while count < limit and left >= reserve:

@@ -4,7 +4,7 @@ so that many replays in one process (a study) do not pile up each run's radix tr
 import gc
 import weakref
 
-from scheduler.gc_pause import gc_paused
+from scheduler.loop.gc_pause import gc_paused
 
 
 class Node:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from cli_helpers import assert_clean_error
 
-from scheduler.forward_plan import ForwardMode, ForwardPlan
+from scheduler.core.forward_plan import ForwardMode, ForwardPlan
 from scheduler.model_config import load_model_config
-from scheduler.server_defaults import default_chunked_prefill_size, default_mem_fraction_static
+from scheduler.sglang.server_defaults import default_chunked_prefill_size, default_mem_fraction_static
 from simulator.cuda_graphs import sglang_graphs, vllm_graphs
 from simulator.hardware import load_hardware
 from simulator.kernel_cost import KernelProfileCostModel

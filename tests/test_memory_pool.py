@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from scheduler.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
+from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 
 PAGE_SIZES = [1, 4, 16]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import assert_clean_error
 
-from scheduler.forward_plan import ForwardMode, ForwardPlan
+from scheduler.core.forward_plan import ForwardMode, ForwardPlan
 from simulator.kernel_cost import KernelProfileCostModel
 from simulator.kernel_holdout import uniform_plan
 from simulator.kernel_profile import build_kernel_profile

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import assert_clean_error
 
-from scheduler.forward_plan import ForwardMode
+from scheduler.core.forward_plan import ForwardMode
 from scheduler.model_config import load_model_config
 from simulator.hardware import load_hardware
 from simulator.kernel_holdout import uniform_plan

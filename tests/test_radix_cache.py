@@ -28,11 +28,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from scheduler.chunk_cache import ChunkCache
-from scheduler.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
-from scheduler.radix_cache import RadixCache, common_prefix_len
-from scheduler.req import Req
-from scheduler.sampling import SamplingParams
+from scheduler.memory.chunk_cache import ChunkCache
+from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
+from scheduler.memory.radix_cache import RadixCache, common_prefix_len
+from scheduler.core.req import Req
+from scheduler.core.sampling import SamplingParams
 
 # ---------------------------------------------------------------------------
 # helpers
@@ -348,7 +348,7 @@ def test_locked_leaf_survives_eviction(ps):
 def test_locked_prefix_len_counts_the_locked_part_of_a_match_and_changes_nothing():
     """What a running request holds locked of a key's cached prefix, by a look that neither
     splits a node nor stamps one (a decode stretch bounds an admission check with it)."""
-    from scheduler.ids import ids
+    from scheduler.core.ids import ids
 
     _, alloc, cache = make_cache(32, 1)
     insert_fresh(cache, alloc, paged("abcdef"))

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scheduler.step_log import STEP_COLUMNS
+from scheduler.loop.step_log import STEP_COLUMNS
 from testbed.options import ReplayOptions
 from testbed.replay import ReplayProgress, replay
 from testbed.runs.folder import load_run

@@ -14,14 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scheduler.config import SchedulerConfig
-from scheduler.invariants import InvariantError
-from scheduler.loop import CpuWork, EventLoop
+from scheduler.sglang.config import SchedulerConfig
+from scheduler.core.invariants import InvariantError
+from scheduler.loop.event_loop import CpuWork, EventLoop
 from scheduler.model_config import load_model_config
-from scheduler.policy import POLICIES
-from scheduler.req import Req
-from scheduler.sampling import SamplingParams
-from scheduler.scheduler import Scheduler
+from scheduler.sglang.policy import POLICIES
+from scheduler.core.req import Req
+from scheduler.core.sampling import SamplingParams
+from scheduler.sglang.scheduler import Scheduler
 from simulator.hardware import load_hardware
 from simulator.roofline import RooflineCostModel
 from simulator.sim_driver import SimDriver

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.chunk_cache import ChunkCache
-from scheduler.config import SchedulerConfig
-from scheduler.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
-from scheduler.policy import SchedulePolicy
-from scheduler.prefill_adder import AddReqResult, PrefillAdder
-from scheduler.radix_cache import RadixCache
-from scheduler.req import Req
-from scheduler.sampling import SamplingParams
-from scheduler.scheduler import Scheduler
+from scheduler.memory.chunk_cache import ChunkCache
+from scheduler.sglang.config import SchedulerConfig
+from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
+from scheduler.sglang.policy import SchedulePolicy
+from scheduler.sglang.prefill_adder import AddReqResult, PrefillAdder
+from scheduler.memory.radix_cache import RadixCache
+from scheduler.core.req import Req
+from scheduler.core.sampling import SamplingParams
+from scheduler.sglang.scheduler import Scheduler
 from simulator.hardware import load_hardware
-from scheduler.server_defaults import default_chunked_prefill_size, default_mem_fraction_static
-from scheduler.step_clock import run_steps
+from scheduler.sglang.server_defaults import default_chunked_prefill_size, default_mem_fraction_static
+from scheduler.loop.step_clock import run_steps
 from testbed.options import ReplayOptions, resolved_options
 from testbed.replay import replay
 from testbed.traces.schema import Trace, TraceRequest

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.loop import EventLoop
-from scheduler.scheduler import Scheduler
+from scheduler.loop.event_loop import EventLoop
+from scheduler.sglang.scheduler import Scheduler
 from testbed.options import ReplayOptions
 from testbed.traces.gen import GenConfig, generate_trace
 

@@ -1,4 +1,4 @@
-"""new_token_ratio's decay (scheduler/token_ratio.py): k steps at once give the very float that k
+"""new_token_ratio's decay (scheduler/sglang/token_ratio.py): k steps at once give the very float that k
 steps one by one give, from SGLang's start value and from any other (a retraction's)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.config import SchedulerConfig
-from scheduler.token_ratio import NewTokenRatioDecay
+from scheduler.sglang.config import SchedulerConfig
+from scheduler.sglang.token_ratio import NewTokenRatioDecay
 
 
 @settings(max_examples=200, deadline=None)

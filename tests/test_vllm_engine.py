@@ -24,9 +24,9 @@ from engine_helpers import (
 )
 
 from engine.real_driver import RealDriver
-from scheduler.forward_plan import ForwardMode
-from scheduler.loop import EventLoop
-from scheduler.vllm_scheduler import VllmScheduler
+from scheduler.core.forward_plan import ForwardMode
+from scheduler.loop.event_loop import EventLoop
+from scheduler.vllm.scheduler import VllmScheduler
 
 LENS = [10, 60, 25, 41, 17, 52]
 OUTS = [5, 20, 12, 7, 16, 9]

@@ -17,12 +17,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.loop import CpuWork, EventLoop
+from scheduler.loop.event_loop import CpuWork, EventLoop
 from scheduler.model_config import load_model_config
-from scheduler.req import Req
-from scheduler.sampling import SamplingParams
-from scheduler.vllm_config import VllmSchedulerConfig
-from scheduler.vllm_scheduler import VllmScheduler
+from scheduler.core.req import Req
+from scheduler.core.sampling import SamplingParams
+from scheduler.vllm.config import VllmSchedulerConfig
+from scheduler.vllm.scheduler import VllmScheduler
 from simulator.hardware import load_hardware
 from simulator.roofline import RooflineCostModel
 from simulator.sim_driver import SimDriver

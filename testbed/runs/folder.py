@@ -36,7 +36,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from scheduler.step_log import FLOAT_COLUMNS, STEP_COLUMNS
+from scheduler.loop.step_log import FLOAT_COLUMNS, STEP_COLUMNS
 from testbed.runs.journal import is_locked, read_journal, record_batch
 from testbed.runs.metrics import REQUESTS_SCHEMA, run_summary
 

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from scheduler.req import FinishReason, Req
+from scheduler.core.req import FinishReason, Req
 
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "itl", "e2e")

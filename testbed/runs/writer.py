@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 
-from scheduler.req import Req
-from scheduler.step_log import StepLog
+from scheduler.core.req import Req
+from scheduler.loop.step_log import StepLog
 from testbed.interrupts import deferred_interrupts
 from testbed.runs import metrics
 from testbed.runs.folder import (

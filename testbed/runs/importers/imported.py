@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from scheduler.req import FinishReason, Req
-from scheduler.sampling import SamplingParams
+from scheduler.core.req import FinishReason, Req
+from scheduler.core.sampling import SamplingParams
 from testbed.errors import TraceError
 from testbed.traces.fields import shown
 

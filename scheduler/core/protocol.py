@@ -10,9 +10,9 @@ from __future__ import annotations
 from array import array
 from typing import Collection, Protocol
 
-from scheduler.decode_stretch import DecodeStretch
-from scheduler.forward_plan import ForwardPlan
-from scheduler.req import Req
+from scheduler.fast_forward.decode_stretch import DecodeStretch
+from scheduler.core.forward_plan import ForwardPlan
+from scheduler.core.req import Req
 
 
 class RunningSet(Protocol):
@@ -59,7 +59,7 @@ class SchedulerCore(Protocol):
 
     def check_invariants(self) -> None: ...
 
-    # Decode stretches (scheduler/decode_stretch.py): asked only by a loop whose driver knows
+    # Decode stretches (scheduler/fast_forward/decode_stretch.py): asked only by a loop whose driver knows
     # every sampled token in advance (the simulator's fast-forward).
     def decode_stretch(self, inflight: Launched | None, token_id: int) -> DecodeStretch | None: ...
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.forward_plan import ForwardMode, ForwardPlan
-from scheduler.ids import ids
-from scheduler.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
-from scheduler.req import Req
+from scheduler.core.forward_plan import ForwardMode, ForwardPlan
+from scheduler.core.ids import ids
+from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
+from scheduler.core.req import Req
 
 # Decode steps of headroom that retraction leaves each remaining request (SGLang's value).
 RETRACT_DECODE_STEPS = 20

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable
 
-from scheduler.forward_plan import ForwardPlan
-from scheduler.loop import (
+from scheduler.core.forward_plan import ForwardPlan
+from scheduler.loop.event_loop import (
     AwaitResult,
     CpuWork,
     EventLoop,
@@ -21,8 +21,8 @@ from scheduler.loop import (
     Launch,
     WaitForArrival,
 )
-from scheduler.req import Req
-from scheduler.scheduler import Scheduler
+from scheduler.core.req import Req
+from scheduler.sglang.scheduler import Scheduler
 
 
 @dataclass

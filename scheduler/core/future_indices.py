@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from scheduler.forward_plan import ForwardPlan
-from scheduler.req import Req
+from scheduler.core.forward_plan import ForwardPlan
+from scheduler.core.req import Req
 
 FUTURE_MAP_SIZE = 1 << 20  # future indices cycle; far more than the tokens ever in flight
 

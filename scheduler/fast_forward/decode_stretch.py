@@ -30,8 +30,8 @@ from typing import Callable, Container, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 
-from scheduler.memory_pool import ReqToTokenPool
-from scheduler.req import Req
+from scheduler.memory.memory_pool import ReqToTokenPool
+from scheduler.core.req import Req
 
 
 @dataclass(slots=True)
@@ -130,7 +130,7 @@ class DecodeStretch:
 def steps_through_first_finish(stretch: DecodeStretch, overlap: bool) -> int | None:
     """The stretch's steps up to the first whose processing finishes a request, that one
     included (None if no step's does): where a finish would send a closed-loop client's next
-    request (scheduler/arrivals.py). The first finish is in the first segment's reach (a segment
+    request (scheduler/loop/arrivals.py). The first finish is in the first segment's reach (a segment
     that finishes no request is the stretch's last). Without overlap step j processes its own
     batch: the first segment's finishing requests finish at its last step. With overlap step j
     processes the batch launched before it: a request leaving at step 0 with its last token in
@@ -192,7 +192,7 @@ def steps_finding_their_pages(free_pages: int, per_step: Sequence[int], limit: i
 
 class AdmissionChecks(Protocol):
     """The admission checks that a stretch beside a waiting queue goes through: the step after a
-    request leaves looks at the queue (scheduler/refused_admission.py)."""
+    request leaves looks at the queue (scheduler/sglang/refused_admission.py)."""
 
     def leave(self, seq_len: int) -> None:
         """A request leaves, with seq_len slots at most when it finishes."""

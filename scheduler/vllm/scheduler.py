@@ -44,19 +44,19 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 
-from scheduler.chunk_cache import ChunkCache
-from scheduler.forward_plan import ForwardMode, ForwardPlan
-from scheduler.future_indices import FutureIndices
-from scheduler.ids import ids
-from scheduler.invariants import check_end_of_run
-from scheduler.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
-from scheduler.radix_cache import RadixCache
-from scheduler.req import FinishReason, Req
-from scheduler.scheduler import LaunchedBatch
-from scheduler.vllm_config import VllmSchedulerConfig
-from scheduler.vllm_decode_stretch import VllmDecodeStretches
-from scheduler.vllm_kv_blocks import VllmKVBlocks
-from scheduler.vllm_queues import RunningQueue, WaitingQueue
+from scheduler.memory.chunk_cache import ChunkCache
+from scheduler.core.forward_plan import ForwardMode, ForwardPlan
+from scheduler.core.future_indices import FutureIndices
+from scheduler.core.ids import ids
+from scheduler.core.invariants import check_end_of_run
+from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
+from scheduler.memory.radix_cache import RadixCache
+from scheduler.core.req import FinishReason, Req
+from scheduler.sglang.scheduler import LaunchedBatch
+from scheduler.vllm.config import VllmSchedulerConfig
+from scheduler.vllm.decode_stretches import VllmDecodeStretches
+from scheduler.vllm.kv_blocks import VllmKVBlocks
+from scheduler.vllm.queues import RunningQueue, WaitingQueue
 
 
 @dataclass(eq=False, slots=True)

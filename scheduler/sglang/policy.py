@@ -16,10 +16,10 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 
-from scheduler.ids import ids, zeros
-from scheduler.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
-from scheduler.radix_cache import RadixCache, TreeNode
-from scheduler.req import Req
+from scheduler.core.ids import ids, zeros
+from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
+from scheduler.memory.radix_cache import RadixCache, TreeNode
+from scheduler.core.req import Req
 
 POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random", "priority")
 CACHE_AWARE = ("lpm", "dfs-weight")

@@ -10,8 +10,8 @@ import enum
 from array import array
 from dataclasses import dataclass
 
-from scheduler.ids import ids
-from scheduler.sampling import SamplingParams
+from scheduler.core.ids import ids
+from scheduler.core.sampling import SamplingParams
 
 
 class ForwardMode(enum.Enum):

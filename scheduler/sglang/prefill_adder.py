@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 
-from scheduler.req import Req
+from scheduler.core.req import Req
 
 # SGLang clips each request's reserved decode tokens so a huge max_new_tokens
 # does not block admission forever.

@@ -11,7 +11,7 @@ from array import array
 
 import numpy as np
 
-from scheduler.ids import IDS_TYPECODE, as_ids, extend_range, ids
+from scheduler.core.ids import IDS_TYPECODE, as_ids, extend_range, ids
 
 
 class ReqToTokenPool:

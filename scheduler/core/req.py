@@ -7,8 +7,8 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from scheduler.ids import as_ids, ids
-from scheduler.sampling import SamplingParams
+from scheduler.core.ids import as_ids, ids
+from scheduler.core.sampling import SamplingParams
 
 
 class FinishReason(enum.Enum):

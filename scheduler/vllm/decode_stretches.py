@@ -1,4 +1,4 @@
-"""vLLM's scheduler taking decode stretches (scheduler/decode_stretch.py): which of the next
+"""vLLM's scheduler taking decode stretches (scheduler/fast_forward/decode_stretch.py): which of the next
 steps are pure decodes (decode_stretch), and taking them at once (advance_decode_stretch),
 with the state changes stepping would make. A mixin of VllmScheduler (vllm_scheduler.py),
 beside SGLang's (sglang_decode_stretch.py). docs/fast-forward.md says why the result equals
@@ -17,7 +17,7 @@ import heapq
 from array import array
 from typing import TYPE_CHECKING
 
-from scheduler.decode_stretch import (
+from scheduler.fast_forward.decode_stretch import (
     DecodeStretch,
     StretchSegment,
     append_tokens,
@@ -26,13 +26,13 @@ from scheduler.decode_stretch import (
     steps_finding_their_pages,
     stretch_through_finishes,
 )
-from scheduler.forward_plan import ForwardMode
-from scheduler.memory_pool import dealt
-from scheduler.req import Req
+from scheduler.core.forward_plan import ForwardMode
+from scheduler.memory.memory_pool import dealt
+from scheduler.core.req import Req
 
 if TYPE_CHECKING:
-    from scheduler.scheduler import LaunchedBatch
-    from scheduler.vllm_scheduler import VllmScheduler
+    from scheduler.sglang.scheduler import LaunchedBatch
+    from scheduler.vllm.scheduler import VllmScheduler
 
 
 class VllmDecodeStretches:

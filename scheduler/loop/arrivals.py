@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from scheduler.req import Req
+from scheduler.core.req import Req
 
 
 class ArrivalSource:

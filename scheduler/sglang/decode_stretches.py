@@ -1,4 +1,4 @@
-"""SGLang's scheduler taking decode stretches (scheduler/decode_stretch.py): which of the next
+"""SGLang's scheduler taking decode stretches (scheduler/fast_forward/decode_stretch.py): which of the next
 steps are pure decodes (decode_stretch), and taking them at once (advance_decode_stretch),
 with the state changes stepping would make. A mixin of Scheduler (scheduler.py): it reads
 and changes the scheduler's own state, and calls its ordinary step code for the steps it
@@ -9,7 +9,7 @@ from __future__ import annotations
 from array import array
 from typing import TYPE_CHECKING
 
-from scheduler.decode_stretch import (
+from scheduler.fast_forward.decode_stretch import (
     DecodeStretch,
     StretchSegment,
     append_tokens,
@@ -18,12 +18,12 @@ from scheduler.decode_stretch import (
     steps_with_pages,
     stretch_through_finishes,
 )
-from scheduler.forward_plan import ForwardMode
-from scheduler.refused_admission import RefusedAdmissions
-from scheduler.req import Req
+from scheduler.core.forward_plan import ForwardMode
+from scheduler.sglang.refused_admission import RefusedAdmissions
+from scheduler.core.req import Req
 
 if TYPE_CHECKING:
-    from scheduler.scheduler import LaunchedBatch, Scheduler
+    from scheduler.sglang.scheduler import LaunchedBatch, Scheduler
 
 
 class SglangDecodeStretches:

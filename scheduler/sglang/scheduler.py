@@ -11,19 +11,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.chunk_cache import ChunkCache
-from scheduler.config import SchedulerConfig
-from scheduler.forward_plan import ForwardMode, ForwardPlan
-from scheduler.future_indices import FUTURE_MAP_SIZE, FutureIndices
-from scheduler.invariants import InvariantError, check_end_of_run
-from scheduler.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
-from scheduler.policy import SchedulePolicy
-from scheduler.prefill_adder import CLIP_MAX_NEW_TOKENS, IGNORE_EOS_RESERVE_TOKENS, AddReqResult, PrefillAdder
-from scheduler.radix_cache import RadixCache
-from scheduler.req import FinishReason, Req
-from scheduler.schedule_batch import ScheduleBatch
-from scheduler.sglang_decode_stretch import SglangDecodeStretches
-from scheduler.token_ratio import NewTokenRatioDecay
+from scheduler.memory.chunk_cache import ChunkCache
+from scheduler.sglang.config import SchedulerConfig
+from scheduler.core.forward_plan import ForwardMode, ForwardPlan
+from scheduler.core.future_indices import FUTURE_MAP_SIZE, FutureIndices
+from scheduler.core.invariants import InvariantError, check_end_of_run
+from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
+from scheduler.sglang.policy import SchedulePolicy
+from scheduler.sglang.prefill_adder import CLIP_MAX_NEW_TOKENS, IGNORE_EOS_RESERVE_TOKENS, AddReqResult, PrefillAdder
+from scheduler.memory.radix_cache import RadixCache
+from scheduler.core.req import FinishReason, Req
+from scheduler.sglang.schedule_batch import ScheduleBatch
+from scheduler.sglang.decode_stretches import SglangDecodeStretches
+from scheduler.sglang.token_ratio import NewTokenRatioDecay
 
 __all__ = ["FUTURE_MAP_SIZE", "InvariantError", "LaunchedBatch", "Scheduler"]
 # SGLang reserves a few tokens of the longest request for the output (max_req_input_len).

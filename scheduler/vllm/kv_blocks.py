@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from array import array
 
-from scheduler.chunk_cache import ChunkCache
-from scheduler.ids import ids
-from scheduler.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
-from scheduler.radix_cache import RadixCache
-from scheduler.req import Req
+from scheduler.memory.chunk_cache import ChunkCache
+from scheduler.core.ids import ids
+from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
+from scheduler.memory.radix_cache import RadixCache
+from scheduler.core.req import Req
 
 
 class VllmKVBlocks:

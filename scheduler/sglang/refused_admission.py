@@ -42,13 +42,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from scheduler.prefill_adder import CLIP_MAX_NEW_TOKENS
-from scheduler.radix_cache import common_prefix_len
-from scheduler.token_ratio import NewTokenRatioDecay
+from scheduler.sglang.prefill_adder import CLIP_MAX_NEW_TOKENS
+from scheduler.memory.radix_cache import common_prefix_len
+from scheduler.sglang.token_ratio import NewTokenRatioDecay
 
 if TYPE_CHECKING:
-    from scheduler.req import Req
-    from scheduler.scheduler import Scheduler
+    from scheduler.core.req import Req
+    from scheduler.sglang.scheduler import Scheduler
 
 # Tokens the bounds must clear by: the adder sums floats in its own order.
 MARGIN = 16.0

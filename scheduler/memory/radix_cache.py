@@ -14,11 +14,11 @@ from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
-from scheduler.ids import as_ids, ids
-from scheduler.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
+from scheduler.core.ids import as_ids, ids
+from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 
 if TYPE_CHECKING:
-    from scheduler.req import Req
+    from scheduler.core.req import Req
 
 
 @dataclass(eq=False, slots=True)

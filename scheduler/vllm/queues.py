@@ -7,7 +7,7 @@ import heapq
 from collections import deque
 from typing import Iterator
 
-from scheduler.req import Req
+from scheduler.core.req import Req
 
 
 class RunningQueue(list):

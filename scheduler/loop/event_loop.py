@@ -11,13 +11,13 @@ The loop yields what it waits for; a driver answers:
 - WaitForArrival(until): nothing to do before `until` (the next arrival).
 - FastForward(stretch, next_arrival, inflight, max_steps): only where the driver knows every
   sampled token in advance (the simulator: EventLoop.fast_forward_token) does the loop ask the
-  scheduler for a decode stretch (scheduler/decode_stretch.py), steps that repeat the
+  scheduler for a decode stretch (scheduler/fast_forward/decode_stretch.py), steps that repeat the
   running batch's decode. The driver prices them as it would one by one, cuts them before
   the first step whose schedule start reaches next_arrival (and after max_steps steps), and
   sends back their times (StretchTimes), or None to step as usual. The real engine never
   sees this wait.
 
-Requests come from an arrival source (scheduler/arrivals.py): at their own arrival times
+Requests come from an arrival source (scheduler/loop/arrivals.py): at their own arrival times
 (open loop), or from N clients that each send the next request when their last one is done
 (closed loop). There a finish sends a request at a time not known before it: a stretch then
 ends with the step whose processing finishes a request (max_steps), so that the next step's
@@ -41,12 +41,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Iterator
 
-from scheduler.arrivals import ArrivalSource, OpenLoopArrivals
-from scheduler.decode_stretch import DecodeStretch, steps_through_first_finish
-from scheduler.forward_plan import ForwardPlan
-from scheduler.protocol import Launched, SchedulerCore
-from scheduler.req import Req
-from scheduler.step_log import StepLog, StretchRows, StretchState
+from scheduler.loop.arrivals import ArrivalSource, OpenLoopArrivals
+from scheduler.fast_forward.decode_stretch import DecodeStretch, steps_through_first_finish
+from scheduler.core.forward_plan import ForwardPlan
+from scheduler.core.protocol import Launched, SchedulerCore
+from scheduler.core.req import Req
+from scheduler.loop.step_log import StepLog, StretchRows, StretchState
 
 
 @dataclass(slots=True)

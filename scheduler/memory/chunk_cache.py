@@ -9,12 +9,12 @@ from __future__ import annotations
 from array import array
 from typing import TYPE_CHECKING, Sequence
 
-from scheduler.ids import ids
-from scheduler.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
-from scheduler.radix_cache import finished_kv_len
+from scheduler.core.ids import ids
+from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
+from scheduler.memory.radix_cache import finished_kv_len
 
 if TYPE_CHECKING:
-    from scheduler.req import Req
+    from scheduler.core.req import Req
 
 
 class ChunkCache:

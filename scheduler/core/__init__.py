@@ -1,0 +1,1 @@
+"""Shared vocabulary of both schedulers: a request, its sampling, the plan of one forward, the protocol the loop asks of a scheduler, the end-of-run invariants."""

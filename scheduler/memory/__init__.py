@@ -1,0 +1,1 @@
+"""KV memory: the request-to-token pool, the token allocator, the radix cache and the chunk cache (radix off)."""
