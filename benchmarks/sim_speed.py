@@ -126,10 +126,10 @@ def bench_decode_stretch(batch: int, steps: int, stretch: int = 50) -> list[floa
     now = 0.0
     for _ in range(steps // stretch - 1):
         t0 = time.perf_counter()
-        s = sched.decode_stretch(None, 1)
+        s = sched.decode_stretches.decode_stretch(None, 1)
         assert s is not None and s.max_steps >= stretch and s.batch_size == batch
         token_times = array("d", (now + 0.01 * j for j in range(stretch)))
-        sched.advance_decode_stretch(s, stretch, token_times, token_times, 1)  # (launch and process times alike)
+        sched.decode_stretches.advance_decode_stretch(s, stretch, token_times, token_times, 1)  # (launch and process times alike)
         times.append((time.perf_counter() - t0) / stretch)
         now += 0.01 * stretch
     return times

@@ -67,6 +67,15 @@ from simulator.mixed_attention import MixedDecodeFactor
 from simulator.precision import BF16, Precision
 from simulator.profile_cost import ProfileError, check_header
 
+# The model dimensions a kernel profile was built for (its "model_shapes"): a model with other
+# values needs another profile.
+SHAPE_KEYS = ("architecture", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "head_dim", "intermediate_size", "vocab_size", "qk_norm")
+
+
+def model_shapes(model: ModelConfig) -> dict:
+    return {k: getattr(model, k) for k in SHAPE_KEYS}
+
 
 def monotone(table: np.ndarray) -> np.ndarray:
     """Each value lowered to the smallest at a larger-or-equal shape along every axis."""
@@ -213,8 +222,6 @@ class KernelProfileCostModel:
 
     def check_model(self, model: ModelConfig, tp: int) -> None:
         """Refuse a model or TP the profile was not built for, naming both."""
-        from simulator.kernel_profile import model_shapes
-
         built = f"{self.model} at TP {self.tp}"
         if model.name != self.model or tp != self.tp:
             raise ProfileError(f"--profile {self.path} was built for {built}, not {model.name} at TP {tp}")

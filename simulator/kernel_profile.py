@@ -56,6 +56,7 @@ from typing import Callable
 
 from scheduler.model_config import ModelConfig, load_model_config
 from simulator.hardware import database_system_spec
+from simulator.kernel_cost import model_shapes
 from simulator.kernel_db import KernelDatabase, KernelDatabaseError, KernelDataMissing, system_spec
 from simulator.mixed_attention import MixedAttentionError, from_llmservingsim
 from simulator.precision import BF16, FP8, Precision
@@ -72,15 +73,6 @@ DECODE_BATCH = [2**k for k in range(12)]  # 1 .. 2048, the database's decode bat
 DECODE_CONTEXT = POWERS
 REQUESTS = sorted({*range(1, 17), *(2**k for k in range(5, 13))})  # lm_head rows: 1 .. 4096
 LAYER_OPS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "norms", "act_fn", "all_reduce")
-SHAPE_KEYS = ("architecture", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-              "head_dim", "intermediate_size", "vocab_size", "qk_norm")
-
-
-def model_shapes(model: ModelConfig) -> dict:
-    """What a kernel profile depends on: a model with other values here needs another profile."""
-    return {k: getattr(model, k) for k in SHAPE_KEYS}
-
-
 def _seconds(x: float) -> float:
     return float(f"{x:.5g}")  # 5 significant digits: far below the database's own noise, a small file
 

@@ -32,8 +32,10 @@ from scheduler.memory.memory_pool import TokenToKVPoolAllocator
 from scheduler.model_config import load_model_config
 from scheduler.core.req import Req
 from scheduler.core.sampling import SamplingParams
+from scheduler.sglang.decode_stretches import SglangDecodeStretches
 from scheduler.sglang.scheduler import Scheduler
 from scheduler.vllm.config import VllmSchedulerConfig
+from scheduler.vllm.decode_stretches import VllmDecodeStretches
 from scheduler.vllm.scheduler import VllmScheduler
 from simulator.hardware import load_hardware
 from simulator.roofline import RooflineCostModel
@@ -195,28 +197,33 @@ def test_stretches_through_admission_checks_give_the_run_that_stepping_gives(cas
 # --- the fast path is taken ------------------------------------------------------------------
 
 
-class _StretchRecordingScheduler(Scheduler):
-    """Keeps every decode stretch it advances (to see what the stretches went through)."""
-
-    def __init__(self, config: SchedulerConfig) -> None:
-        super().__init__(config)
-        self.advanced: list = []
-        self.advanced_waiting: list[tuple[int, int]] = []  # (requests waiting, steps taken) of each
-        self.bulk_evictions = 0  # bulk steps' schedules that evicted
+class _RecordingSglangStretches(SglangDecodeStretches):
+    """Keeps, on its scheduler, every decode stretch it advances (to see what they went through)."""
 
     def advance_decode_stretch(self, stretch, num_steps, *args):
-        self.advanced.append((stretch.merges_prefill, stretch.taken(num_steps)))  # (and the segments its steps went through)
-        self.advanced_waiting.append((len(self.waiting_queue), num_steps))
+        sched = self.sched
+        sched.advanced.append((stretch.merges_prefill, stretch.taken(num_steps)))  # (and the segments its steps went through)
+        sched.advanced_waiting.append((len(sched.waiting_queue), num_steps))
         return super().advance_decode_stretch(stretch, num_steps, *args)
 
     def _refused_admission_check(self):
-        self.admission_checks = getattr(self, "admission_checks", 0) + 1
+        self.sched.admission_checks += 1
         super()._refused_admission_check()
 
     def _bulk_decode(self, *args):
-        cached = self.tree_cache.evictable_size()
+        cached = self.sched.tree_cache.evictable_size()
         super()._bulk_decode(*args)
-        self.bulk_evictions += self.tree_cache.evictable_size() < cached
+        self.sched.bulk_evictions += self.sched.tree_cache.evictable_size() < cached
+
+
+class _StretchRecordingScheduler(Scheduler):
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(config)
+        self.decode_stretches = _RecordingSglangStretches(self)
+        self.advanced: list = []
+        self.advanced_waiting: list[tuple[int, int]] = []  # (requests waiting, steps taken) of each
+        self.bulk_evictions = 0  # bulk steps' schedules that evicted
+        self.admission_checks = 0
 
 
 class _StretchRecordingVllm(VllmScheduler):
@@ -241,13 +248,7 @@ class _StretchRecordingVllm(VllmScheduler):
             return evict(num_tokens)
 
         self.kv.cache_full_blocks, self.tree_cache.evict = counting_cache, counting_evict
-
-    def advance_decode_stretch(self, *args):
-        self._in_bulk = True
-        try:
-            return super().advance_decode_stretch(*args)
-        finally:
-            self._in_bulk = False
+        self.decode_stretches = _BulkMarkingVllmStretches(self)
 
     def get_next_batch_to_run(self):
         in_bulk, self._in_bulk = self._in_bulk, False
@@ -256,9 +257,20 @@ class _StretchRecordingVllm(VllmScheduler):
         finally:
             self._in_bulk = in_bulk
 
-    def _finish(self, req: Req, now: float) -> None:
+    def finish(self, req: Req, now: float) -> None:
         self.bulk_finishes += self._in_bulk
-        super()._finish(req, now)
+        super().finish(req, now)
+
+
+class _BulkMarkingVllmStretches(VllmDecodeStretches):
+    """Marks its scheduler as in bulk while a stretch is taken."""
+
+    def advance_decode_stretch(self, *args):
+        self.sched._in_bulk = True
+        try:
+            return super().advance_decode_stretch(*args)
+        finally:
+            self.sched._in_bulk = False
 
 
 def _light_run(fast_forward: bool, overlap: bool, kv_tokens: int = 200_000, page_size: int = 1,
@@ -411,7 +423,7 @@ def test_bulk_page_takes_equal_one_take_at_a_time(seed, per_step, steps):
     one, bulk, singly = (_allocator(random.Random(seed)) for _ in range(3))
     taken = ids()
     for _ in range(steps):
-        taken.extend(one._take_pages(per_step))
+        taken.extend(one.take_pages(per_step))
     assert bulk.take_pages_in_steps(per_step, steps) == taken
     assert (bulk.free_pages, bulk.next_fresh_page) == (one.free_pages, one.next_fresh_page)
     dealt = _allocator(random.Random(seed))
@@ -420,7 +432,7 @@ def test_bulk_page_takes_equal_one_take_at_a_time(seed, per_step, steps):
     one_by_one = _allocator(random.Random(seed))
     expected = ids()
     for _ in range(per_step * steps):
-        expected.extend(one_by_one._take_pages(1))
+        expected.extend(one_by_one.take_pages(1))
     assert singly.take_pages_singly(per_step * steps) == expected
     assert (singly.free_pages, singly.next_fresh_page) == (one_by_one.free_pages, one_by_one.next_fresh_page)
 

@@ -37,11 +37,23 @@ class Launched(Protocol):
     cache_hit_tokens: int  # prefix tokens newly admitted requests reused from the cache
 
 
+class DecodeStretches(Protocol):
+    """A scheduler's decode stretches (scheduler/fast_forward/decode_stretch.py): asked only by a
+    loop whose driver knows every sampled token in advance (the simulator's fast-forward)."""
+
+    def decode_stretch(self, inflight: Launched | None, token_id: int) -> DecodeStretch | None: ...
+
+    def advance_decode_stretch(self, stretch: DecodeStretch, num_steps: int, launch_times: array,
+                               token_times: array, token_id: int) -> Launched: ...
+
+
 class SchedulerCore(Protocol):
     waiting_queue: Collection[Req]
     running_batch: RunningSet
     tree_cache: PrefixCache
     done: list[Req]  # finished and rejected requests, in finishing order
+    # None: the scheduler takes no decode stretches, and the loop steps every step.
+    decode_stretches: DecodeStretches | None
 
     def add_request(self, req: Req) -> None: ...
 
@@ -58,10 +70,3 @@ class SchedulerCore(Protocol):
     def kv_used_tokens(self) -> int: ...
 
     def check_invariants(self) -> None: ...
-
-    # Decode stretches (scheduler/fast_forward/decode_stretch.py): asked only by a loop whose driver knows
-    # every sampled token in advance (the simulator's fast-forward).
-    def decode_stretch(self, inflight: Launched | None, token_id: int) -> DecodeStretch | None: ...
-
-    def advance_decode_stretch(self, stretch: DecodeStretch, num_steps: int, launch_times: array,
-                               token_times: array, token_id: int) -> Launched: ...

@@ -225,7 +225,8 @@ class EventLoop:
         stretch's last step (in flight with overlap), or None when the loop steps as usual."""
         sched, token = self.scheduler, self.fast_forward_token
         self.recv_requests(self.clock())
-        stretch = sched.decode_stretch(None if prev is None else prev.launched, token)
+        stretches = sched.decode_stretches
+        stretch = None if stretches is None else stretches.decode_stretch(None if prev is None else prev.launched, token)
         if stretch is None:
             return None
         max_steps = None
@@ -241,7 +242,7 @@ class EventLoop:
             return None
         m = times.num_steps
         kv_before, cached_before = sched.kv_used_tokens(), sched.tree_cache.evictable_size()
-        launched = sched.advance_decode_stretch(stretch, m, times.schedule_end, times.process_start, token)
+        launched = stretches.advance_decode_stretch(stretch, m, times.schedule_end, times.process_start, token)
         first_step = self._num_steps + 1
         self._num_steps += m
         self.num_stretches += 1

@@ -22,7 +22,7 @@ from scheduler.loop.event_loop import (
     WaitForArrival,
 )
 from scheduler.core.req import Req
-from scheduler.sglang.scheduler import Scheduler
+from scheduler.core.protocol import SchedulerCore
 
 
 @dataclass
@@ -42,7 +42,7 @@ class StepRecord:
 class StepClockDriver:
     """Answers the loop's waits on a step clock, and records each launched batch."""
 
-    def __init__(self, scheduler: Scheduler, token_fn: Callable[[Req, int], int]) -> None:
+    def __init__(self, scheduler: SchedulerCore, token_fn: Callable[[Req, int], int]) -> None:
         self.scheduler = scheduler
         self.token_fn = token_fn
         self.now = 0.0
@@ -99,7 +99,7 @@ class StepClockDriver:
         return ForwardResult(tokens, self.now, self.now + 1)
 
 
-def run_steps(scheduler: Scheduler, reqs: Iterable[Req], token_fn: Callable[[Req, int], int], max_steps: int = 1_000_000) -> tuple[StepClockDriver, EventLoop]:
+def run_steps(scheduler: SchedulerCore, reqs: Iterable[Req], token_fn: Callable[[Req, int], int], max_steps: int = 1_000_000) -> tuple[StepClockDriver, EventLoop]:
     """Run reqs (in arrival order; arrival_time in steps) through the loop on the step clock."""
     driver = StepClockDriver(scheduler, token_fn)
     loop = EventLoop(scheduler, iter(reqs), driver.clock, scheduler.config.overlap)

@@ -87,7 +87,7 @@ class TokenToKVPoolAllocator:
     def num_free_pages(self) -> int:
         return len(self.free_pages) + self.num_pages - self.next_fresh_page
 
-    def _take_pages(self, num_pages: int) -> array:
+    def take_pages(self, num_pages: int) -> array:
         free = self.free_pages
         if num_pages <= len(free):
             pages = free[len(free) - num_pages :]
@@ -101,7 +101,7 @@ class TokenToKVPoolAllocator:
         return pages
 
     def take_pages_singly(self, num_pages: int) -> array:
-        """The pages of num_pages calls of _take_pages(1), in call order (the last freed page
+        """The pages of num_pages calls of take_pages(1), in call order (the last freed page
         first, then fresh ones): one request at a time taking a page, in one call."""
         free = self.free_pages
         t = min(num_pages, len(free))
@@ -115,7 +115,7 @@ class TokenToKVPoolAllocator:
         return pages
 
     def take_pages_in_steps(self, num_pages: int, steps: int) -> array:
-        """The pages of `steps` calls of _take_pages(num_pages), concatenated in call order:
+        """The pages of `steps` calls of take_pages(num_pages), concatenated in call order:
         each call takes the tail of the free list in order, then fresh pages."""
         free = self.free_pages
         from_free = min(steps, len(free) // num_pages) if num_pages else steps
@@ -162,7 +162,7 @@ class TokenToKVPoolAllocator:
         num_pages = -(-need_size // ps)
         if num_pages > self.num_free_pages():
             return None
-        pages = self._take_pages(num_pages) if num_pages else ids()
+        pages = self.take_pages(num_pages) if num_pages else ids()
         if ps == 1:
             return pages
         if len(pages) > 8:  # (a long prompt's pages: their slots by numpy)
@@ -206,7 +206,7 @@ class TokenToKVPoolAllocator:
         need_pages = sum(1 for before in seq_lens_before if before % ps == 0)
         if need_pages > self.num_free_pages():
             return None
-        new_pages = self._take_pages(need_pages)
+        new_pages = self.take_pages(need_pages)
         out = ids()
         for last, before in zip(last_locs, seq_lens_before):
             if before % ps == 0:

@@ -48,7 +48,7 @@ from scheduler.sglang.token_ratio import NewTokenRatioDecay
 
 if TYPE_CHECKING:
     from scheduler.core.req import Req
-    from scheduler.sglang.scheduler import Scheduler
+    from scheduler.sglang.scheduler_state import SchedulerState
 
 # Tokens the bounds must clear by: the adder sums floats in its own order.
 MARGIN = 16.0
@@ -69,7 +69,7 @@ class RefusedAdmissions:
     released: int = 0  # at most what the requests that left so far released
 
     @classmethod
-    def of(cls, sched: Scheduler, unprocessed_prefill: Sequence[Req] = ()) -> RefusedAdmissions | None:
+    def of(cls, sched: SchedulerState, unprocessed_prefill: Sequence[Req] = ()) -> RefusedAdmissions | None:
         """The bounds, or None where a check's outcome is not a matter of the KV budget alone.
         unprocessed_prefill: the requests of a prefill whose result the stretch processes."""
         queue, policy, config = sched.waiting_queue, sched.policy, sched.config

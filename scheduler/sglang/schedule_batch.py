@@ -44,7 +44,7 @@ class ScheduleBatch:
         return not self.reqs
 
     # -- memory -------------------------------------------------------------
-    def _evict_if_needed(self, num_tokens: int) -> None:
+    def evict_if_needed(self, num_tokens: int) -> None:
         short = num_tokens - self.allocator.available_size()
         if short > 0:
             self.tree_cache.evict(short)
@@ -69,7 +69,7 @@ class ScheduleBatch:
             r.seq_len = prefix_len
         last_locs = [self._last_loc(r) for r in self.reqs] if alloc.page_size > 1 else []
         # SGLang's demand: with pages, as if every request began a new page.
-        self._evict_if_needed(sum(extend_lens) + (len(self.reqs) * alloc.page_size if alloc.page_size > 1 else 0))
+        self.evict_if_needed(sum(extend_lens) + (len(self.reqs) * alloc.page_size if alloc.page_size > 1 else 0))
         out_cache_loc = alloc.alloc_extend(last_locs, prefix_lens, extend_lens)
         if out_cache_loc is None:
             raise OutOfKVMemory(f"prefill of {sum(extend_lens)} tokens does not fit the KV pool")
@@ -111,7 +111,7 @@ class ScheduleBatch:
 
     def check_decode_mem(self, reqs: list[Req] | None = None) -> bool:
         need = self.new_pages_next_decode(reqs) * self.allocator.page_size
-        self._evict_if_needed(need)
+        self.evict_if_needed(need)
         return self.allocator.available_size() >= need
 
     def retract_decode(self) -> tuple[list[Req], float]:
@@ -146,7 +146,7 @@ class ScheduleBatch:
         self.allocator.free(self.req_to_token_pool.get(req.req_pool_idx, uncached_from, req.seq_len))
         self.req_to_token_pool.free(req.req_pool_idx)
         self.tree_cache.dec_lock_ref(req.last_node)
-        self._evict_if_needed(remaining * RETRACT_DECODE_STEPS)
+        self.evict_if_needed(remaining * RETRACT_DECODE_STEPS)
         req.reset_for_retract()
 
     def prepare_for_decode(self) -> None:
@@ -157,7 +157,7 @@ class ScheduleBatch:
         ps = self.allocator.page_size
         last_locs = [self._last_loc(r) for r in reqs] if ps > 1 else []
         # SGLang's demand: with pages, as if every request began a new page.
-        self._evict_if_needed(len(reqs) * ps)
+        self.evict_if_needed(len(reqs) * ps)
         out_cache_loc = self.allocator.alloc_decode(last_locs, seq_lens_before)
         if out_cache_loc is None:
             raise OutOfKVMemory("decode does not fit the KV pool")

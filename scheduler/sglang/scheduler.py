@@ -15,6 +15,7 @@ from scheduler.memory.chunk_cache import ChunkCache
 from scheduler.sglang.config import SchedulerConfig
 from scheduler.core.forward_plan import ForwardMode, ForwardPlan
 from scheduler.core.future_indices import FUTURE_MAP_SIZE, FutureIndices
+from scheduler.core.launched_batch import LaunchedBatch
 from scheduler.core.invariants import InvariantError, check_end_of_run
 from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 from scheduler.sglang.policy import SchedulePolicy
@@ -30,21 +31,10 @@ __all__ = ["FUTURE_MAP_SIZE", "InvariantError", "LaunchedBatch", "Scheduler"]
 INPUT_LEN_MARGIN = 5
 
 
-@dataclass(eq=False, slots=True)
-class LaunchedBatch:
-    """A batch as it was when launched: the running batch changes before its result is processed."""
-
-    reqs: list[Req]
-    plan: ForwardPlan
-    chunked_req: Req | None
-    num_retracted: int
-    cache_hit_tokens: int
-    num_extend_reqs: int  # the first rows extend; the rest (a mixed batch's) decode
-
-
-class Scheduler(SglangDecodeStretches):
+class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
+        self.decode_stretches = SglangDecodeStretches(self)  # the simulator's fast-forward
         page_size = config.page_size
         self.max_running_requests = config.effective_max_running_requests
         # SGLang's request slots: one more than can run.
@@ -67,7 +57,7 @@ class Scheduler(SglangDecodeStretches):
         self.done: list[Req] = []  # finished and rejected requests, in finishing order
         self.num_requests = 0
         self.num_retractions = 0
-        self._future = FutureIndices()
+        self.future = FutureIndices()
         self._queue_ct = 0
         # SGLang's request length limits (tp_worker.get_worker_info).
         self.max_req_len = min(config.context_len - 1, self.allocator.size - 1)
@@ -281,7 +271,7 @@ class Scheduler(SglangDecodeStretches):
         if self.is_mixed_chunk and not running.is_empty():
             # Mixed chunk: the running requests decode in this batch (unless one is about to
             # finish in flight, or the prefill left their decode no room: then they wait).
-            finishing = self._reqs_finishing_inflight(running.reqs)
+            finishing = self.reqs_finishing_inflight(running.reqs)
             running.filter_batch(exclude=tuple(finishing))
             if finishing:
                 running.batch_is_full = False
@@ -297,7 +287,7 @@ class Scheduler(SglangDecodeStretches):
         self.num_retractions += 1
         self._enqueue(req)
 
-    def _reqs_finishing_inflight(self, reqs: list[Req]) -> list[Req]:
+    def reqs_finishing_inflight(self, reqs: list[Req]) -> list[Req]:
         """Overlap: those of reqs whose in-flight result reaches their length. They get no
         further decode step (SGLang's skip-finishing-decode)."""
         if not self.config.overlap or not self.inflight:
@@ -313,7 +303,7 @@ class Scheduler(SglangDecodeStretches):
         """A decode step's first change to the batch: the requests whose in-flight result
         finishes them leave it (merge_last_prefill has just dropped finished and retracted
         ones), and it is then no longer full. Whether any left."""
-        finishing = self._reqs_finishing_inflight(batch.reqs)
+        finishing = self.reqs_finishing_inflight(batch.reqs)
         if finishing:
             batch.filter_batch(exclude=tuple(finishing))
             batch.batch_is_full = False
@@ -358,7 +348,7 @@ class Scheduler(SglangDecodeStretches):
         assert plan is not None
         reqs = list(batch.reqs)
         if overlap:
-            self._future.assign(plan, reqs)
+            self.future.assign(plan, reqs)
         if plan.mode is not ForwardMode.DECODE:
             for r in reqs:
                 if r.scheduled_time is None:
@@ -393,11 +383,11 @@ class Scheduler(SglangDecodeStretches):
             if len(out) >= req.max_new_tokens or not req.sampling_params.ignore_eos:
                 req.check_finished()
             if req.finished_reason is not None:
-                self._finish(req, now)
+                self.finish(req, now)
             elif i < num_extend:
                 self.tree_cache.cache_unfinished_req(req)
 
-    def _finish(self, req: Req, now: float) -> None:
+    def finish(self, req: Req, now: float) -> None:
         """A request has its last token: its KV goes to the cache (or is freed), its row too."""
         req.finish_time = now
         self.tree_cache.cache_finished_req(req)

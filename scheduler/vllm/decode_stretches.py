@@ -1,7 +1,8 @@
 """vLLM's scheduler taking decode stretches (scheduler/fast_forward/decode_stretch.py): which of the next
 steps are pure decodes (decode_stretch), and taking them at once (advance_decode_stretch),
-with the state changes stepping would make. A mixin of VllmScheduler (vllm_scheduler.py),
-beside SGLang's (sglang_decode_stretch.py). docs/fast-forward.md says why the result equals
+with the state changes stepping would make. An object beside the VllmScheduler
+(scheduler.py), which holds it as `decode_stretches`, as SGLang's (sglang/decode_stretches.py);
+it sees the scheduler through scheduler_state.SchedulerState. docs/fast-forward.md says why the result equals
 stepping.
 
 A vLLM step's schedule evicts cached blocks when the pages it takes are short
@@ -31,23 +32,27 @@ from scheduler.memory.memory_pool import dealt
 from scheduler.core.req import Req
 
 if TYPE_CHECKING:
-    from scheduler.sglang.scheduler import LaunchedBatch
-    from scheduler.vllm.scheduler import VllmScheduler
+    from scheduler.core.launched_batch import LaunchedBatch
+    from scheduler.vllm.scheduler_state import SchedulerState
 
 
 class VllmDecodeStretches:
-    """Decode stretches for VllmScheduler (its only user: self is a VllmScheduler)."""
+    """The decode stretches of one vLLM scheduler (`sched`)."""
 
-    def decode_stretch(self: VllmScheduler, inflight: LaunchedBatch | None, token_id: int) -> DecodeStretch | None:
+    def __init__(self, sched: SchedulerState) -> None:
+        self.sched = sched
+
+    def decode_stretch(self, inflight: LaunchedBatch | None, token_id: int) -> DecodeStretch | None:
         """The steps from the next get_next_batch_to_run() on that decode the running requests
         by one token each and admit or preempt nobody, each sampling token_id; None if the next
         step is not one. Requests finish on the way (when nothing waits). Overlap: `inflight`
         is the launched batch not processed yet, a decode of the running requests."""
-        running, cfg = self.running, self.config
+        sched = self.sched
+        running, cfg = sched.running, sched.config
         bs = len(running)
-        if not bs or self.req_to_token_pool.journal is not None or bs > cfg.max_num_batched_tokens:
+        if not bs or sched.req_to_token_pool.journal is not None or bs > cfg.max_num_batched_tokens:
             return None
-        waiting = bool(self.waiting_queue)
+        waiting = bool(sched.waiting_queue)
         if waiting and bs < cfg.max_num_seqs and bs < cfg.max_num_batched_tokens:
             return None  # the waiting pass would try to admit
         pending = inflight is not None
@@ -79,11 +84,11 @@ class VllmDecodeStretches:
         # No preemption: every step finds a page free for each request, or in evictable cache
         # (each page evicted is a page freed; the blocks the steps cache stay locked). KV that
         # finishing requests free is not counted: fewer steps, never a wrong one.
-        ps = self.page_size
-        pages = self.allocator.num_free_pages() + self.tree_cache.evictable_size() // ps
+        ps = sched.page_size
+        pages = sched.allocator.num_free_pages() + sched.tree_cache.evictable_size() // ps
         return stretch_through_finishes(reqs, exits, limit, pages, ps, leaving)
 
-    def advance_decode_stretch(self: VllmScheduler, stretch: DecodeStretch, num_steps: int, launch_times: array,
+    def advance_decode_stretch(self, stretch: DecodeStretch, num_steps: int, launch_times: array,
                                token_times: array, token_id: int) -> LaunchedBatch:
         """Take the stretch's first num_steps steps: the first num_steps - 1 in bulk, the last
         scheduled and launched (at launch_times[num_steps - 1]) as stepping does. Processing j
@@ -91,13 +96,14 @@ class VllmDecodeStretches:
         j - 1's, at 0 the one in flight) and finishes those at their length; each block that
         fills enters the prefix cache at the step that fills it. Returns the last step's
         launched batch (in flight with overlap)."""
-        overlap, last = self.config.overlap, num_steps - 1
-        run = _StretchRun(self, stretch, num_steps, token_id, token_times, list(self.running))
+        sched = self.sched
+        overlap, last = sched.config.overlap, num_steps - 1
+        run = _StretchRun(sched, stretch, num_steps, token_id, token_times, list(sched.running))
         run.schedule_until(last)
         run.process_until(last)
-        batch = self.get_next_batch_to_run()
+        batch = sched.get_next_batch_to_run()
         assert batch is not None and batch.reqs == run.segment(last).reqs and batch.plan.mode is ForwardMode.DECODE, "a decode stretch changed its batch"
-        launched = self.launch(batch, launch_times[last], overlap)
+        launched = sched.launch(batch, launch_times[last], overlap)
         run.process_until(num_steps)
         return launched
 
@@ -106,7 +112,7 @@ class _StretchRun:
     """One stretch being taken: the schedules and processings done so far (each up to a step),
     in stepping's order: schedule s comes after processing s - 1 and before processing s."""
 
-    def __init__(self, sched: VllmScheduler, stretch: DecodeStretch, num_steps: int, token_id: int,
+    def __init__(self, sched: SchedulerState, stretch: DecodeStretch, num_steps: int, token_id: int,
                  token_times: array, running: list[Req]) -> None:
         self.sched, self.stretch, self.token_id, self.token_times = sched, stretch, token_id, token_times
         self.segments = stretch.taken(num_steps)
@@ -171,7 +177,7 @@ class _StretchRun:
             bulk_decode_slots(sched.req_to_token_pool, reqs, n, ps,
                               (lambda k, steps: dealt(take(k * steps), k)) if ps == 1 else (lambda k, steps: take(k * steps)))
             if sched.config.overlap:
-                sched._future.skip(len(reqs), n)
+                sched.future.skip(len(reqs), n)
             self.scheduled = s + n
             self._cache_filled_blocks(reqs, s + n)
 
@@ -210,7 +216,7 @@ class _StretchRun:
                 for r in finishing:
                     r.check_finished()
                     assert r.finished_reason is not None, "a decode stretch's request did not finish at its length"
-                    sched._finish(r, times[end - 1])
+                    sched.finish(r, times[end - 1])
                 sched.running[:] = [r for r in sched.running if r.finished_reason is None]
                 if not sched.config.overlap:  # (with overlap the next step's batch lacks them already)
                     self.stretch.running_changes.append((end - 1, -len(finishing)))

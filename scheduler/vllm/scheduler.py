@@ -52,7 +52,8 @@ from scheduler.core.invariants import check_end_of_run
 from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 from scheduler.memory.radix_cache import RadixCache
 from scheduler.core.req import FinishReason, Req
-from scheduler.sglang.scheduler import LaunchedBatch
+from scheduler.core.launched_batch import LaunchedBatch
+from scheduler.vllm.batch import VllmBatch
 from scheduler.vllm.config import VllmSchedulerConfig
 from scheduler.vllm.decode_stretches import VllmDecodeStretches
 from scheduler.vllm.kv_blocks import VllmKVBlocks
@@ -68,17 +69,11 @@ class _Scheduled:
     locs: array  # the KV slots of the new tokens
 
 
-@dataclass(eq=False, slots=True)
-class VllmBatch:
-    reqs: list[Req]
-    plan: ForwardPlan
-    num_preempted: int
-    cache_hit_tokens: int
 
-
-class VllmScheduler(VllmDecodeStretches):
+class VllmScheduler:
     def __init__(self, config: VllmSchedulerConfig) -> None:
         self.config = config
+        self.decode_stretches = VllmDecodeStretches(self)  # the simulator's fast-forward
         ps = self.page_size = config.page_size
         self.req_to_token_pool = ReqToTokenPool(config.max_num_seqs, journal=config.journal_row_writes)
         self.allocator = TokenToKVPoolAllocator(config.kv_tokens, ps)
@@ -90,7 +85,7 @@ class VllmScheduler(VllmDecodeStretches):
         self.done: list[Req] = []  # finished and rejected requests, in finishing order
         self.num_requests = 0
         self.num_preemptions = 0
-        self._future = FutureIndices()
+        self.future = FutureIndices()
 
     @property
     def running_batch(self) -> RunningQueue:
@@ -299,7 +294,7 @@ class VllmScheduler(VllmDecodeStretches):
     def launch(self, batch: VllmBatch, now: float, overlap: bool) -> LaunchedBatch:
         plan, reqs = batch.plan, batch.reqs
         if overlap:
-            self._future.assign(plan, reqs)
+            self.future.assign(plan, reqs)
         for r in reqs:
             if r.scheduled_time is None:
                 r.scheduled_time = now
@@ -337,12 +332,12 @@ class VllmScheduler(VllmDecodeStretches):
                 continue
             if req.req_pool_idx is None:
                 self.waiting_queue.remove(req)  # preempted while its last token was in flight
-            self._finish(req, now)
+            self.finish(req, now)
             finished_any = True
         if finished_any:
             self.running[:] = [r for r in self.running if not r.finished()]
 
-    def _finish(self, req: Req, now: float) -> None:
+    def finish(self, req: Req, now: float) -> None:
         """A request has its last token: its KV goes to the cache (or is freed), its row too."""
         req.finish_time = now
         if req.req_pool_idx is not None:
