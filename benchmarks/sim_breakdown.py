@@ -41,7 +41,9 @@ sys.path.insert(0, str(ROOT))
 
 from scheduler.core.forward_plan import ForwardMode  # noqa: E402
 from scheduler.loop.event_loop import EventLoop  # noqa: E402
+from scheduler.sglang.decode_stretches import SglangDecodeStretches  # noqa: E402
 from scheduler.sglang.scheduler import Scheduler  # noqa: E402
+from scheduler.vllm.decode_stretches import VllmDecodeStretches  # noqa: E402
 from scheduler.vllm.scheduler import VllmScheduler  # noqa: E402
 from simulator.sim_driver import SimDriver  # noqa: E402
 from testbed.options import ReplayOptions  # noqa: E402
@@ -51,10 +53,10 @@ from testbed.traces.schema import TracePrompts  # noqa: E402
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
 STEP_KINDS = ("prefill, chunk goes on", "prefill", "decode step")  # a step scheduled one at a time
 KINDS = ("loop start", "decode stretch", *STEP_KINDS, "processing", "no stretch", "idle")
-# What the loop calls on a scheduler (scheduler/core/protocol.py's SchedulerCore; its end-of-run
-# check_invariants is outside the loop).
-CORE_METHODS = ("add_request", "get_next_batch_to_run", "launch", "process_batch_result", "on_idle", "is_idle",
-                "kv_used_tokens", "decode_stretch", "advance_decode_stretch")
+# What the loop calls on a scheduler and on its decode stretches (scheduler/core/protocol.py's
+# SchedulerCore and DecodeStretches; the end-of-run check_invariants is outside the loop).
+CORE_METHODS = ("add_request", "get_next_batch_to_run", "launch", "process_batch_result", "on_idle", "is_idle", "kv_used_tokens")
+STRETCH_METHODS = ("decode_stretch", "advance_decode_stretch")
 
 
 @dataclass
@@ -159,9 +161,10 @@ def instrument(marks: LoopMarks) -> Callable[[], None]:
     EventLoop._schedule_and_launch, EventLoop._process = schedule_and_launch, process
     EventLoop._fast_forward, EventLoop._idle = fast_forward, idle
     SimDriver.run = driver_run
-    # A method a class inherits (from its decode-stretch mixin) is wrapped on the class itself,
-    # and removed again by the undo; its own methods are put back.
+    # A method a class inherits (from SchedulerBase) is wrapped on the class itself, and removed
+    # again by the undo; its own methods are put back.
     own = {(cls, name): cls.__dict__.get(name) for cls in (Scheduler, VllmScheduler) for name in CORE_METHODS}
+    own |= {(cls, name): cls.__dict__.get(name) for cls in (SglangDecodeStretches, VllmDecodeStretches) for name in STRETCH_METHODS}
     for cls, name in own:
         setattr(cls, name, core(getattr(cls, name)))
     TracePrompts.prompt = timed_prompt

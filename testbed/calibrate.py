@@ -29,7 +29,6 @@ from typing import Callable
 import numpy as np
 
 from scheduler.core.forward_plan import ForwardMode, ForwardPlan, synthetic_plan
-from scheduler.core.ids import ids
 from scheduler.model_config import load_model_config
 from simulator import profile_fit as pf
 from simulator.profile_cost import PROFILE_FORMAT, PROFILE_VERSION

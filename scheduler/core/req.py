@@ -105,6 +105,16 @@ class Req:
     def next_output_finishes_by_length(self) -> bool:
         return len(self.output_ids) + 1 >= self.max_new_tokens
 
+    def take_token(self, token_id: int, now: float) -> None:
+        """A processed forward's sampled token: an output token at `now`, and maybe the last."""
+        out = self.output_ids
+        out.append(token_id)
+        self.token_times.append(now)
+        if self.first_token_time is None:
+            self.first_token_time = now
+        if len(out) >= self.max_new_tokens or not self.sampling_params.ignore_eos:
+            self.check_finished()
+
     def check_finished(self) -> None:
         if len(self.output_ids) >= self.max_new_tokens:
             self.finished_reason = FinishReason.LENGTH

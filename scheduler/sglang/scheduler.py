@@ -9,19 +9,19 @@ a forward's sampled tokens. The event loop (loop.py) calls both; it never decide
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from scheduler.memory.chunk_cache import ChunkCache
 from scheduler.sglang.config import SchedulerConfig
-from scheduler.core.forward_plan import ForwardMode, ForwardPlan
+from scheduler.core.forward_plan import ForwardMode
 from scheduler.core.future_indices import FUTURE_MAP_SIZE, FutureIndices
 from scheduler.core.launched_batch import LaunchedBatch
-from scheduler.core.invariants import InvariantError, check_end_of_run
+from scheduler.core.scheduler_base import SchedulerBase
+from scheduler.core.invariants import InvariantError
 from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 from scheduler.sglang.policy import SchedulePolicy
 from scheduler.sglang.prefill_adder import CLIP_MAX_NEW_TOKENS, IGNORE_EOS_RESERVE_TOKENS, AddReqResult, PrefillAdder
 from scheduler.memory.radix_cache import RadixCache
-from scheduler.core.req import FinishReason, Req
+from scheduler.core.req import Req
 from scheduler.sglang.schedule_batch import ScheduleBatch
 from scheduler.sglang.decode_stretches import SglangDecodeStretches
 from scheduler.sglang.token_ratio import NewTokenRatioDecay
@@ -31,7 +31,7 @@ __all__ = ["FUTURE_MAP_SIZE", "InvariantError", "LaunchedBatch", "Scheduler"]
 INPUT_LEN_MARGIN = 5
 
 
-class Scheduler:
+class Scheduler(SchedulerBase):
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.decode_stretches = SglangDecodeStretches(self)  # the simulator's fast-forward
@@ -122,11 +122,8 @@ class Scheduler:
         req.queue_entry = self._queue_ct
         self.waiting_queue.append(req)
 
-    def _reject(self, req: Req, reason: str) -> None:
-        req.finished_reason = FinishReason.REJECTED
-        req.reject_reason = reason
-        req.finish_time = req.arrival_time
-        self.done.append(req)
+    def num_running(self) -> int:
+        return self.running_batch.batch_size()
 
     def is_idle(self) -> bool:
         """No unfinished request waits, runs, or sits in the last prefill batch (merged at the next schedule)."""
@@ -145,10 +142,6 @@ class Scheduler:
             and not self.inflight
             and not self.waiting_queue
         )
-
-    def kv_used_tokens(self) -> int:
-        """Slots held by requests or locked in the cache (not counting evictable cache)."""
-        return self.allocator.size - self.allocator.available_size() - self.tree_cache.evictable_size()
 
     # -- batch selection --------------------------------------------------------
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
@@ -375,37 +368,8 @@ class Scheduler:
                 continue  # overlap: it stopped (EOS) one step earlier; this token is the extra one
             if future is not None and req.pending_token == -future[i]:
                 req.pending_token = None
-            out = req.output_ids
-            out.append(next_token_ids[i])
-            req.token_times.append(now)
-            if req.first_token_time is None:
-                req.first_token_time = now
-            if len(out) >= req.max_new_tokens or not req.sampling_params.ignore_eos:
-                req.check_finished()
+            req.take_token(next_token_ids[i], now)
             if req.finished_reason is not None:
                 self.finish(req, now)
             elif i < num_extend:
                 self.tree_cache.cache_unfinished_req(req)
-
-    def finish(self, req: Req, now: float) -> None:
-        """A request has its last token: its KV goes to the cache (or is freed), its row too."""
-        req.finish_time = now
-        self.tree_cache.cache_finished_req(req)
-        req.req_pool_idx = None
-        req.pending_token = None
-        req.release_tokens()
-        self.done.append(req)
-
-    # -- checks -------------------------------------------------------------------
-    def check_invariants(self) -> None:
-        """At the end of a run: every KV slot free or held by the cache, every request done right."""
-        check_end_of_run(
-            idle=self.is_idle(),
-            waiting=self.waiting_queue,
-            num_running=self.running_batch.batch_size(),
-            allocator=self.allocator,
-            cache=self.tree_cache,
-            req_to_token_pool=self.req_to_token_pool,
-            done=self.done,
-            num_requests=self.num_requests,
-        )

@@ -48,11 +48,11 @@ from scheduler.memory.chunk_cache import ChunkCache
 from scheduler.core.forward_plan import ForwardMode, ForwardPlan
 from scheduler.core.future_indices import FutureIndices
 from scheduler.core.ids import ids
-from scheduler.core.invariants import check_end_of_run
 from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 from scheduler.memory.radix_cache import RadixCache
-from scheduler.core.req import FinishReason, Req
+from scheduler.core.req import Req
 from scheduler.core.launched_batch import LaunchedBatch
+from scheduler.core.scheduler_base import SchedulerBase
 from scheduler.vllm.batch import VllmBatch
 from scheduler.vllm.config import VllmSchedulerConfig
 from scheduler.vllm.decode_stretches import VllmDecodeStretches
@@ -70,7 +70,7 @@ class _Scheduled:
 
 
 
-class VllmScheduler:
+class VllmScheduler(SchedulerBase):
     def __init__(self, config: VllmSchedulerConfig) -> None:
         self.config = config
         self.decode_stretches = VllmDecodeStretches(self)  # the simulator's fast-forward
@@ -103,18 +103,11 @@ class VllmScheduler:
         else:
             self.waiting_queue.add(req)
 
-    def _reject(self, req: Req, reason: str) -> None:
-        req.finished_reason = FinishReason.REJECTED
-        req.reject_reason = reason
-        req.finish_time = req.arrival_time
-        self.done.append(req)
+    def num_running(self) -> int:
+        return len(self.running)
 
     def is_idle(self) -> bool:
         return not self.waiting_queue and not self.running
-
-    def kv_used_tokens(self) -> int:
-        """Slots held by requests or locked in the cache (not counting evictable cache)."""
-        return self.allocator.size - self.allocator.available_size() - self.tree_cache.evictable_size()
 
     def on_idle(self) -> None:
         pass  # vLLM keeps no estimate that an idle engine resets
@@ -321,13 +314,7 @@ class VllmScheduler:
                 continue
             if future is not None and req.pending_token == -future[i]:
                 req.pending_token = None
-            out = req.output_ids
-            out.append(next_token_ids[i])
-            req.token_times.append(now)
-            if req.first_token_time is None:
-                req.first_token_time = now
-            if len(out) >= req.max_new_tokens or not req.sampling_params.ignore_eos:
-                req.check_finished()
+            req.take_token(next_token_ids[i], now)
             if req.finished_reason is None:
                 continue
             if req.req_pool_idx is None:
@@ -336,27 +323,3 @@ class VllmScheduler:
             finished_any = True
         if finished_any:
             self.running[:] = [r for r in self.running if not r.finished()]
-
-    def finish(self, req: Req, now: float) -> None:
-        """A request has its last token: its KV goes to the cache (or is freed), its row too."""
-        req.finish_time = now
-        if req.req_pool_idx is not None:
-            self.tree_cache.cache_finished_req(req)  # frees its row and unlocks its blocks
-            req.req_pool_idx = None
-        req.pending_token = None
-        req.release_tokens()
-        self.done.append(req)
-
-    # -- checks -------------------------------------------------------------------------
-    def check_invariants(self) -> None:
-        """At the end of a run: every KV slot free or held by the cache, every request done right."""
-        check_end_of_run(
-            idle=self.is_idle(),
-            waiting=self.waiting_queue,
-            num_running=len(self.running),
-            allocator=self.allocator,
-            cache=self.tree_cache,
-            req_to_token_pool=self.req_to_token_pool,
-            done=self.done,
-            num_requests=self.num_requests,
-        )
