@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 
 from testbed.errors import USER_ERRORS, ConfigError
 from testbed.options import ReplayOptions, check_options
+from testbed.schedulers import scheduler_kind
 from testbed.replay import replay
 
 MAX_VARIANTS = 24  # each is a whole replay; more is a sweep (`testbed sweep`), not a page
@@ -117,14 +118,14 @@ def variants(base: ReplayOptions, grid: WhatIfGrid) -> list[Variant]:
     out = []
     for combo in itertools.product(*axes.values()):
         v = dict(zip(axes, combo))
-        vllm = v["scheduler"] == "vllm"  # its prefills are chunked to the step's token budget
         opts = replace(
             base,
             mode="sim",
             policy=v["policy"],
             scheduler=v["scheduler"],
-            chunked_prefill_size=base.chunked_prefill_size if vllm else v["chunk"],
-            max_num_batched_tokens=v["chunk"] if vllm else base.max_num_batched_tokens,
+            # "Chunk size" is the option that bounds a step's prompt tokens: SGLang's chunked prefill
+            # size, vLLM's token budget.
+            **{scheduler_kind(v["scheduler"]).chunk_option: v["chunk"]},
             kv_tokens=v["kv"],
             overlap=v["overlap"],
             time_scale=1.0 / v["load"],

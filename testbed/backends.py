@@ -19,7 +19,8 @@ from simulator.precision import Precision
 from simulator.roofline import RooflineCostModel
 from simulator.sim_driver import SimDriver
 from testbed.errors import ConfigError
-from testbed.options import DEFAULT_HARDWARE
+from testbed.replay_options import DEFAULT_HARDWARE
+from testbed.schedulers import scheduler_kind
 
 
 @dataclass
@@ -39,11 +40,10 @@ def build_sim(opts, model: ModelConfig, make_config: Callable[[int], SchedulerCo
         raise ConfigError(str(e)) from None
     profile = None
     if opts.profile is not None:
-        from simulator.cuda_graphs import sglang_graphs, vllm_graphs
         from simulator.profile_cost import ProfileError
         from simulator.profiles import load_profile
 
-        graphs = vllm_graphs(opts.max_num_seqs) if opts.scheduler == "vllm" else sglang_graphs()
+        graphs = scheduler_kind(opts.scheduler).cuda_graphs(opts)
         try:
             profile = load_profile(opts.profile, overlap=bool(opts.overlap), graphs=graphs)
             profile.check_model(model, opts.tp)

@@ -11,169 +11,31 @@ import argparse
 import functools
 import math
 import typing
-from dataclasses import dataclass, fields, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 # The --model and --policy choices; the dashboard offers the same ones through this module.
 from scheduler.model_config import bundled_model_names
 from scheduler.sglang.policy import POLICIES
-from scheduler.sglang.server_defaults import default_chunked_prefill_size, default_mem_fraction_static
-from scheduler.vllm.config import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    DEFAULT_MAX_NUM_SEQS,
-    VLLM_POLICIES,
-    VLLM_RELEASE,
-)
+from scheduler.vllm.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, VLLM_RELEASE
 from simulator.precision import KV_CACHE_DTYPES, QUANTIZATIONS
 from testbed.errors import ConfigError
+
+# ReplayOptions and its machine-dependent defaults live in replay_options.py; every caller
+# imports them from here, with the flags and checks.
+from testbed.replay_options import (  # noqa: F401 - re-exported
+    MODES,
+    OPTION_FIELDS,
+    ReplayOptions,
+    default_hardware,
+    default_model,
+    default_overlap,
+    flag,
+)
+from testbed.schedulers import SCHEDULER_KINDS, check_scheduler_options, scheduler_kind
 from testbed.traces.formats import FORMATS
 
-DEFAULT_MODEL = "llama-3.1-8b"
-DEFAULT_CPU_MODEL = "tiny-llama"  # what --mode real runs without a GPU
-DEFAULT_HARDWARE = "h100"
-MODES = ("sim", "real")
-SCHEDULERS = ("sglang", "vllm")
-SGLANG_PAGE_SIZE = 1
-
-
-@dataclass(frozen=True)
-class ReplayOptions:
-    mode: str = "sim"
-    policy: str = "fcfs"
-    chunked_prefill_size: int | None = None  # None: SGLang's default for the device memory
-    max_prefill_tokens: int = 16384
-    page_size: int | None = None  # None: 1 for sglang, 16 for vllm (its block size)
-    kv_tokens: int | None = None  # None: from the model and the device memory
-    mem_fraction_static: float | None = None  # None: SGLang's default for the device memory
-    # None: on, except for the real engine on a CPU, where the forward on a worker thread
-    # competes with the loop for the cores (the example trace's TPOT was 3.8x worse).
-    overlap: bool | None = None
-    disable_radix_cache: bool = False
-    max_running_requests: int | None = None
-    model: str | None = None  # None: llama-3.1-8b, or tiny-llama for --mode real on a CPU
-    # A hardware spec (simulator/hardware.py). None: h100 (or a profile's own) for the simulator,
-    # the spec of the device it runs on for the real engine (cpu, or the GPU's). See default_hardware.
-    hardware: str | None = None
-    time_scale: float = 1.0  # arrival times are multiplied by this: 2 = half the load
-    max_requests: int | None = None
-    seed: int = 0
-    format: str | None = None
-    rate: float | None = None  # arrivals for traces without them (ShareGPT lengths)
-    # The real engine.
-    load_format: str | None = None  # auto | dummy; None: auto for a model folder, dummy for a bundled config
-    device: str = "auto"  # auto | cpu | cuda
-    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on the CPU
-    attention_backend: str = "auto"  # auto | torch | flashinfer
-    kv_memory_gb: float = 1.0  # CPU: KV cache budget when --kv-tokens is not given
-    # The simulator: a calibrated profile (testbed calibrate) instead of the roofline.
-    profile: str | None = None
-    # Tensor parallelism over this many GPUs (the simulator; the real engine runs on one).
-    tp: int = 1
-    # The simulator: fp8 weights (--quantization fp8) and KV cache (--kv-cache-dtype auto|bf16|fp8);
-    # None and auto: the model's dtype (simulator/precision.py).
-    quantization: str | None = None
-    kv_cache_dtype: str = "auto"
-    # Which scheduler runs; the vLLM scheduler's budgets (None: vLLM's defaults).
-    scheduler: str = "sglang"
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    # Issue 12: SGLang's scheduling options, as SGLang names them.
-    enable_mixed_chunk: bool = False  # decodes ride along in a prefill batch
-    enable_priority_scheduling: bool = False  # waiting queue by priority; preemption of running requests
-    priority_scheduling_preemption_threshold: int = 10  # priority gap a preemption needs
-    schedule_conservativeness: float = 1.0  # scales the decode estimate (new_token_ratio)
-    # Issue 14: the simulator takes decode stretches at once (equal results); off steps one by one.
-    fast_forward: bool = True
-    # Closed loop: this many clients, each sending its next request (in trace order) when its last
-    # one is done; the trace's arrival times are not used (scheduler/loop/arrivals.py). None: open loop.
-    concurrency: int | None = None
-
-
-OPTION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ReplayOptions))
-
-
-# --- defaults that depend on the machine ------------------------------------------------------
-
-
-def _real_on_cuda(opts: ReplayOptions) -> bool:
-    if opts.device != "auto":
-        return opts.device == "cuda"
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def default_overlap(opts: ReplayOptions) -> bool:
-    """On, but for the real engine on a CPU; a simulation from a profile takes the default of the
-    engine it measured (a CPU profile: off), so that it replays what a real run there does."""
-    if opts.overlap is not None:
-        return opts.overlap
-    if opts.mode == "real":
-        return _real_on_cuda(opts)
-    if opts.profile is not None:
-        from simulator.profile_cost import engine_defaults
-
-        return bool(engine_defaults(opts.profile).get("overlap", True))
-    return True
-
-
-def default_hardware(opts: ReplayOptions) -> str | None:
-    """The real engine: the spec of its device (cpu; h100, h200, a100 by the GPU's name; None for
-    another GPU). The simulator: the spec a profile was calibrated on, else h100."""
-    if opts.hardware is not None:
-        return opts.hardware
-    from simulator.hardware import bundled_hardware_names, hardware_of_device
-
-    if opts.mode == "real":
-        if not _real_on_cuda(opts):
-            return "cpu"
-        import torch
-
-        return hardware_of_device(torch.cuda.get_device_name(0))
-    if opts.profile is not None:
-        from simulator.profile_cost import engine_defaults
-
-        calibrated_on = engine_defaults(opts.profile).get("hardware")
-        if calibrated_on in bundled_hardware_names() or (isinstance(calibrated_on, str) and Path(calibrated_on).is_file()):
-            return calibrated_on
-    return DEFAULT_HARDWARE
-
-
-def default_model(mode: str) -> str:
-    if mode == "real":
-        import torch
-
-        return DEFAULT_MODEL if torch.cuda.is_available() else DEFAULT_CPU_MODEL
-    return DEFAULT_MODEL
-
-
-def device_memory_bytes(opts: ReplayOptions) -> int | None:
-    """The memory of the device the replay runs on, which SGLang's defaults follow: a kernel
-    profile's GPU or the hardware spec's (sim), the GPU's, or the host's on a CPU (as SGLang on
-    a CPU device)."""
-    if opts.mode == "sim":
-        from simulator.hardware import HardwareConfigError, load_hardware
-
-        if opts.profile is not None:
-            from simulator.profile_cost import engine_defaults
-
-            memory = engine_defaults(opts.profile).get("memory_bytes")
-            if isinstance(memory, int):
-                return memory
-        try:
-            return load_hardware(default_hardware(opts)).memory_bytes
-        except HardwareConfigError:
-            return None  # the replay reports it
-    import torch
-
-    if opts.device != "cpu" and torch.cuda.is_available():
-        return torch.cuda.get_device_properties(0).total_memory
-    import os
-
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+SCHEDULERS = tuple(SCHEDULER_KINDS)
 
 
 def resolved_options(opts: ReplayOptions) -> ReplayOptions:
@@ -185,59 +47,7 @@ def resolved_options(opts: ReplayOptions) -> ReplayOptions:
 
 def with_scheduler_defaults(opts: ReplayOptions) -> ReplayOptions:
     """The page size and budgets left unset, as the scheduler opts names takes them."""
-
-    def unset(value, default):
-        return default if value is None else value
-
-    if opts.scheduler == "vllm":
-        return replace(
-            opts,
-            page_size=unset(opts.page_size, DEFAULT_BLOCK_SIZE),
-            max_num_seqs=unset(opts.max_num_seqs, DEFAULT_MAX_NUM_SEQS),
-            max_num_batched_tokens=unset(opts.max_num_batched_tokens, DEFAULT_MAX_NUM_BATCHED_TOKENS),
-            mem_fraction_static=unset(opts.mem_fraction_static, DEFAULT_GPU_MEMORY_UTILIZATION),
-        )
-    opts = replace(opts, page_size=unset(opts.page_size, SGLANG_PAGE_SIZE))
-    if opts.chunked_prefill_size is None or opts.mem_fraction_static is None:
-        # SGLang's server defaults follow the device memory.
-        memory = device_memory_bytes(opts)
-        chunk = unset(opts.chunked_prefill_size, default_chunked_prefill_size(memory))
-        fraction = opts.mem_fraction_static
-        if fraction is None:
-            fraction = default_mem_fraction_static(memory, chunk, opts.max_prefill_tokens, opts.max_running_requests, opts.tp)
-        opts = replace(opts, chunked_prefill_size=chunk, mem_fraction_static=fraction)
-    return opts
-
-
-# Options of one scheduler only: (field, what the other scheduler does instead).
-SGLANG_ONLY = {
-    "chunked_prefill_size": "use --max-num-batched-tokens (prefills are chunked to the step's token budget)",
-    "max_prefill_tokens": "use --max-num-batched-tokens",
-    "max_running_requests": "use --max-num-seqs",
-    "enable_mixed_chunk": "decodes always run beside prefill chunks",
-    "enable_priority_scheduling": "use --policy priority",
-    "priority_scheduling_preemption_threshold": "use --policy priority (it preempts by priority alone)",
-    "schedule_conservativeness": "admission reserves no decode estimate (it preempts when the KV runs out)",
-}
-VLLM_ONLY = {
-    "max_num_seqs": "use --max-running-requests",
-    "max_num_batched_tokens": "use --chunked-prefill-size and --max-prefill-tokens",
-}
-
-
-def _check_scheduler_options(opts: ReplayOptions) -> None:
-    """An option of one scheduler given to the other: one line naming the counterpart."""
-    default = ReplayOptions()
-    if opts.scheduler == "vllm":
-        if opts.policy not in VLLM_POLICIES:
-            raise ConfigError(f"--policy {opts.policy} is SGLang's; --scheduler vllm orders its queue by {' or '.join(VLLM_POLICIES)}")
-        for name, instead in SGLANG_ONLY.items():
-            if getattr(opts, name) != getattr(default, name):
-                raise ConfigError(f"{flag(name)} belongs to --scheduler sglang; with --scheduler vllm {instead}")
-    else:
-        for name, instead in VLLM_ONLY.items():
-            if getattr(opts, name) is not None:
-                raise ConfigError(f"{flag(name)} belongs to --scheduler vllm; with --scheduler sglang {instead}")
+    return scheduler_kind(opts.scheduler).with_defaults(opts)
 
 
 # Upper bounds of the size options, each with why (a larger value is refused, naming the bound).
@@ -280,7 +90,7 @@ def check_options(opts: ReplayOptions) -> None:
     if opts.scheduler not in SCHEDULERS:
         raise ConfigError(f"--scheduler {opts.scheduler}: choose one of {', '.join(SCHEDULERS)}")
     _check_precision(opts)
-    _check_scheduler_options(opts)
+    check_scheduler_options(opts)
     if not opts.schedule_conservativeness > 0:
         raise ConfigError(f"--schedule-conservativeness must be positive, got {opts.schedule_conservativeness}")
     _check_concurrency(opts)
@@ -406,10 +216,6 @@ def _value_parser() -> _RaisingParser:
     p = _RaisingParser(add_help=False)
     add_replay_options(p)
     return p
-
-
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 def parse_option_value(name: str, text: str) -> Any:

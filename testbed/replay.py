@@ -17,15 +17,14 @@ from scheduler.model_config import ModelConfig, load_model_config
 from scheduler.core.protocol import SchedulerCore
 from scheduler.core.req import Req
 from scheduler.core.sampling import SamplingParams
-from scheduler.sglang.scheduler import Scheduler
 from testbed.interrupts import deferred_interrupts, interrupt_once
 from scheduler.vllm.config import VllmSchedulerConfig
-from scheduler.vllm.scheduler import VllmScheduler
 from testbed.backends import build_real, build_sim
 from testbed.options import ReplayOptions, check_options, closed_loop_note, resolved_options, with_scheduler_defaults
 from testbed.runs import metrics
 from testbed.runs.folder import REQUESTS_FILE, STEPS_FILE, RunLoadError, check_out_folder, read_run_meta, unused_path, versions
 from testbed.runs.writer import RunWriter
+from testbed.schedulers import scheduler_kind
 from testbed.traces.formats import detect_format, load_trace
 from testbed.traces.schema import Trace, TracePrompts
 
@@ -105,41 +104,11 @@ def make_requests(trace: Trace, opts: ReplayOptions, model: ModelConfig, vocab_s
 
 def scheduler_config(opts: ReplayOptions, model: ModelConfig, kv_tokens: int) -> SchedulerConfig | VllmSchedulerConfig:
     """The config of the scheduler opts names."""
-    opts = with_scheduler_defaults(opts)
-    if opts.scheduler == "vllm":
-        return VllmSchedulerConfig(
-            journal_row_writes=opts.mode == "real",
-            kv_tokens=kv_tokens,
-            context_len=model.context_len,
-            page_size=opts.page_size,
-            max_num_batched_tokens=opts.max_num_batched_tokens,
-            max_num_seqs=opts.max_num_seqs,
-            policy=opts.policy,
-            enable_prefix_caching=not opts.disable_radix_cache,
-            overlap=opts.overlap,
-            seed=opts.seed,
-        )
-    return SchedulerConfig(
-        journal_row_writes=opts.mode == "real",
-        kv_tokens=kv_tokens,
-        context_len=model.context_len,
-        policy=opts.policy,
-        page_size=opts.page_size,
-        max_prefill_tokens=opts.max_prefill_tokens,
-        chunked_prefill_size=opts.chunked_prefill_size,
-        max_running_requests=opts.max_running_requests,
-        disable_radix_cache=opts.disable_radix_cache,
-        overlap=opts.overlap,
-        seed=opts.seed,
-        schedule_conservativeness=opts.schedule_conservativeness,
-        enable_mixed_chunk=opts.enable_mixed_chunk,
-        enable_priority_scheduling=opts.enable_priority_scheduling,
-        priority_scheduling_preemption_threshold=opts.priority_scheduling_preemption_threshold,
-    )
+    return scheduler_kind(opts.scheduler).config(with_scheduler_defaults(opts), model, kv_tokens)
 
 
-def new_scheduler(config: SchedulerConfig | VllmSchedulerConfig) -> SchedulerCore:
-    return VllmScheduler(config) if isinstance(config, VllmSchedulerConfig) else Scheduler(config)
+def new_scheduler(opts: ReplayOptions, config: SchedulerConfig | VllmSchedulerConfig) -> SchedulerCore:
+    return scheduler_kind(opts.scheduler).new(config)
 
 
 def replay(
@@ -193,7 +162,7 @@ def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
         "versions": versions(),
         "summary": None,
     }
-    scheduler = new_scheduler(config)
+    scheduler = new_scheduler(opts, config)
     driver = backend.driver
     total = len(trace)
     tokens = [r.input_len + r.output_len for r in trace.requests]  # as the trace asks (a cut is still done)

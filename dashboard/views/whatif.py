@@ -16,7 +16,8 @@ from dashboard.runs_index import DISPLAY_COLUMNS, ERROR_STATUS, HEADLINE_KEYS, i
 from dashboard.settings import runs_dir
 from dashboard.whatif import MAX_VARIANTS, WhatIfGrid, parse_values, run_variants, split_runnable, variants
 from testbed.errors import USER_ERRORS
-from testbed.options import DEFAULT_HARDWARE, DEFAULT_MODEL, POLICIES, SCHEDULERS, ReplayOptions, bundled_model_names
+from testbed.options import POLICIES, SCHEDULERS, ReplayOptions, bundled_model_names
+from testbed.replay_options import DEFAULT_HARDWARE, DEFAULT_MODEL
 
 TRACE_PATTERNS = ("traces/*.json", "traces/*.jsonl", "traces/*.csv")
 HARDWARE = ("h100", "h200", "a100", "cpu")

@@ -1,0 +1,67 @@
+"""SGLang's scheduler (scheduler/sglang/) as a replay runs it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from scheduler.model_config import ModelConfig
+from scheduler.sglang.config import SchedulerConfig
+from scheduler.sglang.policy import POLICIES
+from scheduler.sglang.scheduler import Scheduler
+from scheduler.sglang.server_defaults import default_chunked_prefill_size, default_mem_fraction_static
+from simulator.cuda_graphs import sglang_graphs
+from testbed.replay_options import ReplayOptions, device_memory_bytes
+from testbed.schedulers.kind import SchedulerKind
+
+PAGE_SIZE = 1  # SGLang's default page size
+
+
+def with_defaults(opts: ReplayOptions) -> ReplayOptions:
+    opts = replace(opts, page_size=PAGE_SIZE if opts.page_size is None else opts.page_size)
+    if opts.chunked_prefill_size is None or opts.mem_fraction_static is None:
+        # SGLang's server defaults follow the device memory.
+        memory = device_memory_bytes(opts)
+        chunk = default_chunked_prefill_size(memory) if opts.chunked_prefill_size is None else opts.chunked_prefill_size
+        fraction = opts.mem_fraction_static
+        if fraction is None:
+            fraction = default_mem_fraction_static(memory, chunk, opts.max_prefill_tokens, opts.max_running_requests, opts.tp)
+        opts = replace(opts, chunked_prefill_size=chunk, mem_fraction_static=fraction)
+    return opts
+
+
+def config(opts: ReplayOptions, model: ModelConfig, kv_tokens: int) -> SchedulerConfig:
+    return SchedulerConfig(
+        journal_row_writes=opts.mode == "real",
+        kv_tokens=kv_tokens,
+        context_len=model.context_len,
+        policy=opts.policy,
+        page_size=opts.page_size,
+        max_prefill_tokens=opts.max_prefill_tokens,
+        chunked_prefill_size=opts.chunked_prefill_size,
+        max_running_requests=opts.max_running_requests,
+        disable_radix_cache=opts.disable_radix_cache,
+        overlap=opts.overlap,
+        seed=opts.seed,
+        schedule_conservativeness=opts.schedule_conservativeness,
+        enable_mixed_chunk=opts.enable_mixed_chunk,
+        enable_priority_scheduling=opts.enable_priority_scheduling,
+        priority_scheduling_preemption_threshold=opts.priority_scheduling_preemption_threshold,
+    )
+
+
+SGLANG = SchedulerKind(
+    name="sglang",
+    label="SGLang",
+    policies=tuple(POLICIES),
+    own_options=("chunked_prefill_size", "max_prefill_tokens", "max_running_requests", "enable_mixed_chunk",
+                 "enable_priority_scheduling", "priority_scheduling_preemption_threshold", "schedule_conservativeness"),
+    counterparts={
+        "max_num_seqs": "use --max-running-requests",
+        "max_num_batched_tokens": "use --chunked-prefill-size and --max-prefill-tokens",
+    },
+    chunk_option="chunked_prefill_size",
+    with_defaults=with_defaults,
+    config=config,
+    new=Scheduler,
+    cuda_graphs=lambda opts: sglang_graphs(),
+)
