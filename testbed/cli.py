@@ -212,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=positive_int, default=5, help="timed repetitions per grid point (default %(default)s)")
     p.add_argument("--refit", action="store_true", help="measure nothing: fit the profile in --out again from its measurements")
     p.add_argument("-q", "--quiet", action="store_true")
-    # Issue 10: a profile of a GPU system from AIConfigurator's measured kernels (testbed/calibrate_kernels.py).
+    # A profile of a GPU system from AIConfigurator's measured kernels (testbed/calibrate_kernels.py).
     p.add_argument("--source", choices=("engine", "aiconfigurator"), default="engine", help="engine: time this machine's engine (default); aiconfigurator: compose the model from GPU kernels measured by AIConfigurator (pip install -e '.[aiconfigurator]')")
     g = p.add_argument_group("--source aiconfigurator")
     g.add_argument("--system", default=None, help="a system of the database (h100_sxm, h200_sxm, rtx_pro_6000_server, ...; a bad name lists them)")

@@ -4,39 +4,54 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
-STEP_COLUMNS = (
-    "step",
-    "mode",  # extend | decode | mixed
-    "batch_size",
-    "num_tokens",  # new tokens computed
-    "prefix_tokens",  # tokens attended to from the cache / earlier steps
-    "cache_hit_tokens",  # prefix tokens reused from the radix cache by newly admitted requests
-    "schedule_start",
-    "schedule_end",
-    "launch_start",
-    "launch_end",
-    "device_start",
-    "device_end",
-    "process_start",
-    "process_end",
-    "kv_used_tokens",  # held by requests or locked in the cache, after the step
-    "kv_cached_tokens",  # evictable cache, after the step
-    "num_running",
-    "num_waiting",
-    "num_retracted",  # requests retracted when this step was scheduled
+
+class StepRow(NamedTuple):
+    """One step's row of steps.parquet (a tuple: appending one costs what a tuple costs)."""
+
+    step: int
+    mode: str  # extend | decode | mixed
+    batch_size: int
+    num_tokens: int  # new tokens computed
+    prefix_tokens: int  # tokens attended to from the cache / earlier steps
+    cache_hit_tokens: int  # prefix tokens reused from the radix cache by newly admitted requests
+    schedule_start: float
+    schedule_end: float
+    launch_start: float
+    launch_end: float
+    device_start: float
+    device_end: float
+    process_start: float
+    process_end: float
+    kv_used_tokens: int  # held by requests or locked in the cache, after the step
+    kv_cached_tokens: int  # evictable cache, after the step
+    num_running: int
+    num_waiting: int
+    num_retracted: int  # requests retracted when this step was scheduled
     # What a forward's cost depends on beyond the token counts (a calibration can fit them).
-    "max_seq_len",  # longest sequence in the batch
-    "attention_pairs",  # query-key pairs of causal attention
-)
+    max_seq_len: int  # longest sequence in the batch
+    attention_pairs: float  # query-key pairs of causal attention
+
+
+class StepTimes(NamedTuple):
+    """The times of consecutive steps, one array per column (a decode stretch's rows)."""
+
+    schedule_start: array
+    schedule_end: array
+    launch_start: array
+    launch_end: array
+    device_start: array
+    device_end: array
+    process_start: array
+    process_end: array
+
+
+STEP_COLUMNS: tuple[str, ...] = StepRow._fields
 FLOAT_COLUMNS = ("attention_pairs",)
-
-
-TIME_COLUMNS = ("schedule_start", "schedule_end", "launch_start", "launch_end",
-                "device_start", "device_end", "process_start", "process_end")
+TIME_COLUMNS: tuple[str, ...] = StepTimes._fields
 _DTYPES = {name: None if name == "mode" else np.float64 if name in TIME_COLUMNS or name in FLOAT_COLUMNS else np.int64
            for name in STEP_COLUMNS}
 
@@ -106,7 +121,7 @@ class StretchRows:
     num_rows: int
     mode: str
     segments: list[tuple[int, int, int, int]]
-    times: tuple[array, ...]  # TIME_COLUMNS, num_rows floats each (typecode 'd')
+    times: StepTimes  # num_rows floats each (typecode 'd')
     state: StretchState
     num_waiting: int
 
@@ -115,7 +130,7 @@ Columns = dict[str, "list | np.ndarray"]
 
 
 class StepLog:
-    """Rows appended one at a time wait as tuples (one list append a step, not 21 array
+    """Rows appended one at a time wait as StepRows (one list append a step, not 21 array
     appends), and a decode stretch's rows as one StretchRows; when anything reads the log they
     become a chunk of columns (numpy arrays, and a list for mode): the tuples column by column
     at C speed, every stretch waiting at once with numpy (so a stretch costs a few
@@ -126,7 +141,7 @@ class StepLog:
         self._chunks: list[Columns] = []  # in row order
         self._chunk_rows: list[int] = []
         self._settled_rows = 0  # sum(self._chunk_rows)
-        self._pending: list[tuple | StretchRows] = []  # in row order, after the chunks
+        self._pending: list[StepRow | StretchRows] = []  # in row order, after the chunks
         self._pending_rows = 0
 
     @property
@@ -137,9 +152,8 @@ class StepLog:
             self._chunks, self._chunk_rows = [_join(self._chunks)], [self._settled_rows]
         return self._chunks[0]
 
-    def append(self, *values) -> None:
-        """One row: a value for each of STEP_COLUMNS, in order."""
-        self._pending.append(values)
+    def append(self, row: StepRow) -> None:
+        self._pending.append(row)
         self._pending_rows += 1
 
     def extend_stretch(self, rows: StretchRows) -> None:
@@ -167,7 +181,7 @@ class StepLog:
         if not pending:
             return
         total = self._pending_rows
-        if all(type(item) is tuple for item in pending):
+        if all(type(item) is StepRow for item in pending):
             chunk: Columns = {name: list(values) if _DTYPES[name] is None else np.array(values, dtype=_DTYPES[name])
                               for name, values in zip(STEP_COLUMNS, zip(*pending))}
         else:
@@ -196,16 +210,16 @@ def _join(chunks: list[Columns]) -> Columns:
     return out
 
 
-def _chunk(pending: list[tuple | StretchRows], total: int) -> Columns:
+def _chunk(pending: list[StepRow | StretchRows], total: int) -> Columns:
     """The columns of `total` pending rows: every stretch's rows laid out with numpy, then the
     single rows put in their places."""
     row_at: list[int] = []
-    rows: list[tuple] = []
+    rows: list[StepRow] = []
     stretches: list[StretchRows] = []
     stretch_at: list[int] = []
     at = 0
     for item in pending:
-        if type(item) is tuple:
+        if type(item) is StepRow:
             row_at.append(at)
             rows.append(item)
             at += 1
