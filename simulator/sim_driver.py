@@ -45,11 +45,21 @@ class SimForward:
     end: float
 
 
+class LandingEnvironment(simpy.Environment):
+    """SimPy's environment, whose clock a decode stretch can set to the time its last step lands
+    on (SimDriver._land_on): only less than one ulp ahead, and only with nothing queued (the
+    loop is the only process), so no event can be passed over."""
+
+    def land_on(self, t: float) -> None:
+        assert t - self.now <= math.ulp(t) and not self._queue, (self.now, t)
+        self._now = t
+
+
 class SimDriver:
     def __init__(self, cost_model: CostModel, fast_forward: bool = True) -> None:
         self.cost_model = cost_model
         self.fast_forward = fast_forward
-        self.env = simpy.Environment()
+        self.env = LandingEnvironment()
         self.device_free_at = 0.0
         # CPU time charged but not yet waited out. The loop is the only process, so
         # its CPU work needs no event of its own: it is folded into the next timeout,
@@ -139,11 +149,8 @@ class SimDriver:
     def _land_on(self, t: float) -> None:
         """Stepping reaches t by a chain of timeouts; one timeout from further back may not
         reach t exactly (env.now + d skips floats of t's parity when env.now is much smaller),
-        so the clock is set to t: less than one ulp later, with no other event queued (the
-        loop is SimPy's only process)."""
-        env = self.env
-        assert t - env.now <= math.ulp(t) and not env._queue, (env.now, t)
-        env._now = t
+        so the clock is set to t: less than one ulp later."""
+        self.env.land_on(t)
 
     def _stretch_times(self, ff: FastForward) -> tuple[StretchTimes, float, float] | None:
         """The times of the stretch's steps, as answering each of their waits would stamp them
