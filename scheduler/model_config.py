@@ -150,42 +150,18 @@ class ModelConfig:
         return self.num_attention_heads * self.head_dim
 
     @property
-    def kv_size(self) -> int:
-        return self.num_key_value_heads * self.head_dim
-
-    @property
     def dtype_bytes(self) -> int:
         """Bytes per element of the checkpoint's dtype."""
         return _DTYPE_BYTES.get(self.torch_dtype, 2)
-
-    @property
-    def params_per_layer(self) -> int:
-        """Parameters of one decoder layer: attention, SwiGLU MLP, two RMSNorms."""
-        return self.layer_params(1)
-
-    @property
-    def matmul_params_per_layer(self) -> int:
-        """Weights of one layer that take part in matmuls (FLOPs = 2 x this per token)."""
-        return self.layer_matmul_params(1)
 
     @property
     def embedding_params(self) -> int:
         return self.vocab_size * self.hidden_size
 
     @property
-    def lm_head_params(self) -> int:
-        """The output projection's size; with tied embeddings it is the embedding itself."""
-        return self.vocab_size * self.hidden_size
-
-    @property
     def num_params(self) -> int:
         """Total parameters: embedding + layers + final norm + lm_head (unless tied)."""
         return self.params_per_gpu(1)
-
-    @property
-    def num_layer_params(self) -> int:
-        """Parameters of all decoder layers (what every token passes through)."""
-        return self.num_hidden_layers * self.params_per_layer
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2, tp: int = 1) -> int:
         """K and V of one token across all layers (on one of `tp` GPUs)."""
