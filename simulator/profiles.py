@@ -9,6 +9,7 @@ its own CostModel, with what a replay needs besides: the model (and TP) it was m
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from simulator.cuda_graphs import CudaGraphPolicy
 from simulator.kernel_cost import KernelProfileCostModel
@@ -17,13 +18,21 @@ from simulator.profile_cost import ProfileCostModel, ProfileError, read_profile
 
 ENGINE = "engine"
 
+CostModelFromProfile = Callable[[dict, str, bool, "CudaGraphPolicy | None"], "ProfileCostModel | KernelProfileCostModel"]
+
+# The cost sources a profile file can hold, by its `source`: each makes its own CostModel from
+# (the profile, its path, overlap, the engine's CUDA-graph rule). A new source is one entry here.
+COST_SOURCES: dict[str, CostModelFromProfile] = {
+    ENGINE: lambda profile, path, overlap, graphs: ProfileCostModel(profile, path, overlap),
+    AICONFIGURATOR: lambda profile, path, overlap, graphs: KernelProfileCostModel(profile, path, graphs),
+}
+
 
 def load_profile(path: str | Path, overlap: bool = False, graphs: CudaGraphPolicy | None = None) -> ProfileCostModel | KernelProfileCostModel:
     """graphs: the serving engine's CUDA-graph rule (a kernel profile prices eager forwards higher)."""
     profile = read_profile(path)
     source = profile.get("source", ENGINE)
-    if source == ENGINE:
-        return ProfileCostModel(profile, str(path), overlap)
-    if source == AICONFIGURATOR:
-        return KernelProfileCostModel(profile, str(path), graphs)
-    raise ProfileError(f"{path}: unknown profile source {source!r}; expected {ENGINE} or {AICONFIGURATOR}")
+    make = COST_SOURCES.get(source)
+    if make is None:
+        raise ProfileError(f"{path}: unknown profile source {source!r}; expected {' or '.join(COST_SOURCES)}")
+    return make(profile, str(path), overlap, graphs)
