@@ -121,6 +121,20 @@ class RadixCache:
         the walk starts there instead of comparing that path's tokens again."""
         return self._walk_and_stamp(key, None, None, known, known_len)[1]
 
+    def match_len_after(self, known: TreeNode | None, tail: array) -> int:
+        """match_len_below for the key that is known's path followed by tail: how many tokens of
+        tail the cache holds below known (with match_prefix's splits and stamps). Only the tail
+        is handed over: a request's whole prompt need not be copied to cache its next block."""
+        return self._walk_and_stamp(tail, None, None, known, 0)[1]
+
+    def insert_after(self, known: TreeNode | None, known_len: int, tail: array, tail_value: array) -> TreeNode:
+        """_insert(key, value, known) for the key that is known's path (known_len tokens)
+        followed by tail, whose slots are tail_value: known's path is stamped and the tail
+        inserted below it. Returns the node that ends at the key's end."""
+        node, pos = self._start_insert(known, known_len + len(tail))
+        assert pos == known_len, "known's path is not the key's start"
+        return self._insert_from(node, tail, tail_value, 0)[1]
+
     def locked_prefix_len(self, key: array) -> int:
         """Tokens of key's cached prefix that running requests hold locked (no split, no
         stamp: a look, not a match). Locks reach from a node up to the root, so they are the

@@ -24,13 +24,20 @@ class VllmKVBlocks:
         self.page_size = page_size
 
     @staticmethod
-    def known_tokens(req: Req, end: int | None = None) -> array:
-        """The request's known tokens (prompt, then outputs), the first `end` of them if given."""
+    def known_tokens(req: Req) -> array:
+        """The request's known tokens: prompt, then outputs."""
         prompt = req.origin_input_ids
-        if end is not None and end <= len(prompt):
-            return prompt[:end]
-        outs = req.output_ids if end is None else req.output_ids[: end - len(prompt)]
-        return prompt + ids(outs) if outs else prompt
+        return prompt + ids(req.output_ids) if req.output_ids else prompt
+
+    @staticmethod
+    def known_tokens_between(req: Req, start: int, end: int) -> array:
+        """Known tokens start .. end - 1 (of the prompt, then the outputs)."""
+        prompt = req.origin_input_ids
+        n = len(prompt)
+        if end <= n:
+            return prompt[start:end]
+        outs = ids(req.output_ids[max(start - n, 0) : end - n])
+        return prompt[start:] + outs if start < n else outs
 
     def evict_for_running(self, running: list[Req], budget: int) -> None:
         """Evict, once, the cached blocks the running requests' next tokens will need: one
@@ -85,17 +92,18 @@ class VllmKVBlocks:
         have = len(req.prefix_indices)
         if full <= have:
             return
-        tokens = self.known_tokens(req, full)
+        # match_prefix and insert of its first `full` known tokens, each from the request's own
+        # cached path (its locked last_node spells the first `have`): the same walks, splits and
+        # stamps, handed only the tokens past `have`.
+        tail = self.known_tokens_between(req, have, full)
         cache = self.tree_cache
-        # match_prefix(tokens) and _insert(tokens, kv), each from the request's own cached path
-        # (its locked last_node spells tokens[:have]): the same walks, splits and stamps.
-        if cache.match_len_below(tokens, req.last_node, have) > have:
+        if cache.match_len_after(req.last_node, tail) > 0:
             return  # another request cached some of these blocks first: ours stay private
-        kv = self.req_to_token_pool.get(req.req_pool_idx, 0, full)
-        _, node = cache._insert(tokens, kv, known=req.last_node)  # the tree takes our slots past `have`
+        tail_kv = self.req_to_token_pool.get(req.req_pool_idx, have, full)
+        node = cache.insert_after(req.last_node, have, tail, tail_kv)  # the tree takes these slots
         cache.inc_lock_ref(node)
         cache.dec_lock_ref(req.last_node)
-        req.prefix_indices, req.last_node = kv, node
+        req.prefix_indices, req.last_node = req.prefix_indices + tail_kv, node
 
     def release(self, req: Req) -> None:
         """Free the request's KV: its private slots, its row, its lock on cached blocks."""
