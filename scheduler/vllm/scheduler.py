@@ -112,6 +112,18 @@ class VllmScheduler(SchedulerBase):
     def on_idle(self) -> None:
         pass  # vLLM keeps no estimate that an idle engine resets
 
+    def finish(self, req: Req, now: float) -> None:
+        """As SchedulerBase.finish, but the stop token's KV stays out of the cache: after an EOS
+        stop under async scheduling the step in flight has computed it, and vLLM's AsyncScheduler
+        caches a request's blocks only up to num_computed_tokens - num_output_placeholders (the
+        stop token's position left out), then frees them all, once."""
+        stop_kv = req.input_len + len(req.output_ids) - 1
+        if req.req_pool_idx is not None and req.seq_len > stop_kv:
+            if stop_kv % self.page_size == 0:  # the stop token's slot opened a page of its own
+                self.allocator.free(self.req_to_token_pool.get(req.req_pool_idx, stop_kv, req.seq_len))
+            req.seq_len = stop_kv
+        super().finish(req, now)
+
     # -- one step -----------------------------------------------------------------
     def get_next_batch_to_run(self) -> VllmBatch | None:
         """One step's batch. A pass that only preempts schedules nothing (vLLM admits no
@@ -298,20 +310,12 @@ class VllmScheduler(SchedulerBase):
     def process_batch_result(self, launched: LaunchedBatch, next_token_ids: list[int], now: float) -> None:
         plan = launched.plan
         future = plan.future_indices
-        ps = self.page_size
         finished_any = False
-        offset = 0
         for i, req in enumerate(launched.reqs):
-            loc = offset
-            offset += plan.extend_lens[i]
             if not plan.sample[i]:
                 continue  # a prefill chunk short of the prompt's end samples nothing
             if req.finished_reason is not None:
-                # Async: it stopped one step earlier (EOS); this token is the extra one. Its
-                # slot started a new page that finishing did not free.
-                if plan.prefix_lens[i] % ps == 0:
-                    self.allocator.free(plan.out_cache_loc[loc : loc + 1])
-                continue
+                continue  # async: it stopped (EOS) one step earlier; this token is the extra one, its slot already freed (finish)
             if future is not None and req.pending_token == -future[i]:
                 req.pending_token = None
             req.take_token(next_token_ids[i], now)
