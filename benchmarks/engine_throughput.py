@@ -77,7 +77,9 @@ def decode_floor(args, tmp: Path) -> None:
     per_step = statistics.median((dec["device_end"] - dec["device_start"]).tolist())
     model = load_model_config(args.model or "llama-3.1-8b")
     floor = model.weight_bytes(2) / hw.mem_bandwidth
-    print(f"decode at batch 1 on {name}: median {per_step * 1e3:.2f} ms/step; floor (weights / HBM) {floor * 1e3:.2f} ms; ratio {per_step / floor:.2f}")
+    print(
+        f"decode at batch 1 on {name}: median {per_step * 1e3:.2f} ms/step; floor (weights / HBM) {floor * 1e3:.2f} ms; ratio {per_step / floor:.2f}"
+    )
 
 
 def main() -> None:
@@ -96,7 +98,9 @@ def main() -> None:
         rows = [run(path, tmp / f"run-{o}", o, args) for o in (True, False)]
         print(f"{'overlap':<8}{'output tok/s':>14}{'total tok/s':>14}{'steps':>8}{'device idle':>13}{'wall s':>9}")
         for r in rows:
-            print(f"{r['overlap']:<8}{r['output_tok_s']:>14,.0f}{r['total_tok_s']:>14,.0f}{r['steps']:>8}{r['device_idle'] * 100:>12.1f}%{r['wall_s']:>9.1f}")
+            print(
+                f"{r['overlap']:<8}{r['output_tok_s']:>14,.0f}{r['total_tok_s']:>14,.0f}{r['steps']:>8}{r['device_idle'] * 100:>12.1f}%{r['wall_s']:>9.1f}"
+            )
         import torch
 
         if torch.cuda.is_available() and args.device in ("auto", "cuda"):

@@ -73,10 +73,19 @@ def make_traces(out: Path, n: int) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     made = {
         # Chat: lognormal prompts, a third of sessions multi-turn, half on one of 4 system prompts.
-        "gen-chat": generate_trace(GenConfig(
-            num_requests=n, rate=6.0, input_len="lognormal:300,0.8", output_len="uniform:16,160",
-            system_prompts=4, system_prompt_len=256, shared_fraction=0.5, multi_turn_fraction=0.3, seed=7,
-        )),
+        "gen-chat": generate_trace(
+            GenConfig(
+                num_requests=n,
+                rate=6.0,
+                input_len="lognormal:300,0.8",
+                output_len="uniform:16,160",
+                system_prompts=4,
+                system_prompt_len=256,
+                shared_fraction=0.5,
+                multi_turn_fraction=0.3,
+                seed=7,
+            )
+        ),
         "azure-code": window(SHARED / "azure_llm_2023" / "AzureLLMInferenceTrace_code.csv", 3000, n),
         "sharegpt": window(SHARED / "sharegpt" / "sharegpt_8k_filtered_stats_llama2_tokenizer.csv", 5000, n, rate=4.0),
     }
@@ -130,12 +139,22 @@ def run_pair(trace: Path, name: str, load: str, scale: float, overlap: bool, pro
     runs = args.out / "runs"
     reals = []
     for k in range(args.repeats):
-        reals.append(replay_or_reuse(trace, ReplayOptions(mode="real", device=args.device, **common), runs / f"{tag}-real{k + 1}",
-                                     args.reuse_real))
-    sim = replay_with_progress(trace, ReplayOptions(mode="sim", hardware=args.hardware, profile=str(profile), **common), runs / f"{tag}-sim")
+        reals.append(
+            replay_or_reuse(trace, ReplayOptions(mode="real", device=args.device, **common), runs / f"{tag}-real{k + 1}", args.reuse_real)
+        )
+    sim = replay_with_progress(
+        trace, ReplayOptions(mode="sim", hardware=args.hardware, profile=str(profile), **common), runs / f"{tag}-sim"
+    )
     real = reals[0]
-    row = {"trace": name, "load": load, "time_scale": scale, "overlap": overlap, "real": {f: real[f] for f in FIGURES},
-           "sim": {f: sim[f] for f in FIGURES}, "err": {f: rel_err(real[f], sim[f]) for f in FIGURES}}
+    row = {
+        "trace": name,
+        "load": load,
+        "time_scale": scale,
+        "overlap": overlap,
+        "real": {f: real[f] for f in FIGURES},
+        "sim": {f: sim[f] for f in FIGURES},
+        "err": {f: rel_err(real[f], sim[f]) for f in FIGURES},
+    }
     if len(reals) > 1:
         row["noise"] = {f: rel_err(real[f], reals[1][f]) for f in FIGURES}
     row["completed"] = real["completed"]
@@ -164,7 +183,10 @@ def print_table(rows: list[dict]) -> dict:
     for key, m in medians.items():
         print(f"{label[key]:<28}" + "".join(f"{'n/a' if v is None else f'{v * 100:.1f}%':>13}" for v in m.values()))
     met = [f for f in FIGURES if medians["err"][f] is not None and medians["err"][f] <= TARGET]
-    print(f"target: median error <= {TARGET:.0%} on each figure; met on {len(met)} of {len(FIGURES)}" + (f" ({', '.join(met)})" if met else ""))
+    print(
+        f"target: median error <= {TARGET:.0%} on each figure; met on {len(met)} of {len(FIGURES)}"
+        + (f" ({', '.join(met)})" if met else "")
+    )
     return medians
 
 
@@ -173,8 +195,9 @@ def main() -> int:
     try:
         return run(args)
     except KeyboardInterrupt:
-        print(f"\ninterrupted: the runs done so far are in {args.out / 'runs'} (--reuse-real keeps the complete real ones)",
-              file=sys.stderr)
+        print(
+            f"\ninterrupted: the runs done so far are in {args.out / 'runs'} (--reuse-real keeps the complete real ones)", file=sys.stderr
+        )
         return 130
 
 
@@ -213,12 +236,21 @@ def run(args: argparse.Namespace) -> int:
             for overlap in overlaps:
                 row = run_pair(paths[t.name], t.name, load, scale, overlap, profile, kv_tokens, args)
                 rows.append(row)
-                print(f"  {t.name} {load} overlap {'on' if overlap else 'off'}: "
-                      + ", ".join(f"{f} real {row['real'][f]:.1f} sim {row['sim'][f]:.1f}" for f in FIGURES), flush=True)
+                print(
+                    f"  {t.name} {load} overlap {'on' if overlap else 'off'}: "
+                    + ", ".join(f"{f} real {row['real'][f]:.1f} sim {row['sim'][f]:.1f}" for f in FIGURES),
+                    flush=True,
+                )
     print()
     medians = print_table(rows)
-    result = {"profile": str(profile), "kv_tokens": kv_tokens, "requests_per_trace": args.requests, "rows": rows,
-              "median_abs_err": medians, "wall_s": round(time.perf_counter() - t0, 1)}
+    result = {
+        "profile": str(profile),
+        "kv_tokens": kv_tokens,
+        "requests_per_trace": args.requests,
+        "rows": rows,
+        "median_abs_err": medians,
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
     (args.out / "fidelity.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out / 'fidelity.json'}   (wall {result['wall_s']:.0f} s)")
     return 0

@@ -50,6 +50,8 @@ from testbed.validate.runs import FIGURES, HEADERS, GroundTruthRun, kernel_profi
 
 GROUND_TRUTH = ROOT.parent / "shared" / "ground_truth"
 TARGET = 0.05  # every TTFT and TPOT figure
+
+
 def variants(run: GroundTruthRun, kernels: str | None, profile: str | None) -> dict[str, ReplayOptions]:
     vllm = replace(run.options, hardware=run.gpu, tp=run.tp)
     o = run.options
@@ -79,8 +81,15 @@ def measure(folder: Path, out: Path, hardware: str | None, profile: str | None, 
     meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").is_file() else {}
     kernels_path, kernels_note = kernel_profile(run, meta, run_out) if kernels else (None, "not asked for (--no-kernels)")
     real = load_run(real_dir).summary
-    result = {"run": run.name, "model": run.model, "gpu": run.gpu, "tp": run.tp, "kernels": kernels_note,
-              "real": {k: real.get(k) for k in FIGURES}, "variants": {}}
+    result = {
+        "run": run.name,
+        "model": run.model,
+        "gpu": run.gpu,
+        "tp": run.tp,
+        "kernels": kernels_note,
+        "real": {k: real.get(k) for k in FIGURES},
+        "variants": {},
+    }
     # Every variant on the first variant's KV pool: the schedulers and the costs are what differs.
     kv_tokens = run.options.kv_tokens
     for label, opts in variants(run, kernels_path, profile).items():
@@ -105,8 +114,10 @@ def measure(folder: Path, out: Path, hardware: str | None, profile: str | None, 
 
 
 def format_table(result: dict) -> str:
-    lines = [f"{result['run']}: {result['model']} on {result['gpu']} x{result['tp']}   rel. err = (sim - real) / real, target {TARGET:.0%}",
-             f"kernels: {result['kernels']}"]
+    lines = [
+        f"{result['run']}: {result['model']} on {result['gpu']} x{result['tp']}   rel. err = (sim - real) / real, target {TARGET:.0%}",
+        f"kernels: {result['kernels']}",
+    ]
     real = result["real"]
     head = f"{'':<20}" + "".join(f"{h:>11}" for h in HEADERS)
     lines += [head, "-" * len(head)]
@@ -131,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("runs") / "gpu-fidelity")  # beside where it runs, as every command
     p.add_argument("--hardware", default=None, help="hardware spec (name or JSON) for every run instead of the one its meta.json names")
     p.add_argument("--profile", default=None, help="also replay with this cost profile (the run's GPU and model)")
-    p.add_argument("--no-kernels", action="store_true", help="no kernel profile (AIConfigurator's database): the roofline and --profile only")
+    p.add_argument(
+        "--no-kernels", action="store_true", help="no kernel profile (AIConfigurator's database): the roofline and --profile only"
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     args = p.parse_args(argv)
     folders = sorted(f for f in args.ground_truth.glob("vllm-*") if (f / "requests.jsonl").is_file())

@@ -52,13 +52,19 @@ DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "azure_llm_2023" / "AzureLLM
 
 def stats(errors: list[float]) -> dict:
     a = np.abs(errors)
-    return {"points": len(errors), "median_abs": float(np.median(a)), "p90_abs": float(np.percentile(a, 90)),
-            "median_signed": float(np.median(errors))}
+    return {
+        "points": len(errors),
+        "median_abs": float(np.median(a)),
+        "p90_abs": float(np.percentile(a, 90)),
+        "median_signed": float(np.median(errors)),
+    }
 
 
 def fmt(s: dict) -> str:
-    return (f"median {s['median_abs'] * 100:5.1f}%  p90 {s['p90_abs'] * 100:5.1f}%  "
-            f"median signed {s['median_signed'] * 100:+6.1f}%  ({s['points']} points)")
+    return (
+        f"median {s['median_abs'] * 100:5.1f}%  p90 {s['p90_abs'] * 100:5.1f}%  "
+        f"median signed {s['median_signed'] * 100:+6.1f}%  ({s['points']} points)"
+    )
 
 
 # ----------------------------------------------------------------------------- 1 and 2
@@ -71,8 +77,13 @@ def profile_checks(path: Path) -> dict:
     cost = KernelProfileCostModel(profile)
     decode_1 = cost.forward_time(uniform_plan(ForwardMode.DECODE, 1, 1, 1023))
     floor = hbm_floor_s(model, tp, profile["hardware_spec"]["mem_bandwidth"])
-    return {"profile": path.name, "holdout": holdout, "decode_batch1_ms": decode_1 * 1e3, "hbm_floor_ms": floor * 1e3,
-            "decode_over_floor": decode_1 / floor}
+    return {
+        "profile": path.name,
+        "holdout": holdout,
+        "decode_batch1_ms": decode_1 * 1e3,
+        "hbm_floor_ms": floor * 1e3,
+        "decode_over_floor": decode_1 / floor,
+    }
 
 
 # ----------------------------------------------------------------------------- 3
@@ -103,8 +114,9 @@ def one_layer_check(profile_path: Path, gt: Path) -> dict:
 
     def dense_truth(n: float) -> float:
         ops = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "act_fn")
-        return sum(np.interp(n, tokens, [dense_gt[op][t] for t in tokens]) for op in ops) + \
-            2 * np.interp(n, tokens, [dense_gt["layernorm"][t] for t in tokens])
+        return sum(np.interp(n, tokens, [dense_gt[op][t] for t in tokens]) for op in ops) + 2 * np.interp(
+            n, tokens, [dense_gt["layernorm"][t] for t in tokens]
+        )
 
     out["dense part of a layer"] = stats([dense_ours(n) / dense_truth(n) - 1 for n in tokens])
     rope = lambda n: float(np.interp(n, tokens, [dense_gt["rotary_emb"][t] for t in tokens]))  # noqa: E731
@@ -160,9 +172,11 @@ def hot_path(trace: Path, max_requests: int, repeat: int) -> dict:
         replay(str(trace), ReplayOptions(max_requests=max_requests), out=d)
         wall = time.perf_counter() - t0
         plans = step_plans(load_run(Path(d)).steps)
-    models = {"roofline": RooflineCostModel(load_model_config("llama-3.1-8b"), load_hardware("h100")),
-              "engine profile": ProfileCostModel.load(ROOT / "profiles" / "cpu-tiny-llama.json"),
-              "kernel profile": KernelProfileCostModel(read_profile(H100_PROFILE))}
+    models = {
+        "roofline": RooflineCostModel(load_model_config("llama-3.1-8b"), load_hardware("h100")),
+        "engine profile": ProfileCostModel.load(ROOT / "profiles" / "cpu-tiny-llama.json"),
+        "kernel profile": KernelProfileCostModel(read_profile(H100_PROFILE)),
+    }
     out = {"replay_wall_s": wall, "forwards": len(plans)}
     for label, model in models.items():
         f = model.forward_time
@@ -196,22 +210,30 @@ def main() -> int:
         print(f"  {r['profile']}")
         for kind in ("extend", "decode"):
             e = h[kind]
-            print(f"    {kind:7s} median {e['median_rel_err'] * 100:4.1f}%  p90 {e['p90_rel_err'] * 100:4.1f}%  "
-                  f"max {e['max_rel_err'] * 100:4.1f}%  ({e['points']} shapes)")
-        print(f"    decode batch 1, context 1024: {r['decode_batch1_ms']:.2f} ms; floor {r['hbm_floor_ms']:.2f} ms "
-              f"({r['decode_over_floor']:.2f}x)")
+            print(
+                f"    {kind:7s} median {e['median_rel_err'] * 100:4.1f}%  p90 {e['p90_rel_err'] * 100:4.1f}%  "
+                f"max {e['max_rel_err'] * 100:4.1f}%  ({e['points']} shapes)"
+            )
+        print(
+            f"    decode batch 1, context 1024: {r['decode_batch1_ms']:.2f} ms; floor {r['hbm_floor_ms']:.2f} ms "
+            f"({r['decode_over_floor']:.2f}x)"
+        )
 
     if args.ground_truth.is_dir() and RTX_PROFILE.is_file():
-        print(f"\n3. one layer of Llama-3.1-8B on the RTX PRO 6000: {RTX_PROFILE.name} against {args.ground_truth.name} "
-              f"(relative error, profile / measured - 1)")
+        print(
+            f"\n3. one layer of Llama-3.1-8B on the RTX PRO 6000: {RTX_PROFILE.name} against {args.ground_truth.name} "
+            f"(relative error, profile / measured - 1)"
+        )
         report["one_layer"] = one_layer_check(RTX_PROFILE, args.ground_truth)
         for label, s in report["one_layer"].items():
             print(f"  {label:48s} {fmt(s)}")
 
     if args.trace.is_file() and H100_PROFILE.is_file():
         h = report["hot_path"] = hot_path(args.trace, args.max_requests, args.repeat)
-        print(f"\n4. hot path: the {h['forwards']:,} forwards of a replay of {args.trace.name} (first {args.max_requests} requests, "
-              f"Llama-3.1-8B, roofline: {h['replay_wall_s']:.2f} s wall), priced again by each cost model (best of {args.repeat})")
+        print(
+            f"\n4. hot path: the {h['forwards']:,} forwards of a replay of {args.trace.name} (first {args.max_requests} requests, "
+            f"Llama-3.1-8B, roofline: {h['replay_wall_s']:.2f} s wall), priced again by each cost model (best of {args.repeat})"
+        )
         for label in ("roofline", "engine profile", "kernel profile"):
             print(f"  {label:15s} {h[label]['us_per_forward']:.2f} us a forward")
     if args.json:

@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 from scheduler.core.forward_plan import ForwardMode  # noqa: E402
 from simulator.kernel_holdout import uniform_plan  # noqa: E402
-from simulator.profiles import load_profile  # noqa: E402
 from simulator.profile_cost import read_profile  # noqa: E402
+from simulator.profiles import load_profile  # noqa: E402
 
 
 def measured_points(calibrated: dict) -> list[tuple[ForwardMode, int, int, int, float]]:
@@ -56,13 +56,20 @@ def main(argv: list[str] | None = None) -> int:
     for mode in ("extend", "decode"):
         ratios = [r["measured_s"] / r["kernels_s"] for r in rows if r["mode"] == mode]
         if ratios:
-            summary[mode] = {"points": len(ratios), "median_measured_over_kernels": statistics.median(ratios),
-                             "min": min(ratios), "max": max(ratios)}
-            print(f"{mode}: {len(ratios)} shapes, measured / kernels median {statistics.median(ratios):.2f}x "
-                  f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x)")
+            summary[mode] = {
+                "points": len(ratios),
+                "median_measured_over_kernels": statistics.median(ratios),
+                "min": min(ratios),
+                "max": max(ratios),
+            }
+            print(
+                f"{mode}: {len(ratios)} shapes, measured / kernels median {statistics.median(ratios):.2f}x "
+                f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x)"
+            )
     if args.json:
-        args.json.write_text(json.dumps({"calibrated": str(args.calibrated), "kernels": str(args.kernels), "rows": rows,
-                                         "summary": summary}, indent=1))
+        args.json.write_text(
+            json.dumps({"calibrated": str(args.calibrated), "kernels": str(args.kernels), "rows": rows, "summary": summary}, indent=1)
+        )
     return 0
 
 

@@ -146,6 +146,7 @@ def instrument(marks: LoopMarks) -> Callable[[], None]:
                 marks.core_seconds += time.perf_counter() - t0
                 marks.core_calls += 1
                 marks._in_core = False
+
         return timed
 
     prompt = TracePrompts.prompt
@@ -218,19 +219,29 @@ def measure(trace: Path, opts: ReplayOptions) -> Breakdown:
 def report(b: Breakdown) -> None:
     s, wall, loop, marks = b.summary, b.wall, b.loop, b.marks
     mode = "fast-forward" if b.opts.fast_forward else "step by step"
-    print(f"{b.trace.name} ({b.opts.scheduler}, {mode}): {s['completed'] + s['rejected']:,} requests, {s['num_steps']:,} steps; "
-          f"wall {wall:.2f} s: the loop {loop:.2f} s, outside it {wall - loop:.2f} s (loading the trace, writing the tables)")
+    print(
+        f"{b.trace.name} ({b.opts.scheduler}, {mode}): {s['completed'] + s['rejected']:,} requests, {s['num_steps']:,} steps; "
+        f"wall {wall:.2f} s: the loop {loop:.2f} s, outside it {wall - loop:.2f} s (loading the trace, writing the tables)"
+    )
     seconds, counts = marks.totals()
     print(f"  {'piece':<24}{'count':>9}{'seconds':>10}{'share':>8}{'us each':>10}")
     for kind in KINDS:
         if counts[kind]:
-            extra = f"   ({marks.stretch_steps:,} steps, {marks.stretch_steps / counts[kind]:.1f} a stretch)" if kind == "decode stretch" else ""
-            print(f"  {kind:<24}{counts[kind]:>9,}{seconds[kind]:>10.3f}{seconds[kind] / wall:>8.1%}"
-                  f"{seconds[kind] / counts[kind] * 1e6:>10.1f}{extra}")
+            extra = (
+                f"   ({marks.stretch_steps:,} steps, {marks.stretch_steps / counts[kind]:.1f} a stretch)"
+                if kind == "decode stretch"
+                else ""
+            )
+            print(
+                f"  {kind:<24}{counts[kind]:>9,}{seconds[kind]:>10.3f}{seconds[kind] / wall:>8.1%}"
+                f"{seconds[kind] / counts[kind] * 1e6:>10.1f}{extra}"
+            )
     print(f"  {'outside the loop':<24}{'':>9}{wall - loop:>10.3f}{(wall - loop) / wall:>8.1%}")
-    print(f"  across the pieces: inside the scheduler {marks.core_seconds:.3f} s ({marks.core_seconds / wall:.1%}, "
-          f"{marks.core_calls:,} calls), of which making {marks.prompts:,} prompts {marks.prompt_seconds:.3f} s; "
-          f"the rest of the loop (driver, clock, cost model, step log) {loop - marks.core_seconds:.3f} s")
+    print(
+        f"  across the pieces: inside the scheduler {marks.core_seconds:.3f} s ({marks.core_seconds / wall:.1%}, "
+        f"{marks.core_calls:,} calls), of which making {marks.prompts:,} prompts {marks.prompt_seconds:.3f} s; "
+        f"the rest of the loop (driver, clock, cost model, step log) {loop - marks.core_seconds:.3f} s"
+    )
 
 
 def main() -> None:

@@ -36,9 +36,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scheduler.sglang.config import SchedulerConfig  # noqa: E402
 from scheduler.core.req import Req  # noqa: E402
 from scheduler.core.sampling import SamplingParams  # noqa: E402
+from scheduler.sglang.config import SchedulerConfig  # noqa: E402
 from scheduler.sglang.scheduler import Scheduler  # noqa: E402
 from testbed.options import ReplayOptions  # noqa: E402
 from testbed.replay import replay  # noqa: E402
@@ -63,8 +63,15 @@ def one_replay(trace: str, max_requests: int | None, fast_forward: bool, schedul
 
 
 def run_child(trace: Path, max_requests: int | None, fast_forward: bool, scheduler: str) -> dict:
-    cmd = [sys.executable, __file__, "--child", str(trace), "--fast-forward" if fast_forward else "--no-fast-forward",
-           "--scheduler", scheduler]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        str(trace),
+        "--fast-forward" if fast_forward else "--no-fast-forward",
+        "--scheduler",
+        scheduler,
+    ]
     if max_requests:
         cmd += ["--max-requests", str(max_requests)]
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
@@ -87,7 +94,9 @@ def bench_trace(name: str, trace: Path, max_requests: int | None, repeat: int, s
 
 
 def _prefilled(batch: int, steps: int, input_len: int = 1024, overlap: bool = True) -> Scheduler:
-    sched = Scheduler(SchedulerConfig(kv_tokens=batch * (input_len + steps + 64), context_len=1 << 20, max_running_requests=batch, overlap=overlap))
+    sched = Scheduler(
+        SchedulerConfig(kv_tokens=batch * (input_len + steps + 64), context_len=1 << 20, max_running_requests=batch, overlap=overlap)
+    )
     for i in range(batch):
         ids = list(range(i * input_len, (i + 1) * input_len))  # no sharing
         sched.add_request(Req(str(i), input_len, (lambda ids=ids: ids), SamplingParams(max_new_tokens=steps + 10), 0.0, index=i))
@@ -156,8 +165,10 @@ def main() -> None:
             bench_trace("light load (2,000 requests at 2 req/s)", light, args.max_requests, args.repeat)
             bench_trace("light load under vLLM's scheduler", light, args.max_requests, args.repeat, scheduler="vllm")
     times = bench_decode_step(256, 200)
-    print(f"core decode step at batch 256: median {statistics.median(times) * 1e6:.0f} us, "
-          f"p90 {statistics.quantiles(times, n=10)[-1] * 1e6:.0f} us over {len(times)} steps")
+    print(
+        f"core decode step at batch 256: median {statistics.median(times) * 1e6:.0f} us, "
+        f"p90 {statistics.quantiles(times, n=10)[-1] * 1e6:.0f} us over {len(times)} steps"
+    )
     per_step = bench_decode_stretch(256, 1000)
     print(f"core decode stretch at batch 256 (50 steps at once): median {statistics.median(per_step) * 1e6:.1f} us a step")
 

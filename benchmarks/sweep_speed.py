@@ -51,8 +51,20 @@ def main() -> int:
         out = Path(tempfile.mkdtemp(prefix=f"sweep-speed-{workers}-"))
         try:
             start = time.perf_counter()
-            cmd = [sys.executable, "-m", "testbed.cli", "sweep", args.trace, *grid, *cap,
-                   "--workers", str(workers), "--out", str(out / "s"), "-q"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "testbed.cli",
+                "sweep",
+                args.trace,
+                *grid,
+                *cap,
+                "--workers",
+                str(workers),
+                "--out",
+                str(out / "s"),
+                "-q",
+            ]
             proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
             wall = time.perf_counter() - start
             if proc.returncode != 0:
@@ -63,8 +75,11 @@ def main() -> int:
             shutil.rmtree(out, ignore_errors=True)
         first_wall = first_wall or wall
         tables[workers] = df.drop(columns="wall_s")
-        print(f"{workers:>7}  {len(df):>6}  {wall:>8.1f}  {df['wall_s'].sum():>16.1f}  {first_wall / wall:>6.2f}x"
-              f"  {os.getloadavg()[0]:>14.2f}", flush=True)
+        print(
+            f"{workers:>7}  {len(df):>6}  {wall:>8.1f}  {df['wall_s'].sum():>16.1f}  {first_wall / wall:>6.2f}x"
+            f"  {os.getloadavg()[0]:>14.2f}",
+            flush=True,
+        )
     base = tables[args.workers[0]]
     same = all(t.equals(base) for t in tables.values())
     print(f"same metrics for every worker count: {same}")

@@ -26,7 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of the scenario generator (default %(default)s)")
     p.add_argument("--scenarios", type=int, default=500, help="how many random scenarios (default %(default)s)")
     p.add_argument("--scenario", type=Path, default=None, help="run this one scenario (a JSON file, as a divergence prints it)")
-    p.add_argument("--overlap", choices=("random", "on", "off"), default="random", help="overlap mode of the scenarios (default: drawn per scenario)")
+    p.add_argument(
+        "--overlap", choices=("random", "on", "off"), default="random", help="overlap mode of the scenarios (default: drawn per scenario)"
+    )
     p.add_argument("--list-expected", action="store_true", help="print the differences kept on purpose, and exit")
     args = p.parse_args(argv)
     if args.list_expected:
@@ -88,7 +90,9 @@ class Tally:
         now = time.perf_counter()
         if now >= self._next_line and self.done < self.total:
             self._next_line = now + PROGRESS_EVERY_S
-            print(f"  {self.done}/{self.total} scenarios, {self.divergent} divergences, {now - self.start:.0f} s", file=sys.stderr, flush=True)
+            print(
+                f"  {self.done}/{self.total} scenarios, {self.divergent} divergences, {now - self.start:.0f} s", file=sys.stderr, flush=True
+            )
 
 
 def check(sc: Scenario, tally: Tally) -> None:
@@ -114,6 +118,7 @@ def check(sc: Scenario, tally: Tally) -> None:
         print("sglang:", json.dumps(d.sglang), flush=True)
     else:
         print(f"divergence: scenario {sc.name}, step {d.step} ({d.what})", flush=True)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -45,8 +45,11 @@ def first_divergence(ours: RunResult, sglang: RunResult) -> Divergence | None:
     if _error_kind(ours.error) != _error_kind(sglang.error):
         return Divergence(n, "error", ours.error, sglang.error)
     if ours.outputs != sglang.outputs:
-        diff = {k: (ours.outputs.get(k), sglang.outputs.get(k)) for k in set(ours.outputs) | set(sglang.outputs)
-                if ours.outputs.get(k) != sglang.outputs.get(k)}
+        diff = {
+            k: (ours.outputs.get(k), sglang.outputs.get(k))
+            for k in set(ours.outputs) | set(sglang.outputs)
+            if ours.outputs.get(k) != sglang.outputs.get(k)
+        }
         return Divergence(n, "outputs", {k: v[0] for k, v in diff.items()}, {k: v[1] for k, v in diff.items()})
     return None
 

@@ -170,7 +170,9 @@ class OracleScheduler:
         s.sliding_window_size = None
         s.truncation_align_size = None
         get_context().override("scheduler.pp_max_micro_batch_size_default", pp_max_micro_batch_size=max_running)
-        s.req_to_token_pool = ReqToTokenPool(size=max_running + 1, max_context_len=sc.context_len + 4, device="cpu", enable_memory_saver=False)
+        s.req_to_token_pool = ReqToTokenPool(
+            size=max_running + 1, max_context_len=sc.context_len + 4, device="cpu", enable_memory_saver=False
+        )
         if sc.page_size == 1:
             alloc = TokenToKVPoolAllocator(sc.kv_tokens, torch.float16, "cpu", None, need_sort=False)
         else:
@@ -185,8 +187,9 @@ class OracleScheduler:
         )
         params.tree_components = (ComponentType.FULL,)
         s.tree_cache = UnifiedRadixCache(params)
-        s.model_config = _ModelConfig(vocab_size=32000, is_encoder_decoder=False, is_multimodal=False,
-                                         context_len=sc.context_len, num_key_value_heads=1)
+        s.model_config = _ModelConfig(
+            vocab_size=32000, is_encoder_decoder=False, is_multimodal=False, context_len=sc.context_len, num_key_value_heads=1
+        )
         s.spec_algorithm = SpeculativeAlgorithm.NONE
         s.enable_overlap = sc.overlap
         s.is_generation = True
@@ -236,10 +239,27 @@ class OracleScheduler:
         s.result_queue = deque()
         s.enable_skip_finishing_decode = sc.overlap  # event_loop_overlap sets it
         s._engine_paused = False
-        for name in ("metrics_reporter", "metrics_collector", "grammar_manager", "output_streamer", "load_inquirer",
-                     "load_publisher", "pool_stats_observer", "ipc_channels", "future_map", "tp_worker",
-                     "model_worker", "draft_worker", "ngram_embedding_manager", "dp_attn_adapter", "beam_coordinator",
-                     "rust_server", "logprob_result_processor", "invariant_checker", "load_snapshot_writer"):
+        for name in (
+            "metrics_reporter",
+            "metrics_collector",
+            "grammar_manager",
+            "output_streamer",
+            "load_inquirer",
+            "load_publisher",
+            "pool_stats_observer",
+            "ipc_channels",
+            "future_map",
+            "tp_worker",
+            "model_worker",
+            "draft_worker",
+            "ngram_embedding_manager",
+            "dp_attn_adapter",
+            "beam_coordinator",
+            "rust_server",
+            "logprob_result_processor",
+            "invariant_checker",
+            "load_snapshot_writer",
+        ):
             setattr(s, name, _Null())
         s.metrics_reporter = _metrics_stub()
         s.dp_attn_adapter = _Passthrough()
@@ -279,8 +299,15 @@ class OracleScheduler:
         s = self.s
         params = SamplingParams(max_new_tokens=r.max_new_tokens, ignore_eos=r.ignore_eos, temperature=0.0)
         params.normalize(None)
-        req = Req(r.rid, "", array("q", r.prompt), params, eos_token_ids={EOS_TOKEN_ID},
-                  priority=r.priority if s.enable_priority_scheduling else None, vocab_size=32000)
+        req = Req(
+            r.rid,
+            "",
+            array("q", r.prompt),
+            params,
+            eos_token_ids={EOS_TOKEN_ID},
+            priority=r.priority if s.enable_priority_scheduling else None,
+            vocab_size=32000,
+        )
         req.scenario_request = r
         self.reqs[r.rid] = req
         s.init_req_max_new_tokens(req)

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from conformance.decision import RunResult
 from conformance.scenario import EOS_TOKEN_ID, Scenario, ScenarioRequest, sampled_token
-from scheduler.sglang.config import SchedulerConfig
-from scheduler.loop.event_loop import DeadlockError, EventLoop
 from scheduler.core.req import FinishReason, Req
 from scheduler.core.sampling import SamplingParams
-from scheduler.sglang.scheduler import Scheduler
+from scheduler.loop.event_loop import DeadlockError, EventLoop
 from scheduler.loop.step_clock import StepClockDriver
+from scheduler.sglang.config import SchedulerConfig
+from scheduler.sglang.scheduler import Scheduler
 
 
 def config_for(sc: Scenario) -> SchedulerConfig:

@@ -42,8 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of the scenario generator (default %(default)s)")
     p.add_argument("--scenarios", type=int, default=300, help="how many random scenarios (default %(default)s)")
     p.add_argument("--scenario", type=Path, default=None, help="run this one scenario (a JSON file, as a divergence prints it)")
-    p.add_argument("--async", dest="async_mode", choices=("random", "on", "off"), default="random",
-                   help="async scheduling of the scenarios (default: drawn per scenario)")
+    p.add_argument(
+        "--async",
+        dest="async_mode",
+        choices=("random", "on", "off"),
+        default="random",
+        help="async scheduling of the scenarios (default: drawn per scenario)",
+    )
     p.add_argument("--show-all", action="store_true", help="print every divergence in full, not only the first")
     p.add_argument("--trace", action="store_true", help="print both runs step by step (with --scenario)")
     p.add_argument("--save-divergences", type=Path, default=None, help="write each divergent scenario's JSON into this folder")
@@ -61,11 +66,15 @@ def main(argv: list[str] | None = None) -> int:
         scenarios = [random_scenario(rng, i, async_scheduling=mode) for i in range(args.scenarios)]
 
     start = time.perf_counter()
-    from conformance.vllm_oracle import VLLM_VERSION as installed, run_vllm  # imports vLLM (~10 s)
+    from conformance.vllm_oracle import VLLM_VERSION as installed  # imports vLLM (~10 s)
+    from conformance.vllm_oracle import run_vllm
 
     if installed != VLLM_VERSION:
         print(f"warning: the oracle environment has vllm {installed}, the harness follows {VLLM_VERSION}", file=sys.stderr)
-    print(f"conformance against vllm {installed}: {len(scenarios)} scenarios (seed {args.seed}); import {time.perf_counter() - start:.1f} s", flush=True)
+    print(
+        f"conformance against vllm {installed}: {len(scenarios)} scenarios (seed {args.seed}); import {time.perf_counter() - start:.1f} s",
+        flush=True,
+    )
     if args.save_divergences is not None:
         args.save_divergences.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -90,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
                 kind = classify(d, ours)
                 kinds[kind] = kinds.get(kind, 0) + 1
                 if divergent == 1 or args.show_all:
-                    print(f"\n{'first divergence' if divergent == 1 else 'divergence'}: scenario {sc.name}, step {d.step} ({d.what}) [{kind}]")
+                    print(
+                        f"\n{'first divergence' if divergent == 1 else 'divergence'}: scenario {sc.name}, step {d.step} ({d.what}) [{kind}]"
+                    )
                     print("scenario:", sc.to_json())
                     print("ours:", json.dumps(d.ours))
                     print("vllm:", json.dumps(d.vllm), flush=True)

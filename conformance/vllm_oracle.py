@@ -74,16 +74,30 @@ def _model_config(max_model_len: int) -> ModelConfig:
         path = os.path.join(MODEL_DIR, "config.json")
         if not os.path.exists(path):
             with open(path + ".tmp", "w") as f:
-                json.dump({
-                    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-                    "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
-                    "num_hidden_layers": 2, "vocab_size": 32000, "max_position_embeddings": MAX_POSITIONS,
-                    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "torch_dtype": "float16",
-                    "bos_token_id": 1, "eos_token_id": EOS_TOKEN_ID, "tie_word_embeddings": False,
-                }, f)
+                json.dump(
+                    {
+                        "architectures": ["LlamaForCausalLM"],
+                        "model_type": "llama",
+                        "hidden_size": 256,
+                        "intermediate_size": 512,
+                        "num_attention_heads": 4,
+                        "num_key_value_heads": 2,
+                        "num_hidden_layers": 2,
+                        "vocab_size": 32000,
+                        "max_position_embeddings": MAX_POSITIONS,
+                        "rms_norm_eps": 1e-5,
+                        "rope_theta": 10000.0,
+                        "torch_dtype": "float16",
+                        "bos_token_id": 1,
+                        "eos_token_id": EOS_TOKEN_ID,
+                        "tie_word_embeddings": False,
+                    },
+                    f,
+                )
             os.replace(path + ".tmp", path)
-        _MODEL_CONFIGS[max_model_len] = ModelConfig(model=MODEL_DIR, tokenizer=MODEL_DIR, skip_tokenizer_init=True,
-                                                    dtype="float16", max_model_len=max_model_len, seed=0)
+        _MODEL_CONFIGS[max_model_len] = ModelConfig(
+            model=MODEL_DIR, tokenizer=MODEL_DIR, skip_tokenizer_init=True, dtype="float16", max_model_len=max_model_len, seed=0
+        )
     return copy.deepcopy(_MODEL_CONFIGS[max_model_len])
 
 
@@ -102,15 +116,16 @@ def build_scheduler(sc: VllmScenario) -> Scheduler:
     # vLLM sets one block aside (the null block): it gets one more, so that both pools hold
     # kv_tokens // block_size usable blocks.
     num_blocks = sc.num_blocks + 1
-    cache_cfg = CacheConfig(block_size=sc.block_size, enable_prefix_caching=sc.enable_prefix_caching,
-                            num_gpu_blocks_override=num_blocks)
-    vc = VllmConfig(model_config=mc, scheduler_config=sched_cfg, cache_config=cache_cfg,
-                    device_config=DeviceConfig(device="cpu"))
+    cache_cfg = CacheConfig(block_size=sc.block_size, enable_prefix_caching=sc.enable_prefix_caching, num_gpu_blocks_override=num_blocks)
+    vc = VllmConfig(model_config=mc, scheduler_config=sched_cfg, cache_config=cache_cfg, device_config=DeviceConfig(device="cpu"))
     hf = mc.hf_text_config
     spec = {
         f"model.layers.{i}.self_attn.attn": FullAttentionSpec(
-            block_size=sc.block_size, num_kv_heads=hf.num_key_value_heads,
-            head_size=hf.hidden_size // hf.num_attention_heads, dtype=torch.float16)
+            block_size=sc.block_size,
+            num_kv_heads=hf.num_key_value_heads,
+            head_size=hf.hidden_size // hf.num_attention_heads,
+            dtype=torch.float16,
+        )
         for i in range(hf.num_hidden_layers)
     }
     page = next(iter(spec.values())).page_size_bytes * len(spec)
@@ -120,8 +135,13 @@ def build_scheduler(sc: VllmScenario) -> Scheduler:
     assert kv_cfg.num_blocks == num_blocks, (kv_cfg.num_blocks, num_blocks)
     vc.cache_config.num_gpu_blocks = kv_cfg.num_blocks
     cls = AsyncScheduler if sc.async_scheduling else Scheduler
-    sched = cls(vllm_config=vc, kv_cache_config=kv_cfg, structured_output_manager=StructuredOutputManager(vc),
-                block_size=sc.block_size, log_stats=False)
+    sched = cls(
+        vllm_config=vc,
+        kv_cache_config=kv_cfg,
+        structured_output_manager=StructuredOutputManager(vc),
+        block_size=sc.block_size,
+        log_stats=False,
+    )
     assert sched.policy.value == sc.policy, sched.policy
     assert bool(getattr(sched.scheduler_config, "async_scheduling", False)) == sc.async_scheduling
     return sched
@@ -141,9 +161,15 @@ def make_request(sc: VllmScenario, r: ScenarioRequest, index: int, hasher) -> Re
     and ours breaks ties by arrival index."""
     sp = SamplingParams(max_tokens=r.max_new_tokens, ignore_eos=r.ignore_eos, temperature=0.0)
     sp.update_from_generation_config({}, eos_token_id=EOS_TOKEN_ID)
-    return Request(request_id=r.rid, prompt_token_ids=list(r.prompt), sampling_params=sp, pooling_params=None,
-                   arrival_time=r.arrival_step + index * 1e-6,
-                   priority=r.priority if sc.policy == "priority" else 0, block_hasher=hasher)
+    return Request(
+        request_id=r.rid,
+        prompt_token_ids=list(r.prompt),
+        sampling_params=sp,
+        pooling_params=None,
+        arrival_time=r.arrival_step + index * 1e-6,
+        priority=r.priority if sc.policy == "priority" else 0,
+        block_hasher=hasher,
+    )
 
 
 class VllmOracle:
@@ -190,8 +216,7 @@ class VllmOracle:
                 sampled.append([])
             else:
                 sampled.append([sampled_token(self.by_rid[rid], req.num_computed_tokens - req.num_prompt_tokens)])
-        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                 sampled_token_ids=sampled)
+        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)}, sampled_token_ids=sampled)
 
     def update(self, so, mro) -> None:
         for eco in self.s.update_from_output(so, mro).values():

@@ -80,7 +80,7 @@ class _Driver(StepClockDriver):
 
     def _finished_since(self) -> list[str]:
         done = self.scheduler.done
-        new = [r.rid for r in done[self._done_seen:] if r.finished_reason != FinishReason.REJECTED]
+        new = [r.rid for r in done[self._done_seen :] if r.finished_reason != FinishReason.REJECTED]
         self._done_seen = len(done)
         return sorted(new)
 
@@ -88,16 +88,18 @@ class _Driver(StepClockDriver):
         sched, batch = self.scheduler, self.batch
         assert batch is not None and batch.plan is plan
         ps = sched.page_size
-        self.records.append(VllmStep(
-            reqs=[(r.rid, n) for r, n in zip(batch.reqs, plan.extend_lens)],
-            preempted=list(self.preempted),
-            finished=self._finished_since(),
-            free_blocks=sched.allocator.num_free_pages() + sched.tree_cache.evictable_size() // ps,
-            cache_hit_tokens=batch.cache_hit_tokens,
-            num_running=len(sched.running),
-            num_waiting=len(sched.waiting_queue),
-            evicted=self.evicted // ps,
-        ))
+        self.records.append(
+            VllmStep(
+                reqs=[(r.rid, n) for r, n in zip(batch.reqs, plan.extend_lens)],
+                preempted=list(self.preempted),
+                finished=self._finished_since(),
+                free_blocks=sched.allocator.num_free_pages() + sched.tree_cache.evictable_size() // ps,
+                cache_hit_tokens=batch.cache_hit_tokens,
+                num_running=len(sched.running),
+                num_waiting=len(sched.waiting_queue),
+                evicted=self.evicted // ps,
+            )
+        )
         self.preempted.clear()
         self.steps.append(None)  # the base class counts steps for max_steps
         tokens = [self.token_fn(r, s - r.input_len) for r, s in zip(batch.reqs, plan.seq_lens)]
@@ -130,8 +132,10 @@ def kv_accounting_error(sched: VllmScheduler) -> str | None:
     free = list(alloc.free_pages)
     free_blocks = alloc.num_free_pages() + sched.tree_cache.evictable_size() // ps
     if len(set(free)) != len(free) or free_blocks > alloc.num_pages:
-        return (f"kv accounting: {free_blocks} free blocks (cached ones included) in a pool of {alloc.num_pages}, "
-                f"{len(free) - len(set(free))} blocks twice in the free list")
+        return (
+            f"kv accounting: {free_blocks} free blocks (cached ones included) in a pool of {alloc.num_pages}, "
+            f"{len(free) - len(set(free))} blocks twice in the free list"
+        )
     try:
         sched.check_invariants()
     except AssertionError as e:

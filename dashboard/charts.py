@@ -45,11 +45,17 @@ def latency_cdf_figure(cdfs: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndar
             x, p = by_metric.get(metric, (np.empty(0), np.empty(0)))
             fig.add_trace(
                 go.Scatter(
-                    x=x, y=p, mode="lines", name=label, legendgroup=label, showlegend=metric == LATENCIES[0],
+                    x=x,
+                    y=p,
+                    mode="lines",
+                    name=label,
+                    legendgroup=label,
+                    showlegend=metric == LATENCIES[0],
                     line=dict(color=_color(i), shape="hv"),
                     hovertemplate=f"{label}<br>{LABELS[metric]} %{{x:.2f}} ms<br>P %{{y:.3f}}<extra></extra>",
                 ),
-                row=row, col=col,
+                row=row,
+                col=col,
             )
     fig.update_yaxes(range=[0, 1.02], title_text="fraction of requests")
     fig.update_layout(title="Latency CDFs", height=620, **_LAYOUT)
@@ -64,7 +70,8 @@ def percentile_bars_figure(summaries: Mapping[str, Mapping]) -> go.Figure:
             y = [summary.get(f"{s}_{metric}_ms") for s in STATS]
             fig.add_trace(
                 go.Bar(x=list(STATS), y=y, name=label, legendgroup=label, showlegend=metric == LATENCIES[0], marker_color=_color(i)),
-                row=row, col=col,
+                row=row,
+                col=col,
             )
     fig.update_layout(title="Latency percentiles", barmode="group", height=620, **_LAYOUT)
     return fig
@@ -73,8 +80,12 @@ def percentile_bars_figure(summaries: Mapping[str, Mapping]) -> go.Figure:
 def throughput_queue_figure(requests: pd.DataFrame, steps: pd.DataFrame) -> go.Figure:
     """Output tokens/s and finished requests/s over time; running and waiting requests per step."""
     fig = make_subplots(
-        rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-        subplot_titles=("Throughput", "Queue length"), specs=[[{"secondary_y": True}], [{}]],
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.08,
+        subplot_titles=("Throughput", "Queue length"),
+        specs=[[{"secondary_y": True}], [{}]],
     )
     if not requests.empty:
         token_times = [t for t in requests["token_times"] if len(t)]
@@ -83,10 +94,14 @@ def throughput_queue_figure(requests: pd.DataFrame, steps: pd.DataFrame) -> go.F
         bins = int(min(MAX_RATE_BINS, max(1, span // MIN_RATE_BIN_S)))
         tokens = rate_series(all_tokens, bins)
         finished = rate_series(requests.loc[requests["status"] == "finished", "finish"].to_numpy(), bins)
-        fig.add_trace(go.Scatter(x=tokens["time"], y=tokens["rate"], name="output tok/s", line=dict(color=_color(0), shape="hv")), row=1, col=1)
+        fig.add_trace(
+            go.Scatter(x=tokens["time"], y=tokens["rate"], name="output tok/s", line=dict(color=_color(0), shape="hv")), row=1, col=1
+        )
         fig.add_trace(
             go.Scatter(x=finished["time"], y=finished["rate"], name="finished req/s", line=dict(color=_color(1), shape="hv")),
-            row=1, col=1, secondary_y=True,
+            row=1,
+            col=1,
+            secondary_y=True,
         )
     if not steps.empty:
         q = _time_step_series(steps, {"num_running": "max", "num_waiting": "max"})
@@ -153,12 +168,22 @@ def kv_figure(steps: pd.DataFrame, kv_tokens: int | None) -> go.Figure:
     if not steps.empty:
         kv = peak_rows(steps, "schedule_start", ["kv_used_tokens", "kv_cached_tokens"])  # both from one step: a real pool state
         for i, (col, name) in enumerate((("kv_used_tokens", "used"), ("kv_cached_tokens", "evictable cache"))):
-            fig.add_trace(go.Scatter(x=kv["time"], y=kv[col], name=f"KV {name}", stackgroup="kv", line=dict(color=_color(i), shape="hv")), row=1, col=1)
+            fig.add_trace(
+                go.Scatter(x=kv["time"], y=kv[col], name=f"KV {name}", stackgroup="kv", line=dict(color=_color(i), shape="hv")),
+                row=1,
+                col=1,
+            )
         if kv_tokens:
             fig.add_hline(y=kv_tokens, line_dash="dot", line_color="gray", row=1, col=1)
         hits = cache_hit_series(steps)
-        fig.add_trace(go.Scatter(x=hits["time"], y=hits["hit_rate"], name="hit rate", mode="markers", marker=dict(color=_color(2), size=4)), row=2, col=1)
-        fig.add_trace(go.Scatter(x=hits["time"], y=hits["cumulative_hit_rate"], name="cumulative hit rate", line=dict(color=_color(3))), row=2, col=1)
+        fig.add_trace(
+            go.Scatter(x=hits["time"], y=hits["hit_rate"], name="hit rate", mode="markers", marker=dict(color=_color(2), size=4)),
+            row=2,
+            col=1,
+        )
+        fig.add_trace(
+            go.Scatter(x=hits["time"], y=hits["cumulative_hit_rate"], name="cumulative hit rate", line=dict(color=_color(3))), row=2, col=1
+        )
     fig.update_yaxes(title_text="tokens", row=1, col=1)
     fig.update_yaxes(title_text="hit rate", tickformat=".0%", range=[0, 1.02], row=2, col=1)
     fig.update_xaxes(title_text="time (s)", row=2, col=1)
@@ -172,7 +197,9 @@ def retraction_figure(steps: pd.DataFrame) -> go.Figure:
     if not steps.empty:
         r = _time_step_series(steps, {"num_retracted": "sum"})
         fig.add_trace(go.Bar(x=r["time"], y=r["num_retracted"], name="retracted", marker_color=_color(4)))
-        fig.add_trace(go.Scatter(x=r["time"], y=np.cumsum(r["num_retracted"]), name="total", line=dict(color=_color(5), shape="hv")), secondary_y=True)
+        fig.add_trace(
+            go.Scatter(x=r["time"], y=np.cumsum(r["num_retracted"]), name="total", line=dict(color=_color(5), shape="hv")), secondary_y=True
+        )
     fig.update_yaxes(rangemode="tozero")
     fig.update_yaxes(title_text="retracted", secondary_y=False)
     fig.update_yaxes(title_text="total", secondary_y=True)
@@ -198,7 +225,12 @@ def timeline_figure(intervals: pd.DataFrame) -> go.Figure:
         dur_ms = (part["end"].to_numpy() - part["start"].to_numpy()) * 1000.0
         fig.add_trace(
             go.Bar(
-                base=start_ms, x=dur_ms, y=[lane] * len(part), orientation="h", name=label, marker_color=_color(i),
+                base=start_ms,
+                x=dur_ms,
+                y=[lane] * len(part),
+                orientation="h",
+                name=label,
+                marker_color=_color(i),
                 customdata=np.stack([part["step"], part["batch_size"], part["num_tokens"]], axis=-1) if len(part) else None,
                 hovertemplate=f"{label} step %{{customdata[0]}} (batch %{{customdata[1]}}, %{{customdata[2]}} tokens)"
                 "<br>%{base:.3f} ms + %{x:.3f} ms<extra></extra>",
@@ -229,8 +261,13 @@ def sweep_metric_figure(grid: pd.DataFrame, metric: str, x: str, y: str | None, 
         z = grid.to_numpy(dtype=float)
         fig.add_trace(
             go.Heatmap(
-                z=z, x=xs, y=[str(i) for i in grid.index], colorscale="Viridis", colorbar=dict(title=dict(text=metric)),
-                text=[[_cell_text(v) for v in row] for row in z], texttemplate="%{text}",
+                z=z,
+                x=xs,
+                y=[str(i) for i in grid.index],
+                colorscale="Viridis",
+                colorbar=dict(title=dict(text=metric)),
+                text=[[_cell_text(v) for v in row] for row in z],
+                texttemplate="%{text}",
                 hovertemplate=f"{x}=%{{x}}<br>{y}=%{{y}}<br>{metric} %{{z:.4g}}<extra></extra>",
             )
         )
@@ -241,7 +278,11 @@ def sweep_metric_figure(grid: pd.DataFrame, metric: str, x: str, y: str | None, 
             name = f"{y}={label}" if y is not None else metric
             fig.add_trace(
                 go.Scatter(
-                    x=xs, y=row.to_numpy(dtype=float), mode="lines+markers", name=name, line=dict(color=_color(i)),
+                    x=xs,
+                    y=row.to_numpy(dtype=float),
+                    mode="lines+markers",
+                    name=name,
+                    line=dict(color=_color(i)),
                     hovertemplate=f"{name}<br>{x}=%{{x}}<br>{metric} %{{y:.4g}}<extra></extra>",
                 )
             )
@@ -262,14 +303,25 @@ def pareto_figure(points: pd.DataFrame, front: pd.DataFrame, throughput: str, la
 
     fig.add_trace(
         go.Scatter(
-            x=points[latency], y=points[throughput], text=points["point"], mode="markers", name="points",
-            marker=dict(color="lightgray", size=9, line=dict(width=1, color="gray")), hovertemplate=hover("point"),
+            x=points[latency],
+            y=points[throughput],
+            text=points["point"],
+            mode="markers",
+            name="points",
+            marker=dict(color="lightgray", size=9, line=dict(width=1, color="gray")),
+            hovertemplate=hover("point"),
         )
     )
     fig.add_trace(
         go.Scatter(
-            x=front[latency], y=front[throughput], text=front["point"], mode="lines+markers", name="Pareto front",
-            marker=dict(color=_color(1), size=11), line=dict(color=_color(1), shape="hv"), hovertemplate=hover("front"),
+            x=front[latency],
+            y=front[throughput],
+            text=front["point"],
+            mode="lines+markers",
+            name="Pareto front",
+            marker=dict(color=_color(1), size=11),
+            line=dict(color=_color(1), shape="hv"),
+            hovertemplate=hover("front"),
         )
     )
     fig.update_xaxes(title_text=f"{latency} (lower is better)")

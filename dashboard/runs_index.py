@@ -15,8 +15,16 @@ from typing import Sequence
 import pandas as pd
 import pyarrow.parquet as pq
 
-from testbed.runs.folder import (REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE, RunLoadError, effective_status, holds_only_profiles,
-                                 read_run_meta)
+from testbed.runs.folder import (
+    REQUESTS_FILE,
+    RUN_FILE,
+    STEPS_FILE,
+    WALL_FILE,
+    RunLoadError,
+    effective_status,
+    holds_only_profiles,
+    read_run_meta,
+)
 from testbed.studies.capacity import CAPACITY_FILE
 from testbed.studies.sweep import POINTS_DIR, SWEEP_FILE
 
@@ -176,7 +184,17 @@ def scan_runs(runs_dir: str | os.PathLike, extra: Sequence[Path] = ()) -> pd.Dat
 
 # What a real run and its simulation must share to be compared (testbed compare's differences,
 # as far as the index knows them).
-SAME_WORKLOAD = ("trace_sha256", "model", "policy", "overlap", "chunked_prefill_size", "page_size", "kv_tokens", "time_scale", "max_requests")
+SAME_WORKLOAD = (
+    "trace_sha256",
+    "model",
+    "policy",
+    "overlap",
+    "chunked_prefill_size",
+    "page_size",
+    "kv_tokens",
+    "time_scale",
+    "max_requests",
+)
 # What two runs must share for their comparison to mean something at all: the same requests at the
 # same load on the same model (the options may differ: that is a what-if).
 SAME_LOAD = ("trace_sha256", "model", "time_scale", "max_requests")
@@ -218,17 +236,19 @@ def studies(index: pd.DataFrame, runs_dir: str | os.PathLike) -> pd.DataFrame:
     for study, group in points.groupby("study", sort=False):
         folder = Path(study) if Path(study).is_absolute() else Path(runs_dir) / study
         others = group["status"][group["status"] != "complete"].value_counts()
-        rows.append({
-            "study": study,
-            "kind": "capacity" if (folder / CAPACITY_FILE).is_file() else "sweep",
-            "points": len(group),
-            "complete": int((group["status"] == "complete").sum()),
-            "not complete": ", ".join(f"{n} {s}" for s, n in others.items()) or None,
-            "trace": group["trace"].dropna().iloc[0] if group["trace"].notna().any() else None,
-            "mode": ", ".join(sorted(group["mode"].dropna().unique())) or None,
-            "model": ", ".join(sorted(group["model"].dropna().unique())) or None,
-            "date (UTC)": group["date"].max(),
-        })
+        rows.append(
+            {
+                "study": study,
+                "kind": "capacity" if (folder / CAPACITY_FILE).is_file() else "sweep",
+                "points": len(group),
+                "complete": int((group["status"] == "complete").sum()),
+                "not complete": ", ".join(f"{n} {s}" for s, n in others.items()) or None,
+                "trace": group["trace"].dropna().iloc[0] if group["trace"].notna().any() else None,
+                "mode": ", ".join(sorted(group["mode"].dropna().unique())) or None,
+                "model": ", ".join(sorted(group["model"].dropna().unique())) or None,
+                "date (UTC)": group["date"].max(),
+            }
+        )
     columns = ["study", "kind", "points", "complete", "not complete", "trace", "mode", "model", "date (UTC)"]
     return pd.DataFrame(rows, columns=columns).sort_values("date (UTC)", ascending=False, ignore_index=True)
 

@@ -72,8 +72,14 @@ def show(runs_dir: Path) -> None:
 
     if st.session_state.get(PICKED_KEY) not in (None, *found):
         del st.session_state[PICKED_KEY]  # a folder that is gone
-    path = c_found.selectbox("Sweep", found, index=0 if found else None, placeholder=f"no sweep found in {runs_dir}", key=PICKED_KEY,
-                             on_change=lambda: st.session_state.update({TYPED_KEY: ""}))
+    path = c_found.selectbox(
+        "Sweep",
+        found,
+        index=0 if found else None,
+        placeholder=f"no sweep found in {runs_dir}",
+        key=PICKED_KEY,
+        on_change=lambda: st.session_state.update({TYPED_KEY: ""}),
+    )
     c_typed.text_input("or another sweep folder", placeholder="path/to/DIR (holding sweep.parquet)", key=TYPED_KEY, on_change=typed_changed)
     if not path:
         return

@@ -219,9 +219,7 @@ def points_table(
 # --- a metric over two axes -----------------------------------------------------------------
 
 
-def metric_grid(
-    sweep: Sweep, metric: str, x: str, y: str | None = None, held: Mapping[str, str] | None = None
-) -> pd.DataFrame:
+def metric_grid(sweep: Sweep, metric: str, x: str, y: str | None = None, held: Mapping[str, str] | None = None) -> pd.DataFrame:
     """The metric over the complete points: one column per value of axis x, one row per value of
     axis y (a single row named after the metric when y is None), both in grid order, labelled as
     value_label does. Every other axis is held at the value label held[axis] (default: its first

@@ -55,10 +55,7 @@ def linked_outside_run(linked: str | None) -> list[Path]:
 
 
 def no_runs_message() -> None:
-    st.info(
-        f"No run folders in `{runs_dir()}` yet. Make some with `testbed replay TRACE --out {runs_dir()}/NAME`, "
-        "or on the What-if page."
-    )
+    st.info(f"No run folders in `{runs_dir()}` yet. Make some with `testbed replay TRACE --out {runs_dir()}/NAME`, or on the What-if page.")
 
 
 def keep_valid(key: str, options: list[str], default: str | list[str]) -> None:
@@ -98,4 +95,3 @@ def describe(row: pd.Series) -> str:
     if pd.notna(row["profile"]) and row["profile"]:
         parts.append(f"profile {row['profile']}")
     return " · ".join(parts)
-

@@ -16,8 +16,8 @@ from typing import Callable, Sequence
 
 from testbed.errors import USER_ERRORS, ConfigError
 from testbed.options import ReplayOptions, check_options
-from testbed.schedulers import scheduler_kind
 from testbed.replay import replay
+from testbed.schedulers import scheduler_kind
 
 MAX_VARIANTS = 24  # each is a whole replay; more is a sweep (`testbed sweep`), not a page
 

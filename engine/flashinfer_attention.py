@@ -37,9 +37,7 @@ class FlashInferAttention:
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=cache.device)
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
         # Tensor cores pay off for decode when several query heads share a KV head (GQA).
-        self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            workspace, "NHD", use_tensor_cores=num_heads // num_kv_heads >= 4
-        )
+        self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=num_heads // num_kv_heads >= 4)
         self.batch: ForwardBatch | None = None
 
     def prepare(self, batch: ForwardBatch) -> None:
@@ -58,15 +56,30 @@ class FlashInferAttention:
         common = dict(q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.head_dim**-0.5)
         if plan.mode is ForwardMode.DECODE:
             self.decode.plan(
-                kv_indptr, kv_indices, last_page_len, self.num_heads, self.num_kv_heads, self.head_dim, 1,
-                pos_encoding_mode="NONE", **common,
+                kv_indptr,
+                kv_indices,
+                last_page_len,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+                1,
+                pos_encoding_mode="NONE",
+                **common,
             )
         else:
             qo_indptr = torch.zeros(plan.batch_size + 1, dtype=torch.int32, device=device)
             qo_indptr[1:] = torch.cumsum(torch.as_tensor(plan.extend_lens, device=device), 0)
             self.prefill.plan(
-                qo_indptr, kv_indptr, kv_indices, last_page_len, self.num_heads, self.num_kv_heads, self.head_dim, 1,
-                causal=True, **common,
+                qo_indptr,
+                kv_indptr,
+                kv_indices,
+                last_page_len,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+                1,
+                causal=True,
+                **common,
             )
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -46,9 +46,7 @@ def safetensors_files(folder: Path) -> list[Path]:
         return files
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise WeightLoadError(
-            f"{folder} has no *.safetensors weights; use --load-format dummy"
-        )
+        raise WeightLoadError(f"{folder} has no *.safetensors weights; use --load-format dummy")
     return files
 
 
@@ -100,18 +98,13 @@ def load_weights(model: nn.Module, folder: str | Path) -> None:
                 continue  # a tied alias (lm_head) of a loaded parameter: same storage
             tensor = f.get_tensor(key)
             if tensor.shape != param.shape:
-                raise WeightLoadError(
-                    f"shape mismatch for {key!r} in {path}: "
-                    f"checkpoint {tuple(tensor.shape)}, model {tuple(param.shape)}"
-                )
+                raise WeightLoadError(f"shape mismatch for {key!r} in {path}: checkpoint {tuple(tensor.shape)}, model {tuple(param.shape)}")
             param.data.copy_(tensor)  # casts dtype, moves to the param's device
             loaded.add(canon[key])
     missing = sorted(set(canon.values()) - loaded)
     if missing:
         more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
-        raise WeightLoadError(
-            f"{folder} lacks weights for {len(missing)} parameter(s): {', '.join(missing[:5])}{more}"
-        )
+        raise WeightLoadError(f"{folder} lacks weights for {len(missing)} parameter(s): {', '.join(missing[:5])}{more}")
 
 
 def _is_norm_weight(name: str) -> bool:

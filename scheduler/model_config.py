@@ -68,8 +68,7 @@ class ModelConfig:
         archs = cfg.get("architectures") or []
         if not archs:
             raise ModelConfigError(
-                f"config of {name or 'model'!r} has no 'architectures' entry; "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+                f"config of {name or 'model'!r} has no 'architectures' entry; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         arch = archs[0]
         if arch not in SUPPORTED_ARCHITECTURES:
@@ -89,14 +88,10 @@ class ModelConfig:
         head_dim = cfg.get("head_dim")
         if head_dim is None:
             if hidden % heads:
-                raise ModelConfigError(
-                    f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}"
-                )
+                raise ModelConfigError(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
             head_dim = hidden // heads
         if heads % kv_heads:
-            raise ModelConfigError(
-                f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
-            )
+            raise ModelConfigError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
 
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(int(e) for e in eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
@@ -189,8 +184,10 @@ class ModelConfig:
         if heads % tp:
             raise ModelConfigError(f"--tp {tp} does not divide {self.name}'s {heads} attention heads")
         if kv % tp and tp % kv:
-            raise ModelConfigError(f"--tp {tp}: {self.name}'s {kv} KV heads neither split evenly over {tp} GPUs "
-                                   f"nor replicate evenly (TP must divide them or be a multiple of them)")
+            raise ModelConfigError(
+                f"--tp {tp}: {self.name}'s {kv} KV heads neither split evenly over {tp} GPUs "
+                f"nor replicate evenly (TP must divide them or be a multiple of them)"
+            )
         if self.intermediate_size % tp:
             raise ModelConfigError(f"--tp {tp} does not divide {self.name}'s intermediate size {self.intermediate_size}")
 
@@ -254,6 +251,5 @@ def load_model_config(name_or_path: str | Path) -> ModelConfig:
     if key in bundled_model_names():
         return ModelConfig.from_hf_config(_read_json(CONFIGS_DIR / f"{key}.json"), name=key)
     raise ModelConfigError(
-        f"unknown model {str(name_or_path)!r}: not a bundled config, a folder, or a file; "
-        f"bundled: {', '.join(bundled_model_names())}"
+        f"unknown model {str(name_or_path)!r}: not a bundled config, a folder, or a file; bundled: {', '.join(bundled_model_names())}"
     )

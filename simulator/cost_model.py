@@ -76,9 +76,7 @@ class CpuStageCosts:
     def from_dict(cls, d: dict[str, Any]) -> "CpuStageCosts":
         unknown = set(d) - set(CPU_STAGES)
         if unknown:
-            raise ValueError(
-                f"unknown CPU stage(s) {sorted(unknown)}; expected {', '.join(CPU_STAGES)}"
-            )
+            raise ValueError(f"unknown CPU stage(s) {sorted(unknown)}; expected {', '.join(CPU_STAGES)}")
         default = cls()
         return cls(**{s: StageCost(**d[s]) if s in d else getattr(default, s) for s in CPU_STAGES})
 

@@ -113,9 +113,10 @@ def database_system_spec(system: str) -> HardwareSpec:
             interconnect_bandwidth=float(node.get("intra_node_bw", 0.0)),
             interconnect_latency_s=float(node.get("p2p_latency", 10e-6)),
             description=f"AIConfigurator system {system}: {gpu['bfloat16_tc_flops'] / 1e12:.0f} TFLOP/s bf16"
-                        + (f", {gpu['fp8_tc_flops'] / 1e12:.0f} fp8" if gpu.get("fp8_tc_flops") else ", no fp8 tensor cores") + ", "
-                        f"{gpu['mem_bw'] / 1e12:.2f} TB/s, {gpu['mem_capacity'] / 2**30:.1f} GiB, "
-                        f"{node.get('intra_node_bw', 0) / 1e9:.0f} GB/s to the other GPUs of a node",
+            + (f", {gpu['fp8_tc_flops'] / 1e12:.0f} fp8" if gpu.get("fp8_tc_flops") else ", no fp8 tensor cores")
+            + ", "
+            f"{gpu['mem_bw'] / 1e12:.2f} TB/s, {gpu['mem_capacity'] / 2**30:.1f} GiB, "
+            f"{node.get('intra_node_bw', 0) / 1e9:.0f} GB/s to the other GPUs of a node",
         )
     except kernel_db.KernelDatabaseError as e:
         raise HardwareConfigError(str(e)) from None
@@ -146,8 +147,11 @@ def load_hardware(name_or_path: str | Path) -> HardwareSpec:
         path = Path(name_or_path).expanduser()
         if not path.is_file():
             systems = kernel_db.system_names()
-            more = (f"; AIConfigurator's systems: {', '.join(systems)}" if systems
-                    else f"; AIConfigurator's system names (h100_sxm, ...) need {kernel_db.EXTRA_HINT}")
+            more = (
+                f"; AIConfigurator's systems: {', '.join(systems)}"
+                if systems
+                else f"; AIConfigurator's system names (h100_sxm, ...) need {kernel_db.EXTRA_HINT}"
+            )
             raise HardwareConfigError(
                 f"unknown hardware {str(name_or_path)!r}: not a bundled spec or a JSON file; "
                 f"bundled: {', '.join(bundled_hardware_names())}{more}"

@@ -69,8 +69,17 @@ from simulator.profile_cost import ProfileError, check_header
 
 # The model dimensions a kernel profile was built for (its "model_shapes"): a model with other
 # values needs another profile.
-SHAPE_KEYS = ("architecture", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-              "head_dim", "intermediate_size", "vocab_size", "qk_norm")
+SHAPE_KEYS = (
+    "architecture",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "qk_norm",
+)
 
 
 def model_shapes(model: ModelConfig) -> dict:
@@ -200,8 +209,10 @@ class KernelProfileCostModel:
             kept = profile.get("precision") or {}
             self.precision = Precision(str(kept.get("weights", BF16)), str(kept.get("kv_cache", BF16)))
         except (KeyError, TypeError, ValueError, HardwareConfigError) as e:
-            raise ProfileError(f"{where}: not a readable kernel profile ({type(e).__name__}: {e}); make it again with "
-                               f"testbed calibrate --source aiconfigurator") from None
+            raise ProfileError(
+                f"{where}: not a readable kernel profile ({type(e).__name__}: {e}); make it again with "
+                f"testbed calibrate --source aiconfigurator"
+            ) from None
         self.profile = profile
         self.path = where
         self.graphs = graphs
@@ -227,15 +238,18 @@ class KernelProfileCostModel:
             raise ProfileError(f"--profile {self.path} was built for {built}, not {model.name} at TP {tp}")
         if model_shapes(model) != self.model_shapes:
             differ = sorted(key for key, v in model_shapes(model).items() if self.model_shapes.get(key) != v)
-            raise ProfileError(f"--profile {self.path} was built for {self.model} with other shapes than this "
-                               f"{model.name} ({', '.join(differ)} differ)")
+            raise ProfileError(
+                f"--profile {self.path} was built for {self.model} with other shapes than this {model.name} ({', '.join(differ)} differ)"
+            )
 
     def check_precision(self, asked: Precision) -> None:
         """Refuse a replay asking for other weights or KV than the profile was priced for, naming both."""
         if not self.precision.same_bytes(asked):
-            raise ProfileError(f"--profile {self.path} was built for {self.precision.describe()}, not "
-                               f"{asked.describe()} (--quantization, --kv-cache-dtype); make one with testbed calibrate "
-                               f"--source aiconfigurator and the same options")
+            raise ProfileError(
+                f"--profile {self.path} was built for {self.precision.describe()}, not "
+                f"{asked.describe()} (--quantization, --kv-cache-dtype); make one with testbed calibrate "
+                f"--source aiconfigurator and the same options"
+            )
 
     # ------------------------------------------------------------------ hot path
     def forward_time(self, plan: ForwardPlan) -> float:

@@ -104,8 +104,7 @@ def _supported_databases() -> dict[str, dict[str, tuple[str, ...]]]:
     _require_package()
     from aiconfigurator_core.sdk import perf_database
 
-    return {s: {b: tuple(v) for b, v in backends.items() if v}
-            for s, backends in sorted(perf_database.get_supported_databases().items())}
+    return {s: {b: tuple(v) for b, v in backends.items() if v} for s, backends in sorted(perf_database.get_supported_databases().items())}
 
 
 def _choices(items) -> str:
@@ -151,8 +150,7 @@ class KernelDatabase:
         return cls(system, backend, version, db, EngineHandle.for_database(db))
 
     # ------------------------------------------------------------------ queries
-    def _evaluate(self, key: tuple, make_op, *, is_context: bool, batch_size: int, s: int, prefix: int = 0,
-                  x: int | None = None) -> float:
+    def _evaluate(self, key: tuple, make_op, *, is_context: bool, batch_size: int, s: int, prefix: int = 0, x: int | None = None) -> float:
         """Milliseconds from the engine -> seconds. Each op's JSON is built once per shape."""
         from aiconfigurator_core.sdk import errors
 
@@ -162,8 +160,7 @@ class KernelDatabase:
                 from aiconfigurator_core.sdk.engine import build_ops_json
 
                 js = self._ops[key] = build_ops_json([make_op()])
-            (_, ms, _, _), = self._handle.evaluate_ops_json(js, is_context=is_context, batch_size=batch_size, s=s,
-                                                             prefix=prefix, x=x)
+            ((_, ms, _, _),) = self._handle.evaluate_ops_json(js, is_context=is_context, batch_size=batch_size, s=s, prefix=prefix, x=x)
         except (errors.PerfDataNotAvailableError, errors.MissingSystemFlopsError, errors.InterpolationDataNotAvailableError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise KernelDataMissing(f"{self.system}/{self.backend} {self.version}: {first[:300]}") from None
@@ -175,34 +172,57 @@ class KernelDatabase:
         import aiconfigurator_core.sdk.operations as ops
         from aiconfigurator_core.sdk import common
 
-        return self._evaluate(("gemm", n, k, quant), lambda: ops.GEMM("gemm", 1, n, k, common.GEMMQuantMode[quant]),
-                              is_context=True, batch_size=1, s=m, x=m)
+        return self._evaluate(
+            ("gemm", n, k, quant), lambda: ops.GEMM("gemm", 1, n, k, common.GEMMQuantMode[quant]), is_context=True, batch_size=1, s=m, x=m
+        )
 
-    def context_attention(self, batch: int, new_tokens: int, prefix: int, heads: int, kv_heads: int, head_dim: int,
-                          qk_norm: bool = False, kv_cache: str = "bfloat16", fmha: str = "bfloat16") -> float:
+    def context_attention(
+        self,
+        batch: int,
+        new_tokens: int,
+        prefix: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        qk_norm: bool = False,
+        kv_cache: str = "bfloat16",
+        fmha: str = "bfloat16",
+    ) -> float:
         """Prefill attention of `batch` requests of `new_tokens` each over `prefix` cached tokens, with the
         RoPE, KV-cache write (and Qwen3's q/k norm) the engine adds to the measured kernel. kv_cache: the
         KV cache's dtype (bfloat16 or fp8); fmha: the attention kernel's (fp8: q cast to fp8 as well)."""
-        return self._evaluate(("ctx", heads, kv_heads, head_dim, qk_norm, kv_cache, fmha),
-                              lambda: self._attention_op(True, heads, kv_heads, head_dim, qk_norm, kv_cache, fmha),
-                              is_context=True, batch_size=batch, s=new_tokens, prefix=prefix)
+        return self._evaluate(
+            ("ctx", heads, kv_heads, head_dim, qk_norm, kv_cache, fmha),
+            lambda: self._attention_op(True, heads, kv_heads, head_dim, qk_norm, kv_cache, fmha),
+            is_context=True,
+            batch_size=batch,
+            s=new_tokens,
+            prefix=prefix,
+        )
 
-    def generation_attention(self, batch: int, context: int, heads: int, kv_heads: int, head_dim: int,
-                             qk_norm: bool = False, kv_cache: str = "bfloat16") -> float:
+    def generation_attention(
+        self, batch: int, context: int, heads: int, kv_heads: int, head_dim: int, qk_norm: bool = False, kv_cache: str = "bfloat16"
+    ) -> float:
         """Decode attention of `batch` requests, each attending over `context` tokens (its new one included)."""
-        return self._evaluate(("gen", heads, kv_heads, head_dim, qk_norm, kv_cache),
-                              lambda: self._attention_op(False, heads, kv_heads, head_dim, qk_norm, kv_cache),
-                              is_context=False, batch_size=batch, s=context)
+        return self._evaluate(
+            ("gen", heads, kv_heads, head_dim, qk_norm, kv_cache),
+            lambda: self._attention_op(False, heads, kv_heads, head_dim, qk_norm, kv_cache),
+            is_context=False,
+            batch_size=batch,
+            s=context,
+        )
 
-    def _attention_op(self, context: bool, heads: int, kv_heads: int, head_dim: int, qk_norm: bool,
-                      kv_cache: str = "bfloat16", fmha: str = "bfloat16"):
+    def _attention_op(
+        self, context: bool, heads: int, kv_heads: int, head_dim: int, qk_norm: bool, kv_cache: str = "bfloat16", fmha: str = "bfloat16"
+    ):
         import aiconfigurator_core.sdk.operations as ops
         from aiconfigurator_core.sdk import common
 
         kv = common.KVCacheQuantMode[kv_cache]
         if context:
-            op = ops.ContextAttention("context_attention", 1, heads, kv_heads, kv, common.FMHAQuantMode[fmha],
-                                      head_size=head_dim, use_qk_norm=qk_norm)
+            op = ops.ContextAttention(
+                "context_attention", 1, heads, kv_heads, kv, common.FMHAQuantMode[fmha], head_size=head_dim, use_qk_norm=qk_norm
+            )
         else:
             op = ops.GenerationAttention("generation_attention", 1, heads, kv_heads, kv, head_size=head_dim, use_qk_norm=qk_norm)
         # Which measured kernel (flashinfer, fa3, ...) the backend uses: the database's own choice.
@@ -221,21 +241,34 @@ class KernelDatabase:
             return 0.0
         import aiconfigurator_core.sdk.operations as ops
 
-        return self._evaluate(("ar", hidden, tp), lambda: ops.CustomAllReduce("all_reduce", 1, hidden, tp),
-                              is_context=True, batch_size=1, s=tokens, x=tokens)
+        return self._evaluate(
+            ("ar", hidden, tp), lambda: ops.CustomAllReduce("all_reduce", 1, hidden, tp), is_context=True, batch_size=1, s=tokens, x=tokens
+        )
 
     def elementwise(self, tokens: int, dim_in: int, dim_out: int) -> float:
         """A memory-bound element-wise kernel (residual add + RMSNorm, SiLU-and-mul) over `tokens` rows."""
         import aiconfigurator_core.sdk.operations as ops
 
-        return self._evaluate(("ew", dim_in, dim_out), lambda: ops.ElementWise("elementwise", 1, dim_in, dim_out, 0.8),
-                              is_context=True, batch_size=1, s=tokens, x=tokens)
+        return self._evaluate(
+            ("ew", dim_in, dim_out),
+            lambda: ops.ElementWise("elementwise", 1, dim_in, dim_out, 0.8),
+            is_context=True,
+            batch_size=1,
+            s=tokens,
+            x=tokens,
+        )
 
     def embedding(self, tokens: int, vocab: int, hidden: int) -> float:
         import aiconfigurator_core.sdk.operations as ops
 
-        return self._evaluate(("emb", vocab, hidden), lambda: ops.Embedding("embedding", 1, vocab, hidden, 0.3),
-                              is_context=True, batch_size=1, s=tokens, x=tokens)
+        return self._evaluate(
+            ("emb", vocab, hidden),
+            lambda: ops.Embedding("embedding", 1, vocab, hidden, 0.3),
+            is_context=True,
+            batch_size=1,
+            s=tokens,
+            x=tokens,
+        )
 
     # ------------------------------------------------------- measured shapes
     def measured_gemm_tokens(self, quant: str = "bfloat16") -> list[int]:
@@ -277,8 +310,13 @@ class KernelDatabase:
         import pandas as pd
 
         name = "context_attention_perf.parquet" if context else "generation_attention_perf.parquet"
-        return sorted({str(v) for path in self._table_files("attention", name)
-                       for v in pd.read_parquet(path, columns=["kv_cache_dtype"]).kv_cache_dtype.unique()})
+        return sorted(
+            {
+                str(v)
+                for path in self._table_files("attention", name)
+                for v in pd.read_parquet(path, columns=["kv_cache_dtype"]).kv_cache_dtype.unique()
+            }
+        )
 
     def attention_kernel(self, context: bool, kv_cache: str) -> tuple[str | None, list[str]]:
         """(kernel, its attention dtypes) of the measured rows with this KV-cache dtype that the database's
@@ -304,8 +342,9 @@ class KernelDatabase:
         lane = next((lane for lane in order if lane in by_lane), None)
         return (lane, sorted(by_lane[lane])) if lane else (None, [])
 
-    def measured_attention(self, context: bool, heads: int, kv_heads: int, head_dim: int, kv_cache: str = "bfloat16",
-                           fmha: str | None = None) -> list[tuple[int, int]]:
+    def measured_attention(
+        self, context: bool, heads: int, kv_heads: int, head_dim: int, kv_cache: str = "bfloat16", fmha: str | None = None
+    ) -> list[tuple[int, int]]:
         """(batch, sequence length) of the database's measured attention rows for these heads, that KV-cache
         dtype (and attention dtype, for prefill), no sliding window: prefill (new tokens, no prefix) or
         decode (context length)."""
@@ -316,8 +355,7 @@ class KernelDatabase:
         rows = set()
         for path in files:
             t = pd.read_parquet(path)
-            keep = ((t.num_heads == heads) & (t.num_key_value_heads == kv_heads) & (t.head_dim == head_dim)
-                    & (t.kv_cache_dtype == kv_cache))
+            keep = (t.num_heads == heads) & (t.num_key_value_heads == kv_heads) & (t.head_dim == head_dim) & (t.kv_cache_dtype == kv_cache)
             if fmha is not None and context:
                 keep &= t.attn_dtype == fmha
             if "window_size" in t:  # older tables have no sliding-window rows at all
@@ -347,8 +385,13 @@ class KernelDatabase:
         return get_backend(self.backend)._prefill_dispatch_overhead_ms(_Layers()) * 1e-3
 
     def describe(self) -> dict[str, str]:
-        return {"package": "aiconfigurator-core", "package_version": package_version(), "system": self.system,
-                "backend": self.backend, "backend_version": self.version}
+        return {
+            "package": "aiconfigurator-core",
+            "package_version": package_version(),
+            "system": self.system,
+            "backend": self.backend,
+            "backend_version": self.version,
+        }
 
 
 def nearest_version(versions: list[str], wanted: str | None) -> str | None:

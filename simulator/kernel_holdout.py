@@ -27,9 +27,21 @@ def uniform_plan(mode: ForwardMode, batch: int, new_tokens: int, prefix: int) ->
     """A plan of `batch` equal requests, with the cost summaries a cost model reads (no token data)."""
     prefix_lens, extend_lens = [prefix] * batch, [new_tokens] * batch
     n, sum_seq, sum_prefix, pairs, longest = ForwardPlan.summarize(prefix_lens, extend_lens)
-    return ForwardPlan(mode=mode, req_pool_indices=list(range(batch)), prefix_lens=prefix_lens, extend_lens=extend_lens,
-                       seq_lens=[prefix + new_tokens] * batch, sampling=[], sample=[True] * batch, out_cache_loc=None,
-                       num_tokens=n, sum_seq_len=sum_seq, sum_prefix_len=sum_prefix, attention_pairs=pairs, max_seq_len=longest)
+    return ForwardPlan(
+        mode=mode,
+        req_pool_indices=list(range(batch)),
+        prefix_lens=prefix_lens,
+        extend_lens=extend_lens,
+        seq_lens=[prefix + new_tokens] * batch,
+        sampling=[],
+        sample=[True] * batch,
+        out_cache_loc=None,
+        num_tokens=n,
+        sum_seq_len=sum_seq,
+        sum_prefix_len=sum_prefix,
+        attention_pairs=pairs,
+        max_seq_len=longest,
+    )
 
 
 def direct_forward(g, db: KernelDatabase, mode: ForwardMode, batch: int, seq: int) -> float:
@@ -43,8 +55,13 @@ def _summary(errors: list[float]) -> dict:
     if not errors:
         return {"points": 0}
     a = np.abs(errors)
-    return {"points": len(a), "median_rel_err": float(np.median(a)), "p90_rel_err": float(np.percentile(a, 90)),
-            "max_rel_err": float(a.max()), "mean_signed_err": float(np.mean(errors))}
+    return {
+        "points": len(a),
+        "median_rel_err": float(np.median(a)),
+        "p90_rel_err": float(np.percentile(a, 90)),
+        "max_rel_err": float(a.max()),
+        "mean_signed_err": float(np.mean(errors)),
+    }
 
 
 def thinned(profile: dict) -> dict:
@@ -70,8 +87,9 @@ def holdout_errors(profile: dict, db: KernelDatabase, g) -> dict:
         used = set(check["kernels"][key][axis])
         extend = mode is ForwardMode.EXTEND
         # The measured rows of the precision that priced the table (KV dtype; prefill: attention dtype too).
-        measured = db.measured_attention(extend, g.heads, g.kv_heads, g.head_dim, g.prefill_kv if extend else g.decode_kv,
-                                         g.prefill_fmha if extend else None)
+        measured = db.measured_attention(
+            extend, g.heads, g.kv_heads, g.head_dim, g.prefill_kv if extend else g.decode_kv, g.prefill_fmha if extend else None
+        )
         shapes = [(b, s) for b, s in measured if s not in used and s >= 1]
         errors = []
         for b, s in shapes:

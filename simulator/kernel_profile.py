@@ -73,6 +73,8 @@ DECODE_BATCH = [2**k for k in range(12)]  # 1 .. 2048, the database's decode bat
 DECODE_CONTEXT = POWERS
 REQUESTS = sorted({*range(1, 17), *(2**k for k in range(5, 13))})  # lm_head rows: 1 .. 4096
 LAYER_OPS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "norms", "act_fn", "all_reduce")
+
+
 def _seconds(x: float) -> float:
     return float(f"{x:.5g}")  # 5 significant digits: far below the database's own noise, a small file
 
@@ -98,8 +100,17 @@ class GpuShapes:
 
     @classmethod
     def of(cls, model: ModelConfig, tp: int) -> "GpuShapes":
-        return cls(model.num_hidden_layers, model.hidden_size, model.head_dim, model.num_attention_heads // tp,
-                   model.kv_heads_per_gpu(tp), model.intermediate_size // tp, -(-model.vocab_size // tp), tp, model.qk_norm)
+        return cls(
+            model.num_hidden_layers,
+            model.hidden_size,
+            model.head_dim,
+            model.num_attention_heads // tp,
+            model.kv_heads_per_gpu(tp),
+            model.intermediate_size // tp,
+            -(-model.vocab_size // tp),
+            tp,
+            model.qk_norm,
+        )
 
     def layer_kernels(self, db: KernelDatabase, n: int) -> dict[str, float]:
         """Seconds of each non-attention kernel of one layer over n tokens."""
@@ -123,8 +134,9 @@ class GpuShapes:
         return db.gemm(requests, self.vocab, self.hidden)
 
     def prefill_attention(self, db: KernelDatabase, batch: int, new_tokens: int, prefix: int) -> float:
-        return db.context_attention(batch, new_tokens, prefix, self.heads, self.kv_heads, self.head_dim, self.qk_norm,
-                                    self.prefill_kv, self.prefill_fmha)
+        return db.context_attention(
+            batch, new_tokens, prefix, self.heads, self.kv_heads, self.head_dim, self.qk_norm, self.prefill_kv, self.prefill_fmha
+        )
 
     def decode_attention(self, db: KernelDatabase, batch: int, context: int) -> float:
         return db.generation_attention(batch, context, self.heads, self.kv_heads, self.head_dim, self.qk_norm, self.decode_kv)
@@ -138,10 +150,14 @@ def quantized_gemm_check(db: KernelDatabase, g: GpuShapes, quant: str) -> str | 
     except KernelDataMissing as e:
         gpu = system_spec(db.system).get("gpu", {})
         cores = {"nvfp4": ("fp4", "fp4_tc_flops")}.get(quant, ("fp8", "fp8_tc_flops"))
-        why = (f"the GPU has no {cores[0]} tensor cores (its spec has no {cores[1]})" if not gpu.get(cores[1])
-               else f"its GEMM tables: {', '.join(db.gemm_quant_modes()) or 'none'} ({e})")
-        raise KernelDatabaseError(f"--quantization {quant}: {db.system}/{db.backend} {db.version} has no {quant} GEMM kernels: "
-                                  f"{why}") from None
+        why = (
+            f"the GPU has no {cores[0]} tensor cores (its spec has no {cores[1]})"
+            if not gpu.get(cores[1])
+            else f"its GEMM tables: {', '.join(db.gemm_quant_modes()) or 'none'} ({e})"
+        )
+        raise KernelDatabaseError(
+            f"--quantization {quant}: {db.system}/{db.backend} {db.version} has no {quant} GEMM kernels: {why}"
+        ) from None
     return db.gemm_kernel(quant)
 
 
@@ -162,13 +178,20 @@ def check_tp(system: str, model: ModelConfig, tp: int) -> None:
     model.check_tp(tp)
     per_node = int(system_spec(system).get("node", {}).get("num_gpus_per_node", 8))
     if tp > per_node:
-        raise KernelDatabaseError(f"--tp {tp}: {system} has {per_node} GPUs a node, and the database measures "
-                                  f"all-reduce within one node")
+        raise KernelDatabaseError(f"--tp {tp}: {system} has {per_node} GPUs a node, and the database measures all-reduce within one node")
 
 
-def build_kernel_profile(system: str, backend: str, backend_version: str | None, model: ModelConfig | str, tp: int = 1,
-                         progress: Progress | None = None, quantization: str | None = None,
-                         kv_cache_dtype: str = "auto", mixed_attention: str | Path | None = None) -> dict:
+def build_kernel_profile(
+    system: str,
+    backend: str,
+    backend_version: str | None,
+    model: ModelConfig | str,
+    tp: int = 1,
+    progress: Progress | None = None,
+    quantization: str | None = None,
+    kv_cache_dtype: str = "auto",
+    mixed_attention: str | Path | None = None,
+) -> dict:
     """The profile of `model` (a ModelConfig, or a name or path load_model_config takes) over `tp` GPUs
     of `system`, from `backend`'s kernels (version None: the newest the database maintains), with its
     weights quantized (`quantization` fp8, fp8_block or nvfp4, else the model's dtype) and its KV cache in `kv_cache_dtype`
@@ -196,8 +219,11 @@ def build_kernel_profile(system: str, backend: str, backend_version: str | None,
         g = replace(g, gemm_quant=precision.weights)
     tokens = sorted(set(db.measured_gemm_tokens(g.gemm_quant)) | set(POWERS))
 
-    phases = [("dense", len(tokens) + len(REQUESTS)), ("prefill attention", len(PREFILL_BATCH) * len(POWERS)),
-              ("decode attention", len(DECODE_BATCH))]
+    phases = [
+        ("dense", len(tokens) + len(REQUESTS)),
+        ("prefill attention", len(PREFILL_BATCH) * len(POWERS)),
+        ("decode attention", len(DECODE_BATCH)),
+    ]
     total = sum(n for _, n in phases)
     done = 0
 
@@ -265,8 +291,10 @@ def build_kernel_profile(system: str, backend: str, backend_version: str | None,
 
     hardware = database_system_spec(system)
     priced_kv = sorted({g.prefill_kv, g.decode_kv})
-    kv_record = {"asked": precision.kv_cache, "priced_as": priced_kv[0] if len(priced_kv) == 1 else
-                 f"{g.prefill_kv} (prefill), {g.decode_kv} (decode)"}
+    kv_record = {
+        "asked": precision.kv_cache,
+        "priced_as": priced_kv[0] if len(priced_kv) == 1 else f"{g.prefill_kv} (prefill), {g.decode_kv} (decode)",
+    }
     missing = [kind for kind, kv in (("prefill", g.prefill_kv), ("decode", g.decode_kv)) if precision.fp8_kv and kv != FP8]
     if missing:
         kv_record["why"] = _fp8_kv_fallback_why(db, missing, [e for e in (prefill_error, decode_error) if e])
@@ -286,7 +314,8 @@ def build_kernel_profile(system: str, backend: str, backend_version: str | None,
         "database": db.describe(),
         # What a replay must ask for (--quantization, --kv-cache-dtype; it sizes the KV pool), and which
         # of the database's tables priced each kernel (quant mode, and the kernel it measured).
-        "precision": precision.to_dict() | {
+        "precision": precision.to_dict()
+        | {
             "gemm": {"quant_mode": g.gemm_quant, "kernel": gemm_kernel},
             "lm_head": {"quant_mode": BF16, "kernel": db.gemm_kernel(BF16)},
             "prefill_attention": {"kv_cache": g.prefill_kv, "fmha": g.prefill_fmha, "kernel": prefill_kernel},

@@ -52,13 +52,21 @@ class MixedDecodeFactor:
         return float(np.interp(np.log(max(n_decode, 1.0)), self._log_n, row))
 
     def to_dict(self) -> dict:
-        return {"n_decode": list(self.n_decode), "kv_decode": list(self.kv_decode),
-                "factor": [list(r) for r in self.factor], "source": self.source}
+        return {
+            "n_decode": list(self.n_decode),
+            "kv_decode": list(self.kv_decode),
+            "factor": [list(r) for r in self.factor],
+            "source": self.source,
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> "MixedDecodeFactor":
-        return cls(tuple(int(v) for v in d["n_decode"]), tuple(int(v) for v in d["kv_decode"]),
-                   tuple(tuple(float(v) for v in r) for r in d["factor"]), str(d.get("source", "")))
+        return cls(
+            tuple(int(v) for v in d["n_decode"]),
+            tuple(int(v) for v in d["kv_decode"]),
+            tuple(tuple(float(v) for v in r) for r in d["factor"]),
+            str(d.get("source", "")),
+        )
 
 
 def from_llmservingsim(path: str | Path) -> MixedDecodeFactor:
@@ -87,7 +95,9 @@ def from_llmservingsim(path: str | Path) -> MixedDecodeFactor:
             ratios[(nd, kd)].append((t - alone_p) / alone_d)
     nds, kds = sorted({k[0] for k in ratios}), sorted({k[1] for k in ratios})
     if len(nds) < 2 or len(kds) < 2 or any((n, k) not in ratios for n in nds for k in kds):
-        raise MixedAttentionError(f"{path}: needs mixed rows with the same prefill shapes measured alone, and decode "
-                                  f"batches measured alone, on a full grid of n_decode x kv_decode (found {len(ratios)} cells)")
+        raise MixedAttentionError(
+            f"{path}: needs mixed rows with the same prefill shapes measured alone, and decode "
+            f"batches measured alone, on a full grid of n_decode x kv_decode (found {len(ratios)} cells)"
+        )
     table = tuple(tuple(max(0.0, float(np.median(ratios[(n, k)]))) for k in kds) for n in nds)
     return MixedDecodeFactor(tuple(nds), tuple(kds), table, str(path))

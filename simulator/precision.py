@@ -93,6 +93,7 @@ class Precision:
     def same_bytes(self, other: "Precision") -> bool:
         """The same costs and KV pool: the same weight format (bfloat16 and float16 both 2 bytes, the same
         GEMMs) and fp8 KV or not."""
+
         def weights(p: "Precision") -> str:
             return p.weights if p.quantized_weights else BF16
 

@@ -26,10 +26,12 @@ class ProfileError(ValueError):
 def check_header(profile: dict, path: str | None) -> None:
     """A testbed profile of the version this testbed reads (either source: engine or kernels)."""
     if profile.get("format") != PROFILE_FORMAT:
-        raise ProfileError(f"{path or 'profile'}: not a testbed profile (no \"format\": \"{PROFILE_FORMAT}\")")
+        raise ProfileError(f'{path or "profile"}: not a testbed profile (no "format": "{PROFILE_FORMAT}")')
     if profile.get("version") != PROFILE_VERSION:
-        raise ProfileError(f"{path or 'profile'}: profile version {profile.get('version')}, this testbed reads version "
-                           f"{PROFILE_VERSION}: make it again with testbed calibrate")
+        raise ProfileError(
+            f"{path or 'profile'}: profile version {profile.get('version')}, this testbed reads version "
+            f"{PROFILE_VERSION}: make it again with testbed calibrate"
+        )
 
 
 def read_profile(path: str | Path) -> dict:
@@ -84,9 +86,11 @@ class ProfileCostModel:
     def check_precision(self, asked) -> None:
         """This project's engine runs the model's own dtype: fp8 weights or KV (simulator/precision.py) are not in its timings."""
         if asked.quantized_weights or asked.fp8_kv:
-            raise ProfileError(f"--profile {self.path} was calibrated on this project's engine, which runs the model's own "
-                               f"dtype, not {asked.describe()}; quantized weights or an fp8 KV cache take a kernel profile "
-                               f"(testbed calibrate --source aiconfigurator --quantization ... / --kv-cache-dtype fp8) or the roofline")
+            raise ProfileError(
+                f"--profile {self.path} was calibrated on this project's engine, which runs the model's own "
+                f"dtype, not {asked.describe()}; quantized weights or an fp8 KV cache take a kernel profile "
+                f"(testbed calibrate --source aiconfigurator --quantization ... / --kv-cache-dtype fp8) or the roofline"
+            )
 
     def forward_time(self, plan: ForwardPlan) -> float:
         bs = len(plan.req_pool_indices)

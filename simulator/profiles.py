@@ -28,7 +28,9 @@ COST_SOURCES: dict[str, CostModelFromProfile] = {
 }
 
 
-def load_profile(path: str | Path, overlap: bool = False, graphs: CudaGraphPolicy | None = None) -> ProfileCostModel | KernelProfileCostModel:
+def load_profile(
+    path: str | Path, overlap: bool = False, graphs: CudaGraphPolicy | None = None
+) -> ProfileCostModel | KernelProfileCostModel:
     """graphs: the serving engine's CUDA-graph rule (a kernel profile prices eager forwards higher)."""
     profile = read_profile(path)
     source = profile.get("source", ENGINE)

@@ -111,8 +111,12 @@ class RooflineCostModel:
         precision: Precision | None = None,
     ) -> None:
         p = self.precision = precision or Precision()
-        self.name = (f"roofline:{model.name}@{hw.name}" + (f",tp{tp}" if tp > 1 else "")
-                     + (f",{p.weights}-weights" if p.quantized_weights else "") + (",fp8-kv" if p.fp8_kv else ""))
+        self.name = (
+            f"roofline:{model.name}@{hw.name}"
+            + (f",tp{tp}" if tp > 1 else "")
+            + (f",{p.weights}-weights" if p.quantized_weights else "")
+            + (",fp8-kv" if p.fp8_kv else "")
+        )
         self.model = model
         self.hw = hw
         self.dtype_bytes = dtype_bytes
@@ -140,8 +144,9 @@ class RooflineCostModel:
         self._pair_flop_s = 4.0 * layers * (m.num_attention_heads // tp) * m.head_dim / flops
         # Memory seconds: weights once per forward (the layers' matmul weights at linear_bytes, the
         # rest and the LM head at dtype_bytes), then per token / request / KV token.
-        weight_bytes = (layer_mm_params * linear_bytes + (layers * m.layer_params(tp) - layer_mm_params) * dtype_bytes
-                        + logit_mm_params * dtype_bytes)
+        weight_bytes = (
+            layer_mm_params * linear_bytes + (layers * m.layer_params(tp) - layer_mm_params) * dtype_bytes + logit_mm_params * dtype_bytes
+        )
         self._weight_mem_s = weight_bytes / bw
         self._tok_mem_s = activation_bytes_per_token(m, dtype_bytes, tp) / bw
         self._req_mem_s = 4.0 * m.vocab_size / bw  # fp32 logits
@@ -158,8 +163,7 @@ class RooflineCostModel:
         if n <= 0:
             if plan.req_pool_indices:
                 raise ValueError(
-                    "ForwardPlan has requests but num_tokens == 0: fill its cost summaries "
-                    "(ForwardPlan.summarize) before costing it"
+                    "ForwardPlan has requests but num_tokens == 0: fill its cost summaries (ForwardPlan.summarize) before costing it"
                 )
             return 0.0  # idle: nothing is launched
         b = len(plan.req_pool_indices)
@@ -170,11 +174,7 @@ class RooflineCostModel:
         # All-reduces (TP > 1; 0 otherwise) add outside the maxima: they do not overlap compute.
         fixed = self._overhead_s + self._ar_fixed_s + n * self._ar_tok_s if self.tp > 1 else self._overhead_s
         if self.per_component:
-            return (
-                fixed
-                + (dense_c if dense_c > dense_m else dense_m)
-                + (attn_c if attn_c > attn_m else attn_m)
-            )
+            return fixed + (dense_c if dense_c > dense_m else dense_m) + (attn_c if attn_c > attn_m else attn_m)
         c, mem = dense_c + attn_c, dense_m + attn_m
         return fixed + (c if c > mem else mem)
 
@@ -227,9 +227,7 @@ class RooflineCostModel:
         return {
             "overhead_s": self._overhead_s if n > 0 else 0.0,
             "dense_compute_s": n * self._tok_flop_s + b * self._req_flop_s,
-            "dense_memory_s": (self._weight_mem_s + n * self._tok_mem_s + b * self._req_mem_s)
-            if n > 0
-            else 0.0,
+            "dense_memory_s": (self._weight_mem_s + n * self._tok_mem_s + b * self._req_mem_s) if n > 0 else 0.0,
             "attn_compute_s": plan.attention_pairs * self._pair_flop_s,
             "attn_memory_s": plan.sum_seq_len * self._kv_read_s + n * self._kv_write_s,
             "all_reduce_s": (self._ar_fixed_s + n * self._ar_tok_s) if n > 0 else 0.0,

@@ -22,11 +22,11 @@ from typing import Any, Callable, Generator
 import numpy as np
 import simpy
 
-from scheduler.fast_forward.decode_stretch import DecodeStretch, StretchSegment
 from scheduler.core.forward_plan import ForwardMode, ForwardPlan
-from scheduler.loop.gc_pause import gc_paused
 from scheduler.core.ids import ids
+from scheduler.fast_forward.decode_stretch import DecodeStretch, StretchSegment
 from scheduler.loop.event_loop import AwaitResult, CpuWork, EventLoop, FastForward, ForwardResult, Launch, StretchTimes, WaitForArrival
+from scheduler.loop.gc_pause import gc_paused
 from simulator.cost_model import CostModel
 from simulator.stretch_clock import DriverClock, StepCosts, StretchColumns, scalar_steps, vector_steps
 
@@ -73,8 +73,11 @@ class SimDriver:
         costs = self._decode_cpu_costs.get(batch_size)
         if costs is None:
             cpu = self.cost_model.cpu_time
-            costs = self._decode_cpu_costs[batch_size] = (cpu("schedule", batch_size, batch_size), cpu("launch", batch_size, batch_size),
-                                                          cpu("process", batch_size, batch_size))
+            costs = self._decode_cpu_costs[batch_size] = (
+                cpu("schedule", batch_size, batch_size),
+                cpu("launch", batch_size, batch_size),
+                cpu("process", batch_size, batch_size),
+            )
         return costs
 
     def _process_cpu(self, plan: ForwardPlan) -> float:
@@ -185,8 +188,9 @@ class SimDriver:
                 if per_step is None:
                     per_step = _per_step_costs(segments, seg_costs, inflight_process, overlap)
                 schedule, launch, process = per_step
-                m, cut = vector_steps(clock, durations[j:], schedule[j:total], launch[j:total], process[j:total], overlap,
-                                      arrival, out, stretch_start=j == 0)
+                m, cut = vector_steps(
+                    clock, durations[j:], schedule[j:total], launch[j:total], process[j:total], overlap, arrival, out, stretch_start=j == 0
+                )
                 j += m
                 if cut or j == total:
                     break
@@ -196,11 +200,14 @@ class SimDriver:
             if durations is not None:
                 duration = durations[seg.first_step : seg.stop].tolist().__getitem__
             else:
+
                 def duration(i: int, seg: StretchSegment = seg) -> float:
                     set_decode_step(plan, seg, i)
                     return cost.forward_time(plan)
-            cut = scalar_steps(clock, seg_costs[s], duration, j - seg.first_step, min(seg.stop, total) - seg.first_step, arrival, out,
-                               seg.first_step)
+
+            cut = scalar_steps(
+                clock, seg_costs[s], duration, j - seg.first_step, min(seg.stop, total) - seg.first_step, arrival, out, seg.first_step
+            )
             j = len(out)
         m = len(out)
         if m < 2:
@@ -214,8 +221,9 @@ class SimDriver:
         return times, clock.now, clock.p
 
 
-def _priced_segments(stretch: DecodeStretch, bulk_price, horizon: float,
-                     max_steps: int | None = None) -> tuple[list[StretchSegment], np.ndarray | None]:
+def _priced_segments(
+    stretch: DecodeStretch, bulk_price, horizon: float, max_steps: int | None = None
+) -> tuple[list[StretchSegment], np.ndarray | None]:
     """The stretch's segments up to the one that reaches `horizon` seconds on (the next arrival
     cuts the steps after it) or step max_steps, with their forward times where the cost model
     prices a segment at once (decode_forward_times); else every segment (up to max_steps), unpriced."""
@@ -232,8 +240,9 @@ def _priced_segments(stretch: DecodeStretch, bulk_price, horizon: float,
     return segments, parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def _segment_costs(decode_cpu: Callable[[int], tuple[float, float, float]], segments: list[StretchSegment], overlap: bool,
-                   inflight_process: float) -> list[StepCosts]:
+def _segment_costs(
+    decode_cpu: Callable[[int], tuple[float, float, float]], segments: list[StretchSegment], overlap: bool, inflight_process: float
+) -> list[StepCosts]:
     """Each segment's CPU costs (decode_cpu(batch_size): its schedule, launch and process costs).
     With overlap a step processes the batch launched before it: at a segment's first step, the
     one in flight (its process cost given) or the segment before's."""
@@ -246,8 +255,9 @@ def _segment_costs(decode_cpu: Callable[[int], tuple[float, float, float]], segm
     return out
 
 
-def _per_step_costs(segments: list[StretchSegment], seg_costs: list[StepCosts], inflight_process: float,
-                    overlap: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _per_step_costs(
+    segments: list[StretchSegment], seg_costs: list[StepCosts], inflight_process: float, overlap: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each step's schedule, launch and process costs (vector_steps's arrays): its segment's, but
     the process cost of a segment's first step, which with overlap processes the batch before."""
     schedule, launch, process = np.empty((3, segments[-1].stop))

@@ -70,8 +70,16 @@ class StretchColumns:
             col.frombytes(v.tobytes())
 
 
-def scalar_steps(clock: DriverClock, costs: StepCosts, duration: Callable[[int], float], j: int, stop: int,
-                 arrival: float, out: StretchColumns, first_step: int = 0) -> bool:
+def scalar_steps(
+    clock: DriverClock,
+    costs: StepCosts,
+    duration: Callable[[int], float],
+    j: int,
+    stop: int,
+    arrival: float,
+    out: StretchColumns,
+    first_step: int = 0,
+) -> bool:
     """Steps j .. stop - 1 of a stretch's part that starts at its step first_step (costs and
     durations, from duration(0), are that part's), one at a time (the module's loop). Returns
     True if the stretch was cut before a step (after its first) whose schedule would start at
@@ -114,9 +122,17 @@ def scalar_steps(clock: DriverClock, costs: StepCosts, duration: Callable[[int],
     return cut
 
 
-def vector_steps(clock: DriverClock, durations: np.ndarray, schedule: np.ndarray, launch: np.ndarray,
-                 process: np.ndarray, overlap: bool, arrival: float, out: StretchColumns,
-                 stretch_start: bool = False) -> tuple[int, bool]:
+def vector_steps(
+    clock: DriverClock,
+    durations: np.ndarray,
+    schedule: np.ndarray,
+    launch: np.ndarray,
+    process: np.ndarray,
+    overlap: bool,
+    arrival: float,
+    out: StretchColumns,
+    stretch_start: bool = False,
+) -> tuple[int, bool]:
     """Steps in bulk while the device is the bottleneck: step j's forward takes durations[j], its
     CPU stages schedule[j] and launch[j], and its processing (with overlap, of the batch launched
     before it) process[j]; the first one starts with the clock's pending CPU time. Returns (steps

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from scheduler.sglang.config import SchedulerConfig
 from scheduler.model_config import ModelConfig
+from scheduler.sglang.config import SchedulerConfig
 from simulator.hardware import load_hardware
 from simulator.kv_capacity import kv_capacity_tokens
 from simulator.precision import Precision
@@ -54,8 +54,10 @@ def build_sim(opts, model: ModelConfig, make_config: Callable[[int], SchedulerCo
         hw = profile.hardware_spec or hw
     try:
         # An engine profile knows the KV pool its engine had; otherwise it follows from the hardware.
-        kv_tokens = opts.kv_tokens or (profile and profile.engine_kv_tokens) or kv_capacity_tokens(
-            model, hw, opts.mem_fraction_static, page_size=opts.page_size, tp=opts.tp, precision=precision
+        kv_tokens = (
+            opts.kv_tokens
+            or (profile and profile.engine_kv_tokens)
+            or kv_capacity_tokens(model, hw, opts.mem_fraction_static, page_size=opts.page_size, tp=opts.tp, precision=precision)
         )
         config = make_config(kv_tokens)
         cost_model = profile or RooflineCostModel(model, hw, tp=opts.tp, precision=precision)
@@ -82,7 +84,9 @@ def build_real(opts, model: ModelConfig, make_config: Callable[[int], SchedulerC
     folder = model.folder
     load_format = opts.load_format or ("auto" if folder else "dummy")
     if load_format == "auto" and not folder:
-        raise ConfigError(f"--load-format auto: {model.name} is a bundled config without weights; use --load-format dummy or a model folder")
+        raise ConfigError(
+            f"--load-format auto: {model.name} is a bundled config without weights; use --load-format dummy or a model folder"
+        )
     engine_cfg = EngineConfig(
         load_format=load_format,
         seed=opts.seed,

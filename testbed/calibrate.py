@@ -89,11 +89,7 @@ class ForwardTimer:
 
 def _extend_grid(cfg: CalibrationConfig, context: int) -> list[tuple[int, int, int]]:
     return [
-        (b, n, p)
-        for b in cfg.extend_batches
-        for n in cfg.extend_tokens
-        for p in cfg.extend_prefixes
-        if n >= b and p + n // b <= context
+        (b, n, p) for b in cfg.extend_batches for n in cfg.extend_tokens for p in cfg.extend_prefixes if n >= b and p + n // b <= context
     ]
 
 
@@ -101,15 +97,29 @@ def measure_forwards(runner, cfg: CalibrationConfig, context: int, progress: Pro
     timer = ForwardTimer(runner)
     ext_grid = _extend_grid(cfg, context)
     # Uniform batches, and ragged ones (lengths spread from s/8 to s) where padding shows.
-    dec_grid = [(b, s, ragged) for b in cfg.decode_batches for s in cfg.decode_lens for ragged in (False, True)
-                if s < context and (b > 1 or not ragged)]
+    dec_grid = [
+        (b, s, ragged)
+        for b in cfg.decode_batches
+        for s in cfg.decode_lens
+        for ragged in (False, True)
+        if s < context and (b > 1 or not ragged)
+    ]
     total = len(ext_grid) + len(dec_grid)
     extend, decode = [], []
     for k, (b, n, p) in enumerate(ext_grid):
         plan = synthetic_plan(ForwardMode.EXTEND, [p] * b, [n // b] * b, with_rows=True)
         secs = timer.time(plan, cfg.reps)
-        extend.append({"batch_size": b, "num_tokens": plan.num_tokens, "prefix_len": p, "attention_pairs": plan.attention_pairs,
-                       "sum_prefix_len": plan.sum_prefix_len, "seconds": secs, "median_s": statistics.median(secs)})
+        extend.append(
+            {
+                "batch_size": b,
+                "num_tokens": plan.num_tokens,
+                "prefix_len": p,
+                "attention_pairs": plan.attention_pairs,
+                "sum_prefix_len": plan.sum_prefix_len,
+                "seconds": secs,
+                "median_s": statistics.median(secs),
+            }
+        )
         if progress:
             progress("forward", k + 1, total)
     for k, (b, s, ragged) in enumerate(dec_grid):
@@ -119,8 +129,16 @@ def measure_forwards(runner, cfg: CalibrationConfig, context: int, progress: Pro
         runner.cache.apply_row_writes(setup)
         plan = synthetic_plan(ForwardMode.DECODE, lens, [1] * b, with_rows=False)
         secs = timer.time(plan, cfg.reps)
-        decode.append({"batch_size": b, "max_seq_len": max(plan.seq_lens), "sum_seq_len": plan.sum_seq_len, "ragged": ragged,
-                       "seconds": secs, "median_s": statistics.median(secs)})
+        decode.append(
+            {
+                "batch_size": b,
+                "max_seq_len": max(plan.seq_lens),
+                "sum_seq_len": plan.sum_seq_len,
+                "ragged": ragged,
+                "seconds": secs,
+                "median_s": statistics.median(secs),
+            }
+        )
         if progress:
             progress("forward", len(ext_grid) + k + 1, total)
     return extend, decode
@@ -131,7 +149,9 @@ def insitu_forwards(steps) -> list[dict]:
     cols = ("mode", "batch_size", "num_tokens", "prefix_tokens", "attention_pairs", "max_seq_len")
     rows = []
     for r in steps[list(cols) + ["device_start", "device_end"]].itertuples(index=False):
-        row = {c: (getattr(r, c) if c == "mode" else int(getattr(r, c)) if c != "attention_pairs" else float(r.attention_pairs)) for c in cols}
+        row = {
+            c: (getattr(r, c) if c == "mode" else int(getattr(r, c)) if c != "attention_pairs" else float(r.attention_pairs)) for c in cols
+        }
         row["seconds"] = float(r.device_end - r.device_start)
         rows.append(row)
     return rows
@@ -164,10 +184,18 @@ def measure_replay(cfg: CalibrationConfig, model_name: str, overlap: bool, progr
     from testbed.replay import replay
     from testbed.traces.gen import GenConfig, generate_trace
 
-    trace = generate_trace(GenConfig(
-        num_requests=cfg.cpu_trace_requests, rate=50.0, input_len="uniform:32,512", output_len="uniform:16,128",
-        system_prompts=4, system_prompt_len=128, shared_fraction=0.5, seed=cfg.seed + 1000,
-    ))
+    trace = generate_trace(
+        GenConfig(
+            num_requests=cfg.cpu_trace_requests,
+            rate=50.0,
+            input_len="uniform:32,512",
+            output_len="uniform:16,128",
+            system_prompts=4,
+            system_prompt_len=128,
+            shared_fraction=0.5,
+            seed=cfg.seed + 1000,
+        )
+    )
     phase = "replay overlap" if overlap else "replay"
     n, scales = len(trace), cfg.replay_time_scales
     cpu: list[dict] = []
@@ -176,8 +204,17 @@ def measure_replay(cfg: CalibrationConfig, model_name: str, overlap: bool, progr
         path = Path(d) / "calibration.jsonl"
         trace.write(path)
         for k, scale in enumerate(scales):
-            opts = ReplayOptions(mode="real", model=model_name, load_format=cfg.load_format, device=cfg.device, dtype=cfg.dtype,
-                                 attention_backend=cfg.attention_backend, seed=cfg.seed, overlap=overlap, time_scale=scale)
+            opts = ReplayOptions(
+                mode="real",
+                model=model_name,
+                load_format=cfg.load_format,
+                device=cfg.device,
+                dtype=cfg.dtype,
+                attention_backend=cfg.attention_backend,
+                seed=cfg.seed,
+                overlap=overlap,
+                time_scale=scale,
+            )
             report = (lambda p, k=k: progress(phase, k * n + p.done, n * len(scales))) if progress else None
             out = Path(d) / f"run-{k}"
             replay(str(path), opts, out=out, progress=report)
@@ -260,8 +297,14 @@ def overlap_model(fitted: dict, forwards: list[dict]) -> dict[str, dict[str, flo
     return out
 
 
-def fit_profile(extend: list[dict], decode: list[dict], cpu: list[dict], insitu: list[dict] | None = None,
-                overlap_cpu: list[dict] | None = None, overlap_forwards: list[dict] | None = None) -> tuple[dict, dict]:
+def fit_profile(
+    extend: list[dict],
+    decode: list[dict],
+    cpu: list[dict],
+    insitu: list[dict] | None = None,
+    overlap_cpu: list[dict] | None = None,
+    overlap_forwards: list[dict] | None = None,
+) -> tuple[dict, dict]:
     """Fit the forward models on the grid and the in-place forwards together, the CPU stages on the replay;
     with a replay under overlap, how much slower forwards and CPU stages are there."""
     insitu = insitu or []
@@ -269,8 +312,10 @@ def fit_profile(extend: list[dict], decode: list[dict], cpu: list[dict], insitu:
     in_dec = [m for m in insitu if m["mode"] == "decode"]
     grid_batches = [([m["prefix_len"]] * m["batch_size"], [m["num_tokens"] // m["batch_size"]] * m["batch_size"]) for m in extend]
     grid_ext = [lambda knee, p=p, e=e: pf.extend_features(p, e, knee) for p, e in grid_batches]
-    step_ext = [lambda knee, m=m: pf.extend_step_features(m["batch_size"], m["num_tokens"], m["prefix_tokens"], m["attention_pairs"], knee)
-                for m in in_ext]
+    step_ext = [
+        lambda knee, m=m: pf.extend_step_features(m["batch_size"], m["num_tokens"], m["prefix_tokens"], m["attention_pairs"], knee)
+        for m in in_ext
+    ]
     grid_dec = [pf.decode_features(m["batch_size"], m["sum_seq_len"], m["max_seq_len"]) for m in decode]
     step_dec = [pf.decode_features(m["batch_size"], m["prefix_tokens"] + m["num_tokens"], m["max_seq_len"]) for m in in_dec]
     grid_et, step_et = [m["median_s"] for m in extend], [m["seconds"] for m in in_ext]
@@ -291,7 +336,10 @@ def fit_profile(extend: list[dict], decode: list[dict], cpu: list[dict], insitu:
     keep_dec = [i for i, x in enumerate(step_dec) if step_dt[i] <= OUTLIER_RATIO * decode_fit.predict(x)]
     extend_fit, knee, ex, et, decode_fit, dx, dt = fit_both(keep_ext, keep_dec)
     fitted = {"extend": extend_fit.to_dict() | {"knee": knee}, "decode": decode_fit.to_dict(), "cpu": {}}
-    errors = {"extend": pf.holdout_error(pf.EXTEND_FEATURES, ex, et, relative=True), "decode": pf.holdout_error(pf.DECODE_FEATURES, dx, dt, relative=True)}
+    errors = {
+        "extend": pf.holdout_error(pf.EXTEND_FEATURES, ex, et, relative=True),
+        "decode": pf.holdout_error(pf.DECODE_FEATURES, dx, dt, relative=True),
+    }
     # The relative-error fit gives the shape; a step's noise is skewed (a forward is sometimes much
     # slower, never much faster), so it prices the typical forward, below the mean. A request's
     # TPOT is a mean over its steps, and a run's clock their sum: match the replay's total time.
@@ -307,8 +355,12 @@ def fit_profile(extend: list[dict], decode: list[dict], cpu: list[dict], insitu:
             pred = [price(m) for m in rows]
             t = [m["seconds"] for m in rows]
             errs = [abs(q - ti) / ti for q, ti in zip(pred, t)]
-            errors[f"replay_{kind}"] = {"points": len(t), "outliers": len(t) - len(kept), "median_rel_err": float(np.median(errs)),
-                                        "total_rel_err": float(sum(pred) / sum(t) - 1)}
+            errors[f"replay_{kind}"] = {
+                "points": len(t),
+                "outliers": len(t) - len(kept),
+                "median_rel_err": float(np.median(errs)),
+                "total_rel_err": float(sum(pred) / sum(t) - 1),
+            }
     fitted["cpu"], cpu_errors = fit_cpu_stages(cpu)
     errors |= {f"cpu_{stage}_total_rel_err": e for stage, e in cpu_errors.items()}
     if overlap_cpu:
@@ -327,8 +379,17 @@ def calibrate(cfg: CalibrationConfig, out: str | Path, progress: Progress | None
     model = load_model_config(cfg.model)
     # Resolved as a replay resolves its options (the KV pool's memory share above all), so the
     # engine measured here is the one a default real run gets.
-    opts = resolved_options(ReplayOptions(mode="real", model=cfg.model, load_format=cfg.load_format, device=cfg.device,
-                                          dtype=cfg.dtype, attention_backend=cfg.attention_backend, seed=cfg.seed))
+    opts = resolved_options(
+        ReplayOptions(
+            mode="real",
+            model=cfg.model,
+            load_format=cfg.load_format,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            attention_backend=cfg.attention_backend,
+            seed=cfg.seed,
+        )
+    )
     t0 = time.perf_counter()
     backend, _ = build_real(opts, model, lambda kv: scheduler_config(opts, model, kv))
     print(describe_engine(backend.meta), flush=True)  # once: the replays below run on the same engine
@@ -357,8 +418,14 @@ def calibrate(cfg: CalibrationConfig, out: str | Path, progress: Progress | None
         "versions": versions(),
         "fit": fitted,
         "holdout": errors,
-        "measurements": {"extend": extend, "decode": decode, "cpu": cpu, "replay_forwards": insitu,
-                         "overlap_cpu": overlap_cpu, "overlap_replay_forwards": overlap_forwards},
+        "measurements": {
+            "extend": extend,
+            "decode": decode,
+            "cpu": cpu,
+            "replay_forwards": insitu,
+            "overlap_cpu": overlap_cpu,
+            "overlap_replay_forwards": overlap_forwards,
+        },
     }
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -378,9 +445,9 @@ def refit(path: str | Path) -> dict:
     m = profile.get("measurements") or {}
     if profile.get("format") != PROFILE_FORMAT or "replay_forwards" not in m:
         raise ProfileError(f"{path}: no measurements of this testbed's calibrate to fit again")
-    fitted, errors = fit_profile(m["extend"], m["decode"], m["cpu"], m["replay_forwards"], m.get("overlap_cpu"),
-                                 m.get("overlap_replay_forwards"))
+    fitted, errors = fit_profile(
+        m["extend"], m["decode"], m["cpu"], m["replay_forwards"], m.get("overlap_cpu"), m.get("overlap_replay_forwards")
+    )
     profile |= {"version": PROFILE_VERSION, "fit": fitted, "holdout": errors}
     write_json(path, profile)
     return profile
-

@@ -47,9 +47,18 @@ def decode_at_batch_1_s(profile: dict, context: int = 1024) -> float:
     return KernelProfileCostModel(profile).forward_time(uniform_plan(ForwardMode.DECODE, 1, 1, context - 1))
 
 
-def calibrate_kernels(system: str | None, backend: str, backend_version: str | None, model_name: str | None, tp: int,
-                      out: str | Path, progress=None, quantization: str | None = None, kv_cache_dtype: str = "auto",
-                      mixed_attention: str | None = None) -> dict:
+def calibrate_kernels(
+    system: str | None,
+    backend: str,
+    backend_version: str | None,
+    model_name: str | None,
+    tp: int,
+    out: str | Path,
+    progress=None,
+    quantization: str | None = None,
+    kv_cache_dtype: str = "auto",
+    mixed_attention: str | None = None,
+) -> dict:
     """Build the profile and write it; bad input raises ConfigError (one line, exit 2)."""
     if not system:
         try:
@@ -59,8 +68,7 @@ def calibrate_kernels(system: str | None, backend: str, backend_version: str | N
         raise ConfigError(f"--source aiconfigurator needs --system: one of {systems}")
     model = load_model_config(model_name or DEFAULT_MODEL)
     try:
-        profile = build_kernel_profile(system, backend, backend_version, model, tp, progress, quantization, kv_cache_dtype,
-                                       mixed_attention)
+        profile = build_kernel_profile(system, backend, backend_version, model, tp, progress, quantization, kv_cache_dtype, mixed_attention)
     except KernelDatabaseError as e:
         raise ConfigError(str(e)) from None
     out = Path(out)
@@ -72,24 +80,32 @@ def calibrate_kernels(system: str | None, backend: str, backend_version: str | N
 def summary_lines(profile: dict, out: str | Path) -> list[str]:
     db, spec = profile["database"], profile["hardware_spec"]
     model, tp = load_model_config(profile["model"]), profile["tp"]
-    lines = [f"profile {out}: {profile['model']} at TP {tp} on {db['system']}, {db['backend']} {db['backend_version']} kernels "
-             f"(aiconfigurator-core {db['package_version']}), {profile['wall_s']} s"]
+    lines = [
+        f"profile {out}: {profile['model']} at TP {tp} on {db['system']}, {db['backend']} {db['backend_version']} kernels "
+        f"(aiconfigurator-core {db['package_version']}), {profile['wall_s']} s"
+    ]
     precision = profile_precision(profile)
     lines.append("  " + precision_line(profile))
     decode, floor = decode_at_batch_1_s(profile), hbm_floor_s(model, tp, spec["mem_bandwidth"], precision)
-    lines.append(f"  decode at batch 1, context 1024: {decode * 1e3:.2f} ms; weights / memory bandwidth "
-                 f"(the floor): {floor * 1e3:.2f} ms ({decode / floor:.2f}x)")
+    lines.append(
+        f"  decode at batch 1, context 1024: {decode * 1e3:.2f} ms; weights / memory bandwidth "
+        f"(the floor): {floor * 1e3:.2f} ms ({decode / floor:.2f}x)"
+    )
     mixed = profile["kernels"].get("mixed_decode_factor")
     if mixed:
         factor = MixedDecodeFactor.from_dict(mixed)
-        lines.append(f"  decode rows beside a prefill chunk, from {factor.source}: {factor(8, 1024):.2f}x at 8 decodes of 1,024 tokens, "
-                     f"{factor(64, 4096):.2f}x at 64 of 4,096 (the decode table's time)")
+        lines.append(
+            f"  decode rows beside a prefill chunk, from {factor.source}: {factor(8, 1024):.2f}x at 8 decodes of 1,024 tokens, "
+            f"{factor(64, 4096):.2f}x at 64 of 4,096 (the decode table's time)"
+        )
     for kind, e in profile["holdout"].items():
         if not e.get("points"):
             lines.append(f"  {kind}: no measured shapes to check against (this version's attention tables come from another)")
         else:
-            lines.append(f"  {kind}: error at {e['points']} measured shapes off a half grid: median {e['median_rel_err'] * 100:.1f}%, "
-                         f"p90 {e['p90_rel_err'] * 100:.1f}%, max {e['max_rel_err'] * 100:.1f}%")
+            lines.append(
+                f"  {kind}: error at {e['points']} measured shapes off a half grid: median {e['median_rel_err'] * 100:.1f}%, "
+                f"p90 {e['p90_rel_err'] * 100:.1f}%, max {e['max_rel_err'] * 100:.1f}%"
+            )
     return lines
 
 

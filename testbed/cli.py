@@ -59,8 +59,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
             bar.close()
     s = result.summary
     if s["rejected"] and not s["completed"] and not s["unfinished"]:
-        print(f"testbed: error: every request was rejected: {format_rejections(result.rejections)}; run folder {result.run_dir}",
-              file=sys.stderr)
+        print(
+            f"testbed: error: every request was rejected: {format_rejections(result.rejections)}; run folder {result.run_dir}",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     print(format_summary(s, title=run_title(args.trace, result.meta)))
     if result.rejections:
@@ -122,23 +124,35 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             for bar in bars.values():
                 bar.close()
     h = profile["holdout"]
-    print(f"profile {out}: {profile['model']} on {profile['hardware']}, {len(profile['measurements']['extend'])} extend "
-          f"+ {len(profile['measurements']['decode'])} decode points, {profile['wall_s']} s")
+    print(
+        f"profile {out}: {profile['model']} on {profile['hardware']}, {len(profile['measurements']['extend'])} extend "
+        f"+ {len(profile['measurements']['decode'])} decode points, {profile['wall_s']} s"
+    )
     for kind in ("extend", "decode"):
         e = h[kind]
         if e.get("points"):
-            print(f"  {kind} fit, held-out error: median {e['median_rel_err'] * 100:.1f}%, max {e['max_rel_err'] * 100:.1f}% ({e['points']} points)")
+            print(
+                f"  {kind} fit, held-out error: median {e['median_rel_err'] * 100:.1f}%, max {e['max_rel_err'] * 100:.1f}% ({e['points']} points)"
+            )
         r = h.get(f"replay_{kind}")
         if r:
-            print(f"    on the replay's {r['points']} {kind} forwards: median error {r['median_rel_err'] * 100:.1f}%, "
-                  f"total {r['total_rel_err'] * 100:+.1f}% ({r['outliers']} starved outliers left out of the fit)")
+            print(
+                f"    on the replay's {r['points']} {kind} forwards: median error {r['median_rel_err'] * 100:.1f}%, "
+                f"total {r['total_rel_err'] * 100:+.1f}% ({r['outliers']} starved outliers left out of the fit)"
+            )
     for stage in ("schedule", "launch", "process"):
         c = profile["fit"]["cpu"][stage]
-        print(f"  CPU {stage}: {c['base_s'] * 1e6:.1f} us + {c['per_req_s'] * 1e6:.2f} us a request + {c['per_token_s'] * 1e6:.3f} us a token")
+        print(
+            f"  CPU {stage}: {c['base_s'] * 1e6:.1f} us + {c['per_req_s'] * 1e6:.2f} us a request + {c['per_token_s'] * 1e6:.3f} us a token"
+        )
     ov = profile["fit"].get("overlap_forward")
     if ov:
-        print("  with overlap, a forward takes longer by " + " and ".join(
-            f"{ov[k]['fixed_s'] * 1e3:.2f} ms + {ov[k]['per_req_s'] * 1e6:.1f} us a request ({k})" for k in ("extend", "decode")))
+        print(
+            "  with overlap, a forward takes longer by "
+            + " and ".join(
+                f"{ov[k]['fixed_s'] * 1e3:.2f} ms + {ov[k]['per_req_s'] * 1e6:.1f} us a request ({k})" for k in ("extend", "decode")
+            )
+        )
     return 0
 
 
@@ -148,8 +162,12 @@ def cmd_calibrate_kernels(args: argparse.Namespace) -> int:
     if args.hardware:
         raise ConfigError("--hardware: with --source aiconfigurator the hardware is the --system's")
     model = args.model or DEFAULT_MODEL
-    precision = (f"-{args.quantization}" if args.quantization else "") + ("-kv" + args.kv_cache_dtype if args.kv_cache_dtype != "auto" else "")
-    out = args.out or str(Path("runs") / "profiles" / f"{args.system}-{args.backend}-{Path(model.rstrip('/')).name}-tp{args.tp}{precision}.json")
+    precision = (f"-{args.quantization}" if args.quantization else "") + (
+        "-kv" + args.kv_cache_dtype if args.kv_cache_dtype != "auto" else ""
+    )
+    out = args.out or str(
+        Path("runs") / "profiles" / f"{args.system}-{args.backend}-{Path(model.rstrip('/')).name}-tp{args.tp}{precision}.json"
+    )
     bars: list = []
 
     def progress(phase: str, done: int, total: int) -> None:
@@ -158,9 +176,18 @@ def cmd_calibrate_kernels(args: argparse.Namespace) -> int:
         bars[0].update(done - bars[0].n)
 
     try:
-        profile = calibrate_kernels(args.system, args.backend, args.backend_version, model, args.tp, out, progress,
-                                    quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-                                    mixed_attention=args.mixed_attention)
+        profile = calibrate_kernels(
+            args.system,
+            args.backend,
+            args.backend_version,
+            model,
+            args.tp,
+            out,
+            progress,
+            quantization=args.quantization,
+            kv_cache_dtype=args.kv_cache_dtype,
+            mixed_attention=args.mixed_attention,
+        )
     finally:
         for bar in bars:
             bar.close()
@@ -201,27 +228,61 @@ def build_parser() -> argparse.ArgumentParser:
     dashboard_cli.register(sub)
     studies_cli.register(sub)
     validate_cli.register(sub)
-    p = sub.add_parser("calibrate", help="measure the real engine here (or take AIConfigurator's GPU kernels) and make a profile for the simulator")
-    p.add_argument("--model", default=None, help="bundled config or local HF folder (default tiny-llama; llama-3.1-8b with --source aiconfigurator)")
-    p.add_argument("--hardware", default=None, help="hardware spec of this machine, as replay's --hardware (h100, h200, a100, cpu, or a "
-                   "JSON file); a sim with the profile defaults to it (default: cpu, or the GPU's spec; with --source aiconfigurator: the --system)")
-    p.add_argument("--out", default=None, help="profile file to write (default runs/profiles/<model>-<hardware>.json; "
-                   "with --source aiconfigurator runs/profiles/<system>-<backend>-<model>-tp<N>[-fp8][-kvfp8].json)")
+    p = sub.add_parser(
+        "calibrate", help="measure the real engine here (or take AIConfigurator's GPU kernels) and make a profile for the simulator"
+    )
+    p.add_argument(
+        "--model", default=None, help="bundled config or local HF folder (default tiny-llama; llama-3.1-8b with --source aiconfigurator)"
+    )
+    p.add_argument(
+        "--hardware",
+        default=None,
+        help="hardware spec of this machine, as replay's --hardware (h100, h200, a100, cpu, or a "
+        "JSON file); a sim with the profile defaults to it (default: cpu, or the GPU's spec; with --source aiconfigurator: the --system)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="profile file to write (default runs/profiles/<model>-<hardware>.json; "
+        "with --source aiconfigurator runs/profiles/<system>-<backend>-<model>-tp<N>[-fp8][-kvfp8].json)",
+    )
     p.add_argument("--load-format", choices=("auto", "dummy"), default=None)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--reps", type=positive_int, default=5, help="timed repetitions per grid point (default %(default)s)")
     p.add_argument("--refit", action="store_true", help="measure nothing: fit the profile in --out again from its measurements")
     p.add_argument("-q", "--quiet", action="store_true")
     # A profile of a GPU system from AIConfigurator's measured kernels (testbed/calibrate_kernels.py).
-    p.add_argument("--source", choices=("engine", "aiconfigurator"), default="engine", help="engine: time this machine's engine (default); aiconfigurator: compose the model from GPU kernels measured by AIConfigurator (pip install -e '.[aiconfigurator]')")
+    p.add_argument(
+        "--source",
+        choices=("engine", "aiconfigurator"),
+        default="engine",
+        help="engine: time this machine's engine (default); aiconfigurator: compose the model from GPU kernels measured by AIConfigurator (pip install -e '.[aiconfigurator]')",
+    )
     g = p.add_argument_group("--source aiconfigurator")
-    g.add_argument("--system", default=None, help="a system of the database (h100_sxm, h200_sxm, rtx_pro_6000_server, ...; a bad name lists them)")
+    g.add_argument(
+        "--system", default=None, help="a system of the database (h100_sxm, h200_sxm, rtx_pro_6000_server, ...; a bad name lists them)"
+    )
     g.add_argument("--backend", choices=BACKENDS, default="sglang", help="whose kernels (default %(default)s)")
     g.add_argument("--backend-version", default=None, help="default: the newest the database maintains for the system")
     g.add_argument("--tp", type=positive_int, default=1, help="tensor parallelism over this many GPUs (default %(default)s)")
-    g.add_argument("--quantization", choices=QUANTIZATIONS, default=None, help="the layers' GEMMs from the database's tables of that format: fp8 (per tensor), fp8_block (128x128 blocks), nvfp4 (Blackwell) (default: the model's dtype)")
-    g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto", help="fp8: attention from the database's fp8-KV tables where it has them (default %(default)s: the model's dtype)")
-    g.add_argument("--mixed-attention", default=None, metavar="CSV", help="LLMServingSim's attention.csv of the same GPU and engine: its mixed batches price the decode rows that share a forward with a prefill chunk (the database measures none)")
+    g.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        default=None,
+        help="the layers' GEMMs from the database's tables of that format: fp8 (per tensor), fp8_block (128x128 blocks), nvfp4 (Blackwell) (default: the model's dtype)",
+    )
+    g.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default="auto",
+        help="fp8: attention from the database's fp8-KV tables where it has them (default %(default)s: the model's dtype)",
+    )
+    g.add_argument(
+        "--mixed-attention",
+        default=None,
+        metavar="CSV",
+        help="LLMServingSim's attention.csv of the same GPU and engine: its mixed batches price the decode rows that share a forward with a prefill chunk (the database measures none)",
+    )
     p.set_defaults(func=cmd_calibrate)
     return parser
 

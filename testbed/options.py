@@ -86,7 +86,9 @@ def check_options(opts: ReplayOptions) -> None:
     if opts.mem_fraction_static is not None and not 0 < opts.mem_fraction_static <= 1:
         raise ConfigError(f"--mem-fraction-static must be in (0, 1], got {opts.mem_fraction_static}")
     if opts.tp < 1 or (opts.mode == "real" and opts.tp != 1):
-        raise ConfigError(f"--tp {opts.tp}: " + ("must be >= 1" if opts.tp < 1 else "the real engine runs on one device; --tp is for --mode sim"))
+        raise ConfigError(
+            f"--tp {opts.tp}: " + ("must be >= 1" if opts.tp < 1 else "the real engine runs on one device; --tp is for --mode sim")
+        )
     if opts.scheduler not in SCHEDULERS:
         raise ConfigError(f"--scheduler {opts.scheduler}: choose one of {', '.join(SCHEDULERS)}")
     _check_precision(opts)
@@ -99,7 +101,9 @@ def check_options(opts: ReplayOptions) -> None:
 def _check_precision(opts: ReplayOptions) -> None:
     """--quantization and --kv-cache-dtype: known values, and for the simulator (the real engine runs the model's dtype)."""
     if opts.quantization not in (None, *QUANTIZATIONS):
-        raise ConfigError(f"--quantization {opts.quantization}: choose one of {', '.join(QUANTIZATIONS)} (or leave it unset: the model's dtype)")
+        raise ConfigError(
+            f"--quantization {opts.quantization}: choose one of {', '.join(QUANTIZATIONS)} (or leave it unset: the model's dtype)"
+        )
     if opts.kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ConfigError(f"--kv-cache-dtype {opts.kv_cache_dtype}: choose one of {', '.join(KV_CACHE_DTYPES)}")
     if opts.mode == "real" and (opts.quantization is not None or opts.kv_cache_dtype != "auto"):
@@ -127,8 +131,10 @@ def closed_loop_note(opts: ReplayOptions) -> str | None:
     n = opts.concurrency
     if n is None:
         return None
-    return (f"closed loop: {n} client{'s' if n != 1 else ''}, each sending its next request (in trace order) when its last one "
-            "is done; the trace's arrival times are ignored")
+    return (
+        f"closed loop: {n} client{'s' if n != 1 else ''}, each sending its next request (in trace order) when its last one "
+        "is done; the trace's arrival times are ignored"
+    )
 
 
 # --- flags ------------------------------------------------------------------------------------
@@ -153,43 +159,151 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     d = ReplayOptions()
     p.add_argument("--mode", choices=MODES, default=d.mode, help="simulate, or run the real engine")
     p.add_argument("--policy", choices=POLICIES, default=d.policy, help="waiting-queue order (default %(default)s)")
-    p.add_argument("--chunked-prefill-size", type=int, default=None, help="prefill chunk in tokens; <= 0 disables chunking (default: SGLang's for the device memory, 8192 on an H100)")
-    p.add_argument("--max-prefill-tokens", type=positive_int, default=d.max_prefill_tokens, help="new tokens per prefill batch (default %(default)s)")
-    p.add_argument("--page-size", type=positive_int, default=None, help="KV page size in tokens (default 1; 16 with --scheduler vllm, its block size)")
-    p.add_argument("--kv-tokens", type=positive_int, default=None, help="KV pool size in tokens (default: from the model and the device memory)")
-    p.add_argument("--mem-fraction-static", type=float, default=None, help="device memory share for weights and KV (default: SGLang's for the device memory and chunk size, 0.83 on an H100)")
-    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None, help="overlap scheduling with the forward (default on; off for the real engine on a CPU)")
+    p.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=None,
+        help="prefill chunk in tokens; <= 0 disables chunking (default: SGLang's for the device memory, 8192 on an H100)",
+    )
+    p.add_argument(
+        "--max-prefill-tokens", type=positive_int, default=d.max_prefill_tokens, help="new tokens per prefill batch (default %(default)s)"
+    )
+    p.add_argument(
+        "--page-size", type=positive_int, default=None, help="KV page size in tokens (default 1; 16 with --scheduler vllm, its block size)"
+    )
+    p.add_argument(
+        "--kv-tokens", type=positive_int, default=None, help="KV pool size in tokens (default: from the model and the device memory)"
+    )
+    p.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        default=None,
+        help="device memory share for weights and KV (default: SGLang's for the device memory and chunk size, 0.83 on an H100)",
+    )
+    p.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="overlap scheduling with the forward (default on; off for the real engine on a CPU)",
+    )
     p.add_argument("--disable-radix-cache", action="store_true", help="no prefix cache")
     p.add_argument("--max-running-requests", type=positive_int, default=None, help="cap on the running batch (default: from the KV pool)")
-    p.add_argument("--model", default=None, help=f"bundled config ({', '.join(bundled_model_names())}) or a local HF folder / config.json (default llama-3.1-8b; tiny-llama for --mode real on a CPU)")
-    p.add_argument("--hardware", default=None, help="hardware spec: h100, h200, a100, cpu, one of AIConfigurator's systems (h100_sxm, rtx_pro_6000_server, ...; with its database installed), or a JSON file (default: h100 for the simulator, "
-                   "or the one a --profile was made for; for --mode real, the spec of its device)")
-    p.add_argument("--time-scale", type=positive_float, default=d.time_scale, help="multiply arrival times: 2 stretches them (half the load), 0.5 compresses (default %(default)s)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help=f"bundled config ({', '.join(bundled_model_names())}) or a local HF folder / config.json (default llama-3.1-8b; tiny-llama for --mode real on a CPU)",
+    )
+    p.add_argument(
+        "--hardware",
+        default=None,
+        help="hardware spec: h100, h200, a100, cpu, one of AIConfigurator's systems (h100_sxm, rtx_pro_6000_server, ...; with its database installed), or a JSON file (default: h100 for the simulator, "
+        "or the one a --profile was made for; for --mode real, the spec of its device)",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=positive_float,
+        default=d.time_scale,
+        help="multiply arrival times: 2 stretches them (half the load), 0.5 compresses (default %(default)s)",
+    )
     p.add_argument("--max-requests", type=positive_int, default=None, help="replay only the first N requests")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of every random choice (default %(default)s)")
     p.add_argument("--format", choices=FORMATS, default=None, help="trace format (default: detected from the content)")
     p.add_argument("--rate", type=positive_float, default=None, help="request rate for traces without arrival times (ShareGPT lengths)")
-    p.add_argument("--profile", default=None, help="sim: cost every forward and CPU stage from a profile (testbed calibrate: this machine's engine, or --source aiconfigurator: measured GPU kernels) instead of the roofline")
-    p.add_argument("--tp", type=positive_int, default=d.tp, help="sim: tensor parallelism over this many GPUs of --hardware (default %(default)s)")
-    p.add_argument("--quantization", choices=QUANTIZATIONS, default=None, help="sim: the linear layers' weights in fp8 (per tensor, as SGLang's and vLLM's --quantization fp8), fp8_block (128x128-block scales, as block-quantized FP8 checkpoints) or nvfp4 (ModelOpt FP4); priced at the format's tensor-core peak, or from a kernel profile's tables of that format (default: the model's dtype)")
-    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=d.kv_cache_dtype, help="sim: the KV cache's dtype; fp8 holds twice the tokens in the same memory (default %(default)s: the model's dtype)")
-    p.add_argument("--scheduler", choices=SCHEDULERS, default=d.scheduler, help=f"SGLang's scheduler or vLLM's (v1, release {VLLM_RELEASE}) (default %(default)s)")
-    p.add_argument("--max-num-seqs", type=positive_int, default=None, help=f"vllm: running requests at most (default {DEFAULT_MAX_NUM_SEQS})")
-    p.add_argument("--max-num-batched-tokens", type=positive_int, default=None, help=f"vllm: tokens one step computes, decodes and prefill chunks together (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
-    p.add_argument("--enable-mixed-chunk", action="store_true", help="running requests decode inside a prefill batch (a mixed forward), as SGLang's flag")
-    p.add_argument("--enable-priority-scheduling", action="store_true", help="order the waiting queue by request priority (larger first) and preempt running requests of lower priority")
-    p.add_argument("--priority-scheduling-preemption-threshold", type=int, default=d.priority_scheduling_preemption_threshold, help="priority gap a waiting request needs over a running one to preempt it (default %(default)s)")
-    p.add_argument("--schedule-conservativeness", type=positive_float, default=d.schedule_conservativeness, help="scale of the decode estimate that admission reserves (new_token_ratio); > 1 admits fewer (default %(default)s)")
-    p.add_argument("--concurrency", type=positive_int, default=None, metavar="N", help="closed loop: N clients, each sending its next request "
-                   "(in trace order) when its last one finishes, as vllm bench serve / sglang.bench_serving --max-concurrency; the first N "
-                   "arrive at 0 and the trace's arrival times are ignored (so --time-scale and --rate are refused with it; default: open loop)")
-    p.add_argument("--fast-forward", action=argparse.BooleanOptionalAction, default=d.fast_forward, help="sim: take runs of identical decode steps at once, with the same results as one by one (default on; --no-fast-forward steps one by one, for checking)")
+    p.add_argument(
+        "--profile",
+        default=None,
+        help="sim: cost every forward and CPU stage from a profile (testbed calibrate: this machine's engine, or --source aiconfigurator: measured GPU kernels) instead of the roofline",
+    )
+    p.add_argument(
+        "--tp", type=positive_int, default=d.tp, help="sim: tensor parallelism over this many GPUs of --hardware (default %(default)s)"
+    )
+    p.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        default=None,
+        help="sim: the linear layers' weights in fp8 (per tensor, as SGLang's and vLLM's --quantization fp8), fp8_block (128x128-block scales, as block-quantized FP8 checkpoints) or nvfp4 (ModelOpt FP4); priced at the format's tensor-core peak, or from a kernel profile's tables of that format (default: the model's dtype)",
+    )
+    p.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default=d.kv_cache_dtype,
+        help="sim: the KV cache's dtype; fp8 holds twice the tokens in the same memory (default %(default)s: the model's dtype)",
+    )
+    p.add_argument(
+        "--scheduler",
+        choices=SCHEDULERS,
+        default=d.scheduler,
+        help=f"SGLang's scheduler or vLLM's (v1, release {VLLM_RELEASE}) (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-num-seqs", type=positive_int, default=None, help=f"vllm: running requests at most (default {DEFAULT_MAX_NUM_SEQS})"
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=positive_int,
+        default=None,
+        help=f"vllm: tokens one step computes, decodes and prefill chunks together (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})",
+    )
+    p.add_argument(
+        "--enable-mixed-chunk",
+        action="store_true",
+        help="running requests decode inside a prefill batch (a mixed forward), as SGLang's flag",
+    )
+    p.add_argument(
+        "--enable-priority-scheduling",
+        action="store_true",
+        help="order the waiting queue by request priority (larger first) and preempt running requests of lower priority",
+    )
+    p.add_argument(
+        "--priority-scheduling-preemption-threshold",
+        type=int,
+        default=d.priority_scheduling_preemption_threshold,
+        help="priority gap a waiting request needs over a running one to preempt it (default %(default)s)",
+    )
+    p.add_argument(
+        "--schedule-conservativeness",
+        type=positive_float,
+        default=d.schedule_conservativeness,
+        help="scale of the decode estimate that admission reserves (new_token_ratio); > 1 admits fewer (default %(default)s)",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="closed loop: N clients, each sending its next request "
+        "(in trace order) when its last one finishes, as vllm bench serve / sglang.bench_serving --max-concurrency; the first N "
+        "arrive at 0 and the trace's arrival times are ignored (so --time-scale and --rate are refused with it; default: open loop)",
+    )
+    p.add_argument(
+        "--fast-forward",
+        action=argparse.BooleanOptionalAction,
+        default=d.fast_forward,
+        help="sim: take runs of identical decode steps at once, with the same results as one by one (default on; --no-fast-forward steps one by one, for checking)",
+    )
     g = p.add_argument_group("real engine (--mode real)")
-    g.add_argument("--load-format", choices=("auto", "dummy"), default=None, help="weights from the model folder (auto) or random (dummy); default: auto for a folder, dummy for a bundled config")
+    g.add_argument(
+        "--load-format",
+        choices=("auto", "dummy"),
+        default=None,
+        help="weights from the model folder (auto) or random (dummy); default: auto for a folder, dummy for a bundled config",
+    )
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device, help="default: CUDA if present, else the CPU")
-    g.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default=d.dtype, help="default: bfloat16 on CUDA, float32 on the CPU")
-    g.add_argument("--attention-backend", choices=("auto", "torch", "flashinfer"), default=d.attention_backend, help="default: flashinfer on CUDA when installed, else torch")
-    g.add_argument("--kv-memory-gb", type=positive_float, default=d.kv_memory_gb, help="CPU: KV cache budget when --kv-tokens is not given (default %(default)s)")
+    g.add_argument(
+        "--dtype", choices=("auto", "float32", "bfloat16", "float16"), default=d.dtype, help="default: bfloat16 on CUDA, float32 on the CPU"
+    )
+    g.add_argument(
+        "--attention-backend",
+        choices=("auto", "torch", "flashinfer"),
+        default=d.attention_backend,
+        help="default: flashinfer on CUDA when installed, else torch",
+    )
+    g.add_argument(
+        "--kv-memory-gb",
+        type=positive_float,
+        default=d.kv_memory_gb,
+        help="CPU: KV cache budget when --kv-tokens is not given (default %(default)s)",
+    )
 
 
 def options_from_args(args: argparse.Namespace) -> ReplayOptions:

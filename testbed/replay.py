@@ -9,17 +9,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterator
 
-from scheduler.sglang.config import SchedulerConfig
-from scheduler.loop.arrivals import ArrivalSource, ClosedLoopArrivals, OpenLoopArrivals
-from scheduler.loop.gc_pause import gc_paused
-from scheduler.loop.event_loop import EventLoop
-from scheduler.model_config import ModelConfig, load_model_config
 from scheduler.core.protocol import SchedulerCore
 from scheduler.core.req import Req
 from scheduler.core.sampling import SamplingParams
-from testbed.interrupts import deferred_interrupts, interrupt_once
+from scheduler.loop.arrivals import ArrivalSource, ClosedLoopArrivals, OpenLoopArrivals
+from scheduler.loop.event_loop import EventLoop
+from scheduler.loop.gc_pause import gc_paused
+from scheduler.model_config import ModelConfig, load_model_config
+from scheduler.sglang.config import SchedulerConfig
 from scheduler.vllm.config import VllmSchedulerConfig
 from testbed.backends import build_real, build_sim
+from testbed.interrupts import deferred_interrupts, interrupt_once
 from testbed.options import ReplayOptions, check_options, closed_loop_note, resolved_options, with_scheduler_defaults
 from testbed.runs import metrics
 from testbed.runs.folder import REQUESTS_FILE, STEPS_FILE, RunLoadError, check_out_folder, read_run_meta, unused_path, versions

@@ -35,8 +35,10 @@ def describe_work(trace_meta: dict) -> str:
     """The line a real replay says up front: what it has to do, from run.json's trace record."""
     span = trace_meta.get("arrival_span_s")
     arriving = f", arriving over {format_duration(span)}" if span else ""
-    return (f"{trace_meta['num_requests']:,} requests: {trace_meta['prompt_tokens']:,} prompt + {trace_meta['output_tokens']:,} "
-            f"output tokens{arriving}; the time left is measured from the first requests done")
+    return (
+        f"{trace_meta['num_requests']:,} requests: {trace_meta['prompt_tokens']:,} prompt + {trace_meta['output_tokens']:,} "
+        f"output tokens{arriving}; the time left is measured from the first requests done"
+    )
 
 
 def busy_cpu_note(meta: dict, load_1min: float | None = None, cores: int | None = None) -> str | None:
@@ -50,9 +52,11 @@ def busy_cpu_note(meta: dict, load_1min: float | None = None, cores: int | None 
     cores = os.cpu_count() or 1 if cores is None else cores
     if load_1min <= cores:  # (this process is part of the load)
         return None
-    return (f"this machine is busy (load {load_1min:.1f} on {cores} cores): the engine's {threads} torch threads share "
-            f"the cores with other work, and its forwards can take many times longer"
-            + ("; OMP_NUM_THREADS=1 before the command runs it on one thread, which suffers less" if threads > 1 else ""))
+    return (
+        f"this machine is busy (load {load_1min:.1f} on {cores} cores): the engine's {threads} torch threads share "
+        f"the cores with other work, and its forwards can take many times longer"
+        + ("; OMP_NUM_THREADS=1 before the command runs it on one thread, which suffers less" if threads > 1 else "")
+    )
 
 
 @dataclass

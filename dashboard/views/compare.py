@@ -29,8 +29,10 @@ pair = comparable_pair(runs)
 ui.keep_valid(ui.COMPARE_KEY, names, linked if len(linked) >= 2 else pair)
 chosen = st.multiselect("Runs (the first is the reference A)", names, key=ui.COMPARE_KEY)
 if len(chosen) < 2:
-    st.info("Pick two or more runs: a real run as A and a simulation of the same trace as B is what this page is for."
-            + ("" if pair else " No two runs here replayed the same trace at the same load with the same model."))
+    st.info(
+        "Pick two or more runs: a real run as A and a simulation of the same trace as B is what this page is for."
+        + ("" if pair else " No two runs here replayed the same trace at the same load with the same model.")
+    )
     st.stop()
 
 loaded = {}

@@ -25,9 +25,7 @@ if runs.empty:
 names = list(runs["name"])
 ui.keep_valid(ui.RUN_KEY, names, linked if linked in names else names[0])
 status_of = dict(zip(runs["name"], runs["status"]))
-name = st.selectbox(
-    "Run", names, key=ui.RUN_KEY, format_func=lambda n: n if status_of[n] == "complete" else f"{n} ({status_of[n]})"
-)
+name = st.selectbox("Run", names, key=ui.RUN_KEY, format_func=lambda n: n if status_of[n] == "complete" else f"{n} ({status_of[n]})")
 row = runs[runs["name"] == name].iloc[0]
 st.markdown(ui.describe(row))
 try:

@@ -19,7 +19,8 @@ if idx.empty:
 # The points of sweeps and capacity searches are one row each below, unless asked for here.
 grouped = studies(idx, runs_dir())
 show_points = len(grouped) > 0 and st.toggle(
-    f"List the points of the {len(grouped)} sweep(s) and capacity search(es) as runs", value=False,
+    f"List the points of the {len(grouped)} sweep(s) and capacity search(es) as runs",
+    value=False,
     help="Each point of a sweep is a run folder; by default a sweep is one row in its own table below.",
 )
 listed = idx if show_points else idx[idx["study"].isna()]
@@ -60,6 +61,10 @@ if c_compare.button("Compare selected", disabled=len(selected) < 2):
 
 if len(grouped) and not show_points:
     st.subheader("Sweeps and capacity searches")
-    st.dataframe(grouped, hide_index=True, width="stretch",
-                 column_config={"date (UTC)": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss")})
+    st.dataframe(
+        grouped,
+        hide_index=True,
+        width="stretch",
+        column_config={"date (UTC)": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss")},
+    )
     st.caption("Open one on the What-if page (Open a sweep) for its table, charts and Pareto front.")

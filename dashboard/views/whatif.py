@@ -79,8 +79,12 @@ load_text = c1.text_input("Load scale", "1", help="comma-separated: 2 = twice th
 page_text = c2.text_input("Page size", "1", help="comma-separated")
 profile_files = [str(p) for p in sorted(Path("profiles").glob("*.json"))]
 profile_names = c3.multiselect("Profile", [ROOFLINE, *profile_files], default=[ROOFLINE])
-scheduler_names = c4.multiselect("Scheduler", SCHEDULERS, default=["sglang"],
-                                 help="SGLang's core or vLLM's; with vLLM's, the chunk size is its step token budget (max_num_batched_tokens)")
+scheduler_names = c4.multiselect(
+    "Scheduler",
+    SCHEDULERS,
+    default=["sglang"],
+    help="SGLang's core or vLLM's; with vLLM's, the chunk size is its step token budget (max_num_batched_tokens)",
+)
 
 problems = []
 try:
@@ -98,7 +102,12 @@ except ValueError as e:
     problems.append(str(e))
     grid = None
 if grid is not None:
-    for label, values in (("policy", grid.policies), ("scheduler", grid.schedulers), ("overlap", grid.overlaps), ("profile", grid.profiles)):
+    for label, values in (
+        ("policy", grid.policies),
+        ("scheduler", grid.schedulers),
+        ("overlap", grid.overlaps),
+        ("profile", grid.profiles),
+    ):
         if not values:
             problems.append(f"pick at least one {label}")
     if any(x <= 0 for x in grid.load_scales):

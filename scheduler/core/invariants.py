@@ -7,8 +7,8 @@ from typing import Sized
 
 import numpy as np
 
-from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 from scheduler.core.req import FinishReason, Req
+from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 
 
 class InvariantError(AssertionError):

@@ -10,9 +10,9 @@ from __future__ import annotations
 from array import array
 from typing import Collection, Protocol
 
-from scheduler.fast_forward.decode_stretch import DecodeStretch
 from scheduler.core.forward_plan import ForwardPlan
 from scheduler.core.req import Req
+from scheduler.fast_forward.decode_stretch import DecodeStretch
 
 
 class RunningSet(Protocol):
@@ -43,8 +43,9 @@ class DecodeStretches(Protocol):
 
     def decode_stretch(self, inflight: Launched | None, token_id: int) -> DecodeStretch | None: ...
 
-    def advance_decode_stretch(self, stretch: DecodeStretch, num_steps: int, launch_times: array,
-                               token_times: array, token_id: int) -> Launched: ...
+    def advance_decode_stretch(
+        self, stretch: DecodeStretch, num_steps: int, launch_times: array, token_times: array, token_id: int
+    ) -> Launched: ...
 
 
 class SchedulerCore(Protocol):

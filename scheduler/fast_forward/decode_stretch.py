@@ -30,8 +30,8 @@ from typing import Callable, Container, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 
-from scheduler.memory.memory_pool import ReqToTokenPool
 from scheduler.core.req import Req
+from scheduler.memory.memory_pool import ReqToTokenPool
 
 
 @dataclass(slots=True)
@@ -201,9 +201,16 @@ class AdmissionChecks(Protocol):
         """Whether the check at check_step surely refuses."""
 
 
-def stretch_through_finishes(reqs: Sequence[Req], exits: Sequence[int], limit: int, free_pages: int, page_size: int,
-                             leaving: tuple[Req, ...], checks: AdmissionChecks | None = None,
-                             check_shift: int = 0) -> DecodeStretch | None:
+def stretch_through_finishes(
+    reqs: Sequence[Req],
+    exits: Sequence[int],
+    limit: int,
+    free_pages: int,
+    page_size: int,
+    leaving: tuple[Req, ...],
+    checks: AdmissionChecks | None = None,
+    check_shift: int = 0,
+) -> DecodeStretch | None:
     """The stretch of at most `limit` steps from the batch reqs (after `leaving` left), where
     reqs[i] is in steps 0 .. exits[i] - 1, whose every step finds a page free for every request
     (SGLang's check_decode_mem): segments from one exit to the next. KV that finished requests
@@ -216,9 +223,17 @@ def stretch_through_finishes(reqs: Sequence[Req], exits: Sequence[int], limit: i
     return None if first is None else DecodeStretch([first], page_size, _unplanned=plan)
 
 
-def _plan_segments(reqs: Sequence[Req], seq_lens: Sequence[int], exits: Sequence[int], limit: int, free_pages: int,
-                   page_size: int, leaving: tuple[Req, ...], checks: AdmissionChecks | None,
-                   check_shift: int) -> Iterator[StretchSegment]:
+def _plan_segments(
+    reqs: Sequence[Req],
+    seq_lens: Sequence[int],
+    exits: Sequence[int],
+    limit: int,
+    free_pages: int,
+    page_size: int,
+    leaving: tuple[Req, ...],
+    checks: AdmissionChecks | None,
+    check_shift: int,
+) -> Iterator[StretchSegment]:
     """stretch_through_finishes's segments, one by one (from the lengths as they were when it was
     asked: a stretch being taken changes the requests)."""
     members = list(zip(reqs, seq_lens, exits))
@@ -262,8 +277,9 @@ def pages_per_step(seq_lens: Sequence[int], page_size: int) -> list[int]:
     return counts
 
 
-def bulk_decode_slots(pool: ReqToTokenPool, reqs: Sequence[Req], num_steps: int, page_size: int,
-                      take: Callable[[int, int], Iterable]) -> None:
+def bulk_decode_slots(
+    pool: ReqToTokenPool, reqs: Sequence[Req], num_steps: int, page_size: int, take: Callable[[int, int], Iterable]
+) -> None:
     """The KV slots of num_steps decode steps, written into the requests' rows as stepping
     writes them. take(n, steps) takes the n pages each of `steps` steps needs from the
     allocator, step after step, and gives them in the order the requests that need them get
@@ -300,12 +316,14 @@ def append_rows(pool: ReqToTokenPool, reqs: Sequence[Req], locs: np.ndarray) -> 
         r.seq_len += len(col)
 
 
-def paged_slots(last_locs: Sequence[int], seq_lens: Sequence[int], new_pages: list[dict[int, int]], num_steps: int, page_size: int) -> np.ndarray:
+def paged_slots(
+    last_locs: Sequence[int], seq_lens: Sequence[int], new_pages: list[dict[int, int]], num_steps: int, page_size: int
+) -> np.ndarray:
     """Slots [step, request] of num_steps decode steps with pages: a request whose length is a
     multiple of page_size takes the first slot of its new page (new_pages[i][step]), any
     other the slot after its last one."""
     out = np.empty((num_steps, len(seq_lens)), dtype=np.int64)
-    for i, (loc, s, pages) in enumerate(zip(last_locs, seq_lens, new_pages)):
+    for i, (loc, _seq_len, pages) in enumerate(zip(last_locs, seq_lens, new_pages)):
         col = out[:, i]
         pos = 0
         for j in sorted(pages):

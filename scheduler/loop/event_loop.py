@@ -41,11 +41,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Iterator
 
-from scheduler.loop.arrivals import ArrivalSource, OpenLoopArrivals
-from scheduler.fast_forward.decode_stretch import DecodeStretch, steps_through_first_finish
 from scheduler.core.forward_plan import ForwardPlan
 from scheduler.core.protocol import Launched, SchedulerCore
 from scheduler.core.req import Req
+from scheduler.fast_forward.decode_stretch import DecodeStretch, steps_through_first_finish
+from scheduler.loop.arrivals import ArrivalSource, OpenLoopArrivals
 from scheduler.loop.step_log import StepLog, StepRow, StepTimes, StretchRows, StretchState
 
 
@@ -194,29 +194,31 @@ class EventLoop:
         plan = f.launched.plan
         yield CpuWork("process", plan.batch_size, plan.num_tokens)
         t4 = self.clock()
-        self.steps.append(StepRow(
-            step=f.step,
-            mode=plan.mode.value,
-            batch_size=plan.batch_size,
-            num_tokens=plan.num_tokens,
-            prefix_tokens=plan.sum_prefix_len,
-            cache_hit_tokens=f.launched.cache_hit_tokens,
-            schedule_start=f.schedule_start,
-            schedule_end=f.schedule_end,
-            launch_start=f.schedule_end,
-            launch_end=f.launch_end,
-            device_start=result.device_start,
-            device_end=result.device_end,
-            process_start=t3,
-            process_end=t4,
-            kv_used_tokens=sched.kv_used_tokens(),
-            kv_cached_tokens=sched.tree_cache.evictable_size(),
-            num_running=sched.running_batch.batch_size(),
-            num_waiting=len(sched.waiting_queue),
-            num_retracted=f.launched.num_retracted,
-            max_seq_len=plan.max_seq_len,
-            attention_pairs=plan.attention_pairs,
-        ))
+        self.steps.append(
+            StepRow(
+                step=f.step,
+                mode=plan.mode.value,
+                batch_size=plan.batch_size,
+                num_tokens=plan.num_tokens,
+                prefix_tokens=plan.sum_prefix_len,
+                cache_hit_tokens=f.launched.cache_hit_tokens,
+                schedule_start=f.schedule_start,
+                schedule_end=f.schedule_end,
+                launch_start=f.schedule_end,
+                launch_end=f.launch_end,
+                device_start=result.device_start,
+                device_end=result.device_end,
+                process_start=t3,
+                process_end=t4,
+                kv_used_tokens=sched.kv_used_tokens(),
+                kv_cached_tokens=sched.tree_cache.evictable_size(),
+                num_running=sched.running_batch.batch_size(),
+                num_waiting=len(sched.waiting_queue),
+                num_retracted=f.launched.num_retracted,
+                max_seq_len=plan.max_seq_len,
+                attention_pairs=plan.attention_pairs,
+            )
+        )
         if self.progress is not None:
             self.progress(len(sched.done))
 
@@ -253,39 +255,83 @@ class EventLoop:
         shift = 0 if prev is None else 1
         # The KV, cache and running columns, kept as the stretch's changes (laid out in bulk when
         # the log is read).
-        state = StretchState(m, shift, stretch.page_size,
-                             [(min(seg.stop, m) - seg.first_step, seg.batch_size, seg.pages_per_step) for seg in segments],
-                             kv_before, stretch.kv_changes, cached_before, stretch.cached_changes,
-                             sched.tree_cache.evictable_size(), stretch.running_changes)
+        state = StretchState(
+            m,
+            shift,
+            stretch.page_size,
+            [(min(seg.stop, m) - seg.first_step, seg.batch_size, seg.pages_per_step) for seg in segments],
+            kv_before,
+            stretch.kv_changes,
+            cached_before,
+            stretch.cached_changes,
+            sched.tree_cache.evictable_size(),
+            stretch.running_changes,
+        )
         assert state.kv_after_last_step() == sched.kv_used_tokens(), "a decode stretch lost count of the KV in use"
         waiting = len(sched.waiting_queue)
-        t = StepTimes(times.schedule_start, times.schedule_end, times.schedule_end, times.launch_end,
-                      times.device_start, times.device_end, times.process_start, times.process_end)
+        t = StepTimes(
+            times.schedule_start,
+            times.schedule_end,
+            times.schedule_end,
+            times.launch_end,
+            times.device_start,
+            times.device_end,
+            times.process_start,
+            times.process_end,
+        )
         if prev is not None:
             plan, (device_start, device_end) = prev.launched.plan, times.inflight_device
             kv_used, cached, running = state.after_first_step()
-            self.steps.append(StepRow(
-                step=prev.step, mode=plan.mode.value, batch_size=plan.batch_size, num_tokens=plan.num_tokens,
-                prefix_tokens=plan.sum_prefix_len, cache_hit_tokens=prev.launched.cache_hit_tokens,
-                schedule_start=prev.schedule_start, schedule_end=prev.schedule_end, launch_start=prev.schedule_end,
-                launch_end=prev.launch_end, device_start=device_start, device_end=device_end,
-                process_start=times.process_start[0], process_end=times.process_end[0],
-                kv_used_tokens=kv_used, kv_cached_tokens=cached, num_running=running, num_waiting=waiting,
-                num_retracted=prev.launched.num_retracted, max_seq_len=plan.max_seq_len, attention_pairs=plan.attention_pairs,
-            ))
+            self.steps.append(
+                StepRow(
+                    step=prev.step,
+                    mode=plan.mode.value,
+                    batch_size=plan.batch_size,
+                    num_tokens=plan.num_tokens,
+                    prefix_tokens=plan.sum_prefix_len,
+                    cache_hit_tokens=prev.launched.cache_hit_tokens,
+                    schedule_start=prev.schedule_start,
+                    schedule_end=prev.schedule_end,
+                    launch_start=prev.schedule_end,
+                    launch_end=prev.launch_end,
+                    device_start=device_start,
+                    device_end=device_end,
+                    process_start=times.process_start[0],
+                    process_end=times.process_end[0],
+                    kv_used_tokens=kv_used,
+                    kv_cached_tokens=cached,
+                    num_running=running,
+                    num_waiting=waiting,
+                    num_retracted=prev.launched.num_retracted,
+                    max_seq_len=plan.max_seq_len,
+                    attention_pairs=plan.attention_pairs,
+                )
+            )
         n = m - shift  # the rows written now: steps 0 .. n - 1 (their processing at step + shift)
-        parts = [(min(seg.stop, n) - seg.first_step, seg.batch_size, seg.sum_prefix_len, seg.max_seq_len)
-                 for seg in segments if seg.first_step < n]
+        parts = [
+            (min(seg.stop, n) - seg.first_step, seg.batch_size, seg.sum_prefix_len, seg.max_seq_len)
+            for seg in segments
+            if seg.first_step < n
+        ]
         if shift:
             # Row j holds step j's schedule, launch and forward, and the processing of step j,
             # which comes at step j + 1 (process times are per step of the stretch).
-            t = StepTimes(t.schedule_start[:n], t.schedule_end[:n], t.launch_start[:n], t.launch_end[:n],
-                          t.device_start[:n], t.device_end[:n], t.process_start[1:], t.process_end[1:])
+            t = StepTimes(
+                t.schedule_start[:n],
+                t.schedule_end[:n],
+                t.launch_start[:n],
+                t.launch_end[:n],
+                t.device_start[:n],
+                t.device_end[:n],
+                t.process_start[1:],
+                t.process_end[1:],
+            )
         self.steps.extend_stretch(StretchRows(first_step, n, mode, parts, t, state, waiting))
         if self.progress is not None:
             self.progress(len(sched.done))
-        return _InFlight(launched, times.last_handle, self._num_steps, times.schedule_start[m - 1],
-                         times.schedule_end[m - 1], times.launch_end[m - 1])
+        return _InFlight(
+            launched, times.last_handle, self._num_steps, times.schedule_start[m - 1], times.schedule_end[m - 1], times.launch_end[m - 1]
+        )
 
     def _idle(self) -> Generator[Wait, Any, bool]:
         """Nothing runs. Wait for the next arrival; False when the run is over."""

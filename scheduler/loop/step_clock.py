@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable
 
 from scheduler.core.forward_plan import ForwardPlan
+from scheduler.core.protocol import SchedulerCore
+from scheduler.core.req import Req
 from scheduler.loop.event_loop import (
     AwaitResult,
     CpuWork,
@@ -21,8 +23,6 @@ from scheduler.loop.event_loop import (
     Launch,
     WaitForArrival,
 )
-from scheduler.core.req import Req
-from scheduler.core.protocol import SchedulerCore
 
 
 @dataclass
@@ -99,7 +99,9 @@ class StepClockDriver:
         return ForwardResult(tokens, self.now, self.now + 1)
 
 
-def run_steps(scheduler: SchedulerCore, reqs: Iterable[Req], token_fn: Callable[[Req, int], int], max_steps: int = 1_000_000) -> tuple[StepClockDriver, EventLoop]:
+def run_steps(
+    scheduler: SchedulerCore, reqs: Iterable[Req], token_fn: Callable[[Req, int], int], max_steps: int = 1_000_000
+) -> tuple[StepClockDriver, EventLoop]:
     """Run reqs (in arrival order; arrival_time in steps) through the loop on the step clock."""
     driver = StepClockDriver(scheduler, token_fn)
     loop = EventLoop(scheduler, iter(reqs), driver.clock, scheduler.config.overlap)

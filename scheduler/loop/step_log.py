@@ -52,8 +52,9 @@ class StepTimes(NamedTuple):
 STEP_COLUMNS: tuple[str, ...] = StepRow._fields
 FLOAT_COLUMNS = ("attention_pairs",)
 TIME_COLUMNS: tuple[str, ...] = StepTimes._fields
-_DTYPES = {name: None if name == "mode" else np.float64 if name in TIME_COLUMNS or name in FLOAT_COLUMNS else np.int64
-           for name in STEP_COLUMNS}
+_DTYPES = {
+    name: None if name == "mode" else np.float64 if name in TIME_COLUMNS or name in FLOAT_COLUMNS else np.int64 for name in STEP_COLUMNS
+}
 
 
 @dataclass(slots=True)
@@ -182,8 +183,10 @@ class StepLog:
             return
         total = self._pending_rows
         if all(type(item) is StepRow for item in pending):
-            chunk: Columns = {name: list(values) if _DTYPES[name] is None else np.array(values, dtype=_DTYPES[name])
-                              for name, values in zip(STEP_COLUMNS, zip(*pending))}
+            chunk: Columns = {
+                name: list(values) if _DTYPES[name] is None else np.array(values, dtype=_DTYPES[name])
+                for name, values in zip(STEP_COLUMNS, zip(*pending))
+            }
         else:
             chunk = _chunk(pending, total)
         self._chunks.append(chunk)
@@ -317,7 +320,9 @@ def _state_columns(states: list[StretchState]) -> tuple[np.ndarray, np.ndarray, 
     kv = sums + np.repeat(kv_before - (sums[first] - taken[first]), num_steps)
     if any(st.running_changes for st in states):
         pos = [a + j for st, a in at for j, _ in st.running_changes]
-        np.add.at(running, np.asarray(pos, dtype=np.int64), np.fromiter((d for st in states for _, d in st.running_changes), np.int64, len(pos)))
+        np.add.at(
+            running, np.asarray(pos, dtype=np.int64), np.fromiter((d for st in states for _, d in st.running_changes), np.int64, len(pos))
+        )
     # Cached: each stretch's events in order (cached_before at its first step, its changes,
     # cached_last at its last step); a step takes the last event at or before it. Events are
     # numbered in that order, so the last one has the greatest number: a running maximum.

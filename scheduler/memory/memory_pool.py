@@ -128,8 +128,9 @@ class TokenToKVPoolAllocator:
                     out.extend(free[end - (k + 1) * num_pages : end - k * num_pages])
             else:
                 # (One expression: the numpy view of `free` is gone before `free` is cut below.)
-                out.frombytes(np.frombuffer(free, dtype=np.int64)[end - from_free * num_pages : end]
-                              .reshape(from_free, num_pages)[::-1].tobytes())
+                out.frombytes(
+                    np.frombuffer(free, dtype=np.int64)[end - from_free * num_pages : end].reshape(from_free, num_pages)[::-1].tobytes()
+                )
             end -= from_free * num_pages
         if from_free < steps:
             # The call that empties the free list takes what is left, then fresh pages.

@@ -159,8 +159,9 @@ class RadixCache:
             node = child
         return pos
 
-    def _walk_and_stamp(self, key: array, max_len: int | None, value: array | None,
-                        node: TreeNode | None = None, pos: int = 0) -> tuple[TreeNode, int]:
+    def _walk_and_stamp(
+        self, key: array, max_len: int | None, value: array | None, node: TreeNode | None = None, pos: int = 0
+    ) -> tuple[TreeNode, int]:
         """The match: walk key[:max_len]'s cached prefix (splitting the node it ends inside),
         append its slots to value unless None, stamp the path; return the last node and the
         match's length. The walk starts at the root, or at node whose path spells key[:pos]."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 from array import array
 from typing import TYPE_CHECKING
 
+from scheduler.core.forward_plan import ForwardMode
+from scheduler.core.req import Req
 from scheduler.fast_forward.decode_stretch import (
     DecodeStretch,
     StretchSegment,
@@ -19,9 +21,7 @@ from scheduler.fast_forward.decode_stretch import (
     steps_with_pages,
     stretch_through_finishes,
 )
-from scheduler.core.forward_plan import ForwardMode
 from scheduler.sglang.refused_admission import RefusedAdmissions
-from scheduler.core.req import Req
 
 if TYPE_CHECKING:
     from scheduler.core.launched_batch import LaunchedBatch
@@ -109,8 +109,9 @@ class SglangDecodeStretches:
             stretch.merges_prefill = last is not running
         return stretch
 
-    def advance_decode_stretch(self, stretch: DecodeStretch, num_steps: int, launch_times: array,
-                               token_times: array, token_id: int) -> LaunchedBatch:
+    def advance_decode_stretch(
+        self, stretch: DecodeStretch, num_steps: int, launch_times: array, token_times: array, token_id: int
+    ) -> LaunchedBatch:
         """Take the stretch's first num_steps steps: the first num_steps - 1 in bulk (a first
         step that merges a prefill merges it by the ordinary code), the last scheduled and
         launched as stepping does (step j at launch_times[j]); each step's processing gives its
@@ -202,8 +203,18 @@ class SglangDecodeStretches:
         admitted = sched.get_new_batch_prefill()
         assert admitted is None and sched.running_batch.batch_is_full, "a decode stretch's admission check did not refuse"
 
-    def _decode_steps(self, stretch: DecodeStretch, seg: StretchSegment, start: int, stop: int, last: int,
-                      launch_times: array, token_times: array, token_id: int, processed: list[Req]) -> LaunchedBatch | None:
+    def _decode_steps(
+        self,
+        stretch: DecodeStretch,
+        seg: StretchSegment,
+        start: int,
+        stop: int,
+        last: int,
+        launch_times: array,
+        token_times: array,
+        token_id: int,
+        processed: list[Req],
+    ) -> LaunchedBatch | None:
         """Steps start .. stop - 1 of segment seg: scheduled in bulk, but for the stretch's last
         step (scheduled and launched by the ordinary code, after the tokens of the steps before);
         each processing gives `processed` its token. Returns the last step's launched batch."""
@@ -216,7 +227,9 @@ class SglangDecodeStretches:
             return None
         batch = sched.running_batch
         scheduled = sched.get_next_batch_to_run()
-        assert scheduled is batch and scheduled.forward_mode is ForwardMode.DECODE and scheduled.reqs == seg.reqs, "a decode stretch changed its batch"
+        assert scheduled is batch and scheduled.forward_mode is ForwardMode.DECODE and scheduled.reqs == seg.reqs, (
+            "a decode stretch changed its batch"
+        )
         launched = sched.launch(scheduled, launch_times[last], sched.config.overlap)
         append_tokens(processed, token_id, token_times[last:])
         return launched

@@ -17,9 +17,9 @@ import random
 from collections import defaultdict
 
 from scheduler.core.ids import ids, zeros
+from scheduler.core.req import Req
 from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 from scheduler.memory.radix_cache import RadixCache, TreeNode
-from scheduler.core.req import Req
 
 POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random", "priority")
 CACHE_AWARE = ("lpm", "dfs-weight")

@@ -63,8 +63,12 @@ class PrefillAdder:
             # prefill look happens nearly every step, over every running request. (min() of two
             # ints as a conditional: the same int, at half the cost of the call.)
             ratio, clip = new_token_ratio, CLIP_MAX_NEW_TOKENS
-            self.total_offset += sum([(d if (d := r.max_new_tokens - len(r.output_ids)) < clip else clip)
-                                      * (1.0 if r.sampling_params.ignore_eos else ratio) for r in running_batch.reqs])
+            self.total_offset += sum(
+                [
+                    (d if (d := r.max_new_tokens - len(r.output_ids)) < clip else clip) * (1.0 if r.sampling_params.ignore_eos else ratio)
+                    for r in running_batch.reqs
+                ]
+            )
         self.can_run_list: list[Req] = []
         self.preempt_list: list[Req] = []
         self.new_chunked_req: Req | None = None
@@ -243,7 +247,7 @@ class PrefillAdder:
         chosen_ids = set(map(id, chosen))
         keep: list[Req] = []
         released = 0
-        for i, r in enumerate(batch.reqs):
+        for r in batch.reqs:
             if id(r) in chosen_ids:
                 self.total_offset -= self.running_offset(r)
                 released += 1

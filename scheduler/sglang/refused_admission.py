@@ -42,8 +42,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from scheduler.sglang.prefill_adder import CLIP_MAX_NEW_TOKENS
 from scheduler.memory.radix_cache import common_prefix_len
+from scheduler.sglang.prefill_adder import CLIP_MAX_NEW_TOKENS
 from scheduler.sglang.token_ratio import NewTokenRatioDecay
 
 if TYPE_CHECKING:
@@ -91,7 +91,9 @@ class RefusedAdmissions:
         budget = sched.allocator.available_size() + tree.evictable_size()
         for i, r in enumerate(unprocessed_prefill):
             locked = max(locked, common_prefix_len(fill, r.fill_ids))
-            cached = max([tree.cached_prefix_len(r.fill_ids)] + [common_prefix_len(r.fill_ids, q.fill_ids) for q in unprocessed_prefill[:i]])
+            cached = max(
+                [tree.cached_prefix_len(r.fill_ids)] + [common_prefix_len(r.fill_ids, q.fill_ids) for q in unprocessed_prefill[:i]]
+            )
             budget += max(0, cached - len(r.prefix_indices)) + ps  # (its duplicates' pages, the last whole)
         return cls(need, budget + locked, sched.new_token_ratio, sched.ratio_decay, ps)
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from scheduler.core.forward_plan import ForwardMode, ForwardPlan
 from scheduler.core.ids import ids
-from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 from scheduler.core.req import Req
+from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 
 # Decode steps of headroom that retraction leaves each remaining request (SGLang's value).
 RETRACT_DECODE_STEPS = 20

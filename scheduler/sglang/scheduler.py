@@ -9,21 +9,20 @@ a forward's sampled tokens. The event loop (loop.py) calls both; it never decide
 
 from __future__ import annotations
 
-
-from scheduler.memory.chunk_cache import ChunkCache
-from scheduler.sglang.config import SchedulerConfig
 from scheduler.core.forward_plan import ForwardMode
 from scheduler.core.future_indices import FUTURE_MAP_SIZE, FutureIndices
-from scheduler.core.launched_batch import LaunchedBatch
-from scheduler.core.scheduler_base import SchedulerBase
 from scheduler.core.invariants import InvariantError
+from scheduler.core.launched_batch import LaunchedBatch
+from scheduler.core.req import Req
+from scheduler.core.scheduler_base import SchedulerBase
+from scheduler.memory.chunk_cache import ChunkCache
 from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
+from scheduler.memory.radix_cache import RadixCache
+from scheduler.sglang.config import SchedulerConfig
+from scheduler.sglang.decode_stretches import SglangDecodeStretches
 from scheduler.sglang.policy import SchedulePolicy
 from scheduler.sglang.prefill_adder import CLIP_MAX_NEW_TOKENS, IGNORE_EOS_RESERVE_TOKENS, AddReqResult, PrefillAdder
-from scheduler.memory.radix_cache import RadixCache
-from scheduler.core.req import Req
 from scheduler.sglang.schedule_batch import ScheduleBatch
-from scheduler.sglang.decode_stretches import SglangDecodeStretches
 from scheduler.sglang.token_ratio import NewTokenRatioDecay
 
 __all__ = ["FUTURE_MAP_SIZE", "InvariantError", "LaunchedBatch", "Scheduler"]
@@ -42,8 +41,9 @@ class Scheduler(SchedulerBase):
         self.allocator = TokenToKVPoolAllocator(config.kv_tokens, page_size)
         cache_cls = ChunkCache if config.disable_radix_cache else RadixCache
         self.tree_cache = cache_cls(self.req_to_token_pool, self.allocator, page_size)
-        self.policy = SchedulePolicy(config.policy, self.tree_cache, seed=config.seed,
-                                     enable_priority_scheduling=config.enable_priority_scheduling)
+        self.policy = SchedulePolicy(
+            config.policy, self.tree_cache, seed=config.seed, enable_priority_scheduling=config.enable_priority_scheduling
+        )
         self.enable_priority_preemption = self.policy.enable_priority_scheduling
         self.is_mixed_chunk = config.enable_mixed_chunk and config.effective_chunked_prefill_size is not None
         self.waiting_queue: list[Req] = []
@@ -75,8 +75,11 @@ class Scheduler(SchedulerBase):
         if n >= self.max_req_input_len:
             limit = "context length" if self.config.context_len - 1 <= self.allocator.size - 1 else "KV pool"
             # The request's own length first, so that a summary can count the reason without it.
-            self._reject(req, f"input {n} tokens leave no room for output: prompts must be under {self.max_req_input_len} "
-                              f"tokens ({limit} {self.max_req_len + 1} less {INPUT_LEN_MARGIN + 1})")
+            self._reject(
+                req,
+                f"input {n} tokens leave no room for output: prompts must be under {self.max_req_input_len} "
+                f"tokens ({limit} {self.max_req_len + 1} less {INPUT_LEN_MARGIN + 1})",
+            )
             return
         ps = self.allocator.page_size
         by_context = self.max_req_len - n - 1
@@ -113,8 +116,10 @@ class Scheduler(SchedulerBase):
             return None
         else:
             need = f"its {n}-token prompt, {out} output tokens and a page of {ps}"
-        return (f"never admitted: {need} do not fit the KV pool of {pool} tokens with the slack SGLang's admission keeps "
-                f"(SGLang would wait for it forever); a larger --kv-tokens or a smaller --page-size admits it")
+        return (
+            f"never admitted: {need} do not fit the KV pool of {pool} tokens with the slack SGLang's admission keeps "
+            f"(SGLang would wait for it forever); a larger --kv-tokens or a smaller --page-size admits it"
+        )
 
     def _enqueue(self, req: Req) -> None:
         """Append to the waiting queue (new, retracted or preempted: all go to the back)."""

@@ -18,6 +18,8 @@ import heapq
 from array import array
 from typing import TYPE_CHECKING
 
+from scheduler.core.forward_plan import ForwardMode
+from scheduler.core.req import Req
 from scheduler.fast_forward.decode_stretch import (
     DecodeStretch,
     StretchSegment,
@@ -27,9 +29,7 @@ from scheduler.fast_forward.decode_stretch import (
     steps_finding_their_pages,
     stretch_through_finishes,
 )
-from scheduler.core.forward_plan import ForwardMode
 from scheduler.memory.memory_pool import dealt
-from scheduler.core.req import Req
 
 if TYPE_CHECKING:
     from scheduler.core.launched_batch import LaunchedBatch
@@ -88,8 +88,9 @@ class VllmDecodeStretches:
         pages = sched.allocator.num_free_pages() + sched.tree_cache.evictable_size() // ps
         return stretch_through_finishes(reqs, exits, limit, pages, ps, leaving)
 
-    def advance_decode_stretch(self, stretch: DecodeStretch, num_steps: int, launch_times: array,
-                               token_times: array, token_id: int) -> LaunchedBatch:
+    def advance_decode_stretch(
+        self, stretch: DecodeStretch, num_steps: int, launch_times: array, token_times: array, token_id: int
+    ) -> LaunchedBatch:
         """Take the stretch's first num_steps steps: the first num_steps - 1 in bulk, the last
         scheduled and launched (at launch_times[num_steps - 1]) as stepping does. Processing j
         (at token_times[j]) gives a token to each request of step j's batch (with overlap: step
@@ -102,7 +103,9 @@ class VllmDecodeStretches:
         run.schedule_until(last)
         run.process_until(last)
         batch = sched.get_next_batch_to_run()
-        assert batch is not None and batch.reqs == run.segment(last).reqs and batch.plan.mode is ForwardMode.DECODE, "a decode stretch changed its batch"
+        assert batch is not None and batch.reqs == run.segment(last).reqs and batch.plan.mode is ForwardMode.DECODE, (
+            "a decode stretch changed its batch"
+        )
         launched = sched.launch(batch, launch_times[last], overlap)
         run.process_until(num_steps)
         return launched
@@ -112,8 +115,9 @@ class _StretchRun:
     """One stretch being taken: the schedules and processings done so far (each up to a step),
     in stepping's order: schedule s comes after processing s - 1 and before processing s."""
 
-    def __init__(self, sched: SchedulerState, stretch: DecodeStretch, num_steps: int, token_id: int,
-                 token_times: array, running: list[Req]) -> None:
+    def __init__(
+        self, sched: SchedulerState, stretch: DecodeStretch, num_steps: int, token_id: int, token_times: array, running: list[Req]
+    ) -> None:
         self.sched, self.stretch, self.token_id, self.token_times = sched, stretch, token_id, token_times
         self.segments = stretch.taken(num_steps)
         self.scheduled = 0  # steps scheduled: 0 .. scheduled - 1
@@ -174,8 +178,13 @@ class _StretchRun:
             # The blocks they fill go to the cache after: slots are not what the cache reads.
             n = steps_finding_their_pages(alloc.num_free_pages(), cycle, min(stop, seg.stop, next_finish + 1) - s)
             assert n > 0, "a decode stretch ran out of KV pages"
-            bulk_decode_slots(sched.req_to_token_pool, reqs, n, ps,
-                              (lambda k, steps: dealt(take(k * steps), k)) if ps == 1 else (lambda k, steps: take(k * steps)))
+            bulk_decode_slots(
+                sched.req_to_token_pool,
+                reqs,
+                n,
+                ps,
+                (lambda k, steps: dealt(take(k * steps), k)) if ps == 1 else (lambda k, steps: take(k * steps)),
+            )
             if sched.config.overlap:
                 sched.future.skip(len(reqs), n)
             self.scheduled = s + n

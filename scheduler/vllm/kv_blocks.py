@@ -8,16 +8,17 @@ from __future__ import annotations
 
 from array import array
 
-from scheduler.memory.chunk_cache import ChunkCache
 from scheduler.core.ids import ids
+from scheduler.core.req import Req
+from scheduler.memory.chunk_cache import ChunkCache
 from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 from scheduler.memory.radix_cache import RadixCache
-from scheduler.core.req import Req
 
 
 class VllmKVBlocks:
-    def __init__(self, req_to_token_pool: ReqToTokenPool, allocator: TokenToKVPoolAllocator,
-                 tree_cache: RadixCache | ChunkCache, page_size: int) -> None:
+    def __init__(
+        self, req_to_token_pool: ReqToTokenPool, allocator: TokenToKVPoolAllocator, tree_cache: RadixCache | ChunkCache, page_size: int
+    ) -> None:
         self.req_to_token_pool = req_to_token_pool
         self.allocator = allocator
         self.tree_cache = tree_cache

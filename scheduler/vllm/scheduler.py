@@ -44,15 +44,15 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 
-from scheduler.memory.chunk_cache import ChunkCache
 from scheduler.core.forward_plan import ForwardMode, ForwardPlan
 from scheduler.core.future_indices import FutureIndices
 from scheduler.core.ids import ids
+from scheduler.core.launched_batch import LaunchedBatch
+from scheduler.core.req import Req
+from scheduler.core.scheduler_base import SchedulerBase
+from scheduler.memory.chunk_cache import ChunkCache
 from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 from scheduler.memory.radix_cache import RadixCache
-from scheduler.core.req import Req
-from scheduler.core.launched_batch import LaunchedBatch
-from scheduler.core.scheduler_base import SchedulerBase
 from scheduler.vllm.batch import VllmBatch
 from scheduler.vllm.config import VllmSchedulerConfig
 from scheduler.vllm.decode_stretches import VllmDecodeStretches
@@ -67,7 +67,6 @@ class _Scheduled:
     num_new: int  # tokens this step computes
     sample: bool  # the step reaches every known token: its last position is sampled
     locs: array  # the KV slots of the new tokens
-
 
 
 class VllmScheduler(SchedulerBase):
@@ -97,9 +96,13 @@ class VllmScheduler(SchedulerBase):
         need = req.input_len + req.max_new_tokens
         kv_need = need - 1  # the last output token is never fed back
         if need > self.config.context_len:
-            self._reject(req, f"input {req.input_len} + output {req.max_new_tokens} tokens exceed the context length {self.config.context_len}")
+            self._reject(
+                req, f"input {req.input_len} + output {req.max_new_tokens} tokens exceed the context length {self.config.context_len}"
+            )
         elif -(-kv_need // self.page_size) > self.allocator.num_pages:
-            self._reject(req, f"input {req.input_len} + output {req.max_new_tokens} tokens do not fit the KV pool of {self.allocator.size} tokens")
+            self._reject(
+                req, f"input {req.input_len} + output {req.max_new_tokens} tokens do not fit the KV pool of {self.allocator.size} tokens"
+            )
         else:
             self.waiting_queue.add(req)
 

@@ -141,7 +141,10 @@ def differences(a: Run, b: Run) -> list[str]:
             continue
         va, vb = _opt(a, name), _opt(b, name)
         if va != vb:
-            out.append(f"{name}: A {_show(va)}, B {_show(vb)}" + (" (clients of a closed loop; default: open loop)" if name == "concurrency" else ""))
+            out.append(
+                f"{name}: A {_show(va)}, B {_show(vb)}"
+                + (" (clients of a closed loop; default: open loop)" if name == "concurrency" else "")
+            )
     if imported is not None:
         # The KV pool only where the imported run states it.
         ka, kb = _effective(a, "kv_tokens"), _effective(b, "kv_tokens")
@@ -153,10 +156,7 @@ def differences(a: Run, b: Run) -> list[str]:
     # (--kv-tokens, device memory, mem_fraction_static, kv_memory_gb).
     ka, kb = _effective(a, "kv_tokens"), _effective(b, "kv_tokens")
     if ka != kb:
-        out.append(
-            f"kv_tokens: A {_show(ka)}, B {_show(kb)} (KV pool in tokens; "
-            f"give both runs the same --kv-tokens)"
-        )
+        out.append(f"kv_tokens: A {_show(ka)}, B {_show(kb)} (KV pool in tokens; give both runs the same --kv-tokens)")
     ra, rb = _effective(a, "max_running_requests"), _effective(b, "max_running_requests")
     asked_same = _opt(a, "max_running_requests") == _opt(b, "max_running_requests")
     # The default cap follows the pool size: already reported above as kv_tokens.

@@ -53,7 +53,10 @@ DIED_ERROR = "the process ended without finishing the run (killed?): the tables 
 # The steps journal's columns (steps.parquet has the same names and types).
 STEP_SCHEMA = pa.schema(
     [
-        (name, pa.string() if name == "mode" else pa.float64() if name.endswith(("_start", "_end")) or name in FLOAT_COLUMNS else pa.int64())
+        (
+            name,
+            pa.string() if name == "mode" else pa.float64() if name.endswith(("_start", "_end")) or name in FLOAT_COLUMNS else pa.int64(),
+        )
         for name in STEP_COLUMNS
     ]
 )

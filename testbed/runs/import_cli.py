@@ -28,7 +28,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("file", help="requests.jsonl of LLMServingSim, a vllm bench serve result JSON, or a sglang.bench_serving JSONL")
     p.add_argument("--format", choices=IMPORT_FORMATS, default=None, help="the file's format (default: detected)")
     p.add_argument("--out", required=True, help="run folder to write")
-    p.add_argument("--entry", type=positive_int, default=None, help="vllm-bench, sglang-bench: the line of the run to import when the file holds several (default: the last)")
+    p.add_argument(
+        "--entry",
+        type=positive_int,
+        default=None,
+        help="vllm-bench, sglang-bench: the line of the run to import when the file holds several (default: the last)",
+    )
     p.add_argument("--seed", type=int, default=0, help="sglang-bench: seed of the Poisson arrivals drawn for it (default %(default)s)")
     p.set_defaults(func=cmd_import)
 

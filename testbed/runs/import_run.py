@@ -16,12 +16,21 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from scheduler.model_config import bundled_model_names
 from scheduler.loop.step_log import StepLog
+from scheduler.model_config import bundled_model_names
 from testbed.errors import ConfigError, TraceError
 from testbed.runs import metrics
-from testbed.runs.folder import (REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE, check_out_folder, versions, write_json, write_requests,
-                                 write_steps)
+from testbed.runs.folder import (
+    REQUESTS_FILE,
+    RUN_FILE,
+    STEPS_FILE,
+    WALL_FILE,
+    check_out_folder,
+    versions,
+    write_json,
+    write_requests,
+    write_steps,
+)
 from testbed.runs.importers import load_import
 from testbed.traces.schema import Trace, TraceRequest, file_sha256
 

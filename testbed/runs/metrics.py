@@ -30,7 +30,10 @@ def status_of(req: Req) -> str:
 REQUESTS_SCHEMA = pa.schema(
     [("rid", pa.string()), ("index", pa.int64())]
     + [(c, pa.float64()) for c in ("arrival", "scheduled", "first_token", "finish")]
-    + [(c, pa.int64()) for c in ("input_tokens", "output_tokens", "max_new_tokens", "cached_tokens", "prefill_tokens", "num_retractions", "priority")]
+    + [
+        (c, pa.int64())
+        for c in ("input_tokens", "output_tokens", "max_new_tokens", "cached_tokens", "prefill_tokens", "num_retractions", "priority")
+    ]
     + [("status", pa.string()), ("reason", pa.string()), ("token_times", pa.list_(pa.float64()))]
 )
 

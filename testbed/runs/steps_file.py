@@ -96,8 +96,7 @@ class StepsFile:
             return  # (the part before raised: result() raises that)
         try:
             if self._writer is None:
-                self._writer = pq.ParquetWriter(temporary_path(self.path), STEPS_FILE_SCHEMA,
-                                                use_dictionary=STEPS_DICTIONARY_COLUMNS)
+                self._writer = pq.ParquetWriter(temporary_path(self.path), STEPS_FILE_SCHEMA, use_dictionary=STEPS_DICTIONARY_COLUMNS)
             self._writer.write_table(table)
         except BaseException:
             self._failed = True

@@ -19,7 +19,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-
 from scheduler.core.req import Req
 from scheduler.loop.step_log import StepLog
 from testbed.interrupts import deferred_interrupts
@@ -32,8 +31,8 @@ from testbed.runs.folder import (
     STEPS_FILE,
     STEPS_JOURNAL,
     WALL_FILE,
-    write_json,
     temporary_path,
+    write_json,
     write_requests,
 )
 from testbed.runs.journal import TableJournal
@@ -95,4 +94,3 @@ class RunWriter:
             write_json(self.run_dir / WALL_FILE, {"created_at": created, "wall_s": round(wall_s, 3)})
             self.requests.close(remove=True)
             self.steps.close(remove=True)  # last: its lock is the writer's
-

@@ -37,5 +37,4 @@ def check_scheduler_options(opts: ReplayOptions) -> None:
             continue
         for name in other.own_options:
             if getattr(opts, name) != getattr(default, name):
-                raise ConfigError(f"{flag(name)} belongs to --scheduler {other.name}; with --scheduler {kind.name} "
-                                  f"{kind.instead_of(name)}")
+                raise ConfigError(f"{flag(name)} belongs to --scheduler {other.name}; with --scheduler {kind.name} {kind.instead_of(name)}")

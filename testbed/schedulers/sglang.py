@@ -53,8 +53,15 @@ SGLANG = SchedulerKind(
     name="sglang",
     label="SGLang",
     policies=tuple(POLICIES),
-    own_options=("chunked_prefill_size", "max_prefill_tokens", "max_running_requests", "enable_mixed_chunk",
-                 "enable_priority_scheduling", "priority_scheduling_preemption_threshold", "schedule_conservativeness"),
+    own_options=(
+        "chunked_prefill_size",
+        "max_prefill_tokens",
+        "max_running_requests",
+        "enable_mixed_chunk",
+        "enable_priority_scheduling",
+        "priority_scheduling_preemption_threshold",
+        "schedule_conservativeness",
+    ),
     counterparts={
         "max_num_seqs": "use --max-running-requests",
         "max_num_batched_tokens": "use --chunked-prefill-size and --max-prefill-tokens",

@@ -41,8 +41,10 @@ from testbed.studies.sweep import (
 
 CAPACITY_FILE = "capacity.json"
 SCALES_ITSELF = "capacity scales the arrivals itself (rate multiplier m = --time-scale 1/m)"
-CLOSED_LOOP_HAS_NO_RATE = ("capacity searches the arrival rate of an open loop; a closed loop (N clients) has none to search: "
-                           "compare concurrencies with testbed sweep --grid concurrency=1,4,16")
+CLOSED_LOOP_HAS_NO_RATE = (
+    "capacity searches the arrival rate of an open loop; a closed loop (N clients) has none to search: "
+    "compare concurrencies with testbed sweep --grid concurrency=1,4,16"
+)
 # Summary keys an SLO can bound: latencies, lower is better.
 SLO_KEYS: tuple[str, ...] = tuple(f"{s}_{name}_ms" for name in LATENCIES for s in ("mean", "p50", "p90", "p99"))
 MIN_MULTIPLIER = 1 / 64
@@ -331,8 +333,14 @@ def run_capacity(
     finally:
         write_table()
     report = CapacityReport(
-        sweep.trace, sweep.trace_info.requests, sweep.trace_info.rate, list(slos), resolution,
-        rank([s.result() for s in searches]), sweep.out_dir, dict(sweep.skipped),
+        sweep.trace,
+        sweep.trace_info.requests,
+        sweep.trace_info.rate,
+        list(slos),
+        resolution,
+        rank([s.result() for s in searches]),
+        sweep.out_dir,
+        dict(sweep.skipped),
     )
     sweep.out_dir.mkdir(parents=True, exist_ok=True)
     write_json(sweep.out_dir / CAPACITY_FILE, report.to_json())

@@ -86,10 +86,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the configs are searched in parallel (one rate per config at a time) and ranked by capacity.",
     )
     _add_common(p, "DIR/capacity.json, DIR/sweep.parquet and DIR/points/ (default runs/capacity-<trace>-<time>)")
-    p.add_argument("--slo", action="append", required=True, metavar="KEY=MS",
-                   help=f"a latency bound that must hold, e.g. --slo p90_ttft_ms=500 --slo p90_tpot_ms=50; keys: {', '.join(SLO_KEYS)}")
-    p.add_argument("--resolution", type=float, default=DEFAULT_RESOLUTION,
-                   help="stop bisecting when the failing rate is within this fraction of the passing one (default %(default)s)")
+    p.add_argument(
+        "--slo",
+        action="append",
+        required=True,
+        metavar="KEY=MS",
+        help=f"a latency bound that must hold, e.g. --slo p90_ttft_ms=500 --slo p90_tpot_ms=50; keys: {', '.join(SLO_KEYS)}",
+    )
+    p.add_argument(
+        "--resolution",
+        type=float,
+        default=DEFAULT_RESOLUTION,
+        help="stop bisecting when the failing rate is within this fraction of the passing one (default %(default)s)",
+    )
     add_replay_options(p)
     p.set_defaults(func=cmd_capacity)
 
@@ -98,11 +107,16 @@ def _add_common(p: argparse.ArgumentParser, out_help: str) -> None:
     p.add_argument("trace", help="trace file: native JSON/JSONL, Mooncake JSONL, Azure CSV or ShareGPT-length CSV")
     p.add_argument("--grid", action="append", default=[], metavar="AXIS=V1,V2,...", help=GRID_HELP)
     p.add_argument("--out", default=None, metavar="DIR", help=out_help)
-    p.add_argument("--workers", type=positive_int, default=None,
-                   help=f"local processes running points at once (default: the CPU count, {os.cpu_count()} here; not used with --ray)")
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=None,
+        help=f"local processes running points at once (default: the CPU count, {os.cpu_count()} here; not used with --ray)",
+    )
     p.add_argument("--ray", default=None, metavar="ADDRESS", help=RAY_HELP)
-    p.add_argument("--resume", action="store_true",
-                   help="keep the points of DIR already complete with the same trace and options, run the others")
+    p.add_argument(
+        "--resume", action="store_true", help="keep the points of DIR already complete with the same trace and options, run the others"
+    )
     p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the tables")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
@@ -177,8 +191,10 @@ def _closed_loop_note(sweep: Sweep) -> str | None:
     if len(clients) == 1:
         note = closed_loop_note(next(p.options for p in sweep.points if p.options.concurrency is not None))
     else:
-        note = (f"closed loop with {', '.join(map(str, clients))} clients: each sends its next request (in trace order) when its "
-                "last one is done; the trace's arrival times are ignored")
+        note = (
+            f"closed loop with {', '.join(map(str, clients))} clients: each sends its next request (in trace order) when its "
+            "last one is done; the trace's arrival times are ignored"
+        )
     open_loop = any(p.options.concurrency is None for p in sweep.points)
     return note + ("; the open-loop points (concurrency none) keep them" if open_loop else "")
 
@@ -193,8 +209,13 @@ def interrupted_sweep_message(out_dir: Path) -> str:
     return f"interrupted: {said} ({out_dir / SWEEP_FILE}); --resume runs the points not complete"
 
 
-STATUS_WORDS = {"complete": "complete", "incomplete": "stopped mid-run (incomplete)", "failed": "failed", "pending": "not started",
-                "skipped": "skipped"}
+STATUS_WORDS = {
+    "complete": "complete",
+    "incomplete": "stopped mid-run (incomplete)",
+    "failed": "failed",
+    "pending": "not started",
+    "skipped": "skipped",
+}
 STATUS_ORDER = {k: i for i, k in enumerate(STATUS_WORDS)}
 
 
@@ -210,8 +231,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     if not args.json:
         skipped = f", {len(sweep.skipped)} skipped (their options cannot run together)" if sweep.skipped else ""
-        print(f"sweep of {args.trace} ({sweep.trace_info.requests} requests): {len(sweep.grid)} points ({_axes_text(sweep)}){skipped} "
-              f"on {runner.description} -> {sweep.out_dir}", flush=True)
+        print(
+            f"sweep of {args.trace} ({sweep.trace_info.requests} requests): {len(sweep.grid)} points ({_axes_text(sweep)}){skipped} "
+            f"on {runner.description} -> {sweep.out_dir}",
+            flush=True,
+        )
     note = _closed_loop_note(sweep)
     if note is not None:  # (on stderr, with the progress: --json's stdout stays one object)
         print(note, file=sys.stderr, flush=True)
@@ -242,8 +266,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         resumed = sum(r.resumed for r in results)
         complete = sum(r.status == "complete" for r in results)
         skipped = f", {len(sweep.skipped)} skipped" if sweep.skipped else ""
-        print(f"{sweep.out_dir / SWEEP_FILE}: {len(results)} points, {complete} complete"
-              f"{f' ({resumed} resumed)' if resumed else ''}{skipped}, {failed} failed")
+        print(
+            f"{sweep.out_dir / SWEEP_FILE}: {len(results)} points, {complete} complete"
+            f"{f' ({resumed} resumed)' if resumed else ''}{skipped}, {failed} failed"
+        )
     return EXIT_FAILED if failed else 0
 
 
@@ -272,7 +298,9 @@ def format_capacity(report: CapacityReport) -> str:
         lines.append(r.message())
         if r.summary is not None:
             lines.append("")
-            lines.append(format_summary(r.summary, title=f"metrics at {r.rate:.4g} req/s (run folder {report.out_dir / 'points' / r.point}):"))
+            lines.append(
+                format_summary(r.summary, title=f"metrics at {r.rate:.4g} req/s (run folder {report.out_dir / 'points' / r.point}):")
+            )
         return "\n".join(lines)
     axis_names = list(report.results[0].axes)
     headers = ["rank", *axis_names, "capacity req/s", "x trace", "served req/s", *keys, "sims", "resolution"]
@@ -280,17 +308,21 @@ def format_capacity(report: CapacityReport) -> str:
     for i, r in enumerate(report.results, 1):
         s = r.summary or {}
         ranked = r.status in ("found", "above_range")
-        capacity = _fmt(r.rate) + (" (or more)" if r.status == "above_range" else "") if ranked else ("none" if r.status == "none" else "failed")
-        rows.append([
-            str(i) if ranked else "-",
-            *(format_value(r.axes[a]) for a in axis_names),
-            capacity,
-            f"{r.multiplier:.4g}" if ranked else "-",
-            _fmt(s.get("request_throughput")),
-            *(_fmt(s.get(k)) for k in keys),
-            str(r.sims),
-            f"{r.resolution * 100:.1f}%" if r.resolution is not None else "-",
-        ])
+        capacity = (
+            _fmt(r.rate) + (" (or more)" if r.status == "above_range" else "") if ranked else ("none" if r.status == "none" else "failed")
+        )
+        rows.append(
+            [
+                str(i) if ranked else "-",
+                *(format_value(r.axes[a]) for a in axis_names),
+                capacity,
+                f"{r.multiplier:.4g}" if ranked else "-",
+                _fmt(s.get("request_throughput")),
+                *(_fmt(s.get(k)) for k in keys),
+                str(r.sims),
+                f"{r.resolution * 100:.1f}%" if r.resolution is not None else "-",
+            ]
+        )
     lines += ["", format_table(headers, rows, left=len(axis_names) + 1)]
     lines += [f"{r.config}: {r.message()}" for r in report.results if r.status in ("none", "failed", "above_range")]
     lines += [f"skipped: {name}: {why}" for name, why in report.skipped.items()]
@@ -311,8 +343,11 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     if not args.json:
         slo_text = ", ".join(f"{s.key} <= {s.limit:g}" for s in slos)
-        print(f"capacity of {args.trace} ({sweep.trace_info.requests} requests at {sweep.trace_info.rate:.4g} req/s) under {slo_text}: "
-              f"{configs} config{'s' if configs > 1 else ''} on {runner.description} -> {sweep.out_dir}", flush=True)
+        print(
+            f"capacity of {args.trace} ({sweep.trace_info.requests} requests at {sweep.trace_info.rate:.4g} req/s) under {slo_text}: "
+            f"{configs} config{'s' if configs > 1 else ''} on {runner.description} -> {sweep.out_dir}",
+            flush=True,
+        )
     bar = progress_bar("capacity", "sims", disable=args.quiet)
 
     def on_probe(result: CapacityResult, probe: Probe) -> None:

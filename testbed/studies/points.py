@@ -35,7 +35,6 @@ class PointResult:
     resumed: bool = False  # found finished in the out folder, not run again
 
 
-
 OnResult = Callable[[SweepPoint, PointResult], None]  # a runner reports each result as it arrives
 
 DRAIN_S = 60.0  # after a stop, how long the running points get to write their folders

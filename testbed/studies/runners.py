@@ -61,6 +61,7 @@ def _run_point_in_worker(trace_path: str, point: SweepPoint) -> PointResult | No
 
 # --- the runner -----------------------------------------------------------------------------
 
+
 class LocalRunner:
     """Points on a pool of local processes (each loads the trace itself: cheap next to a replay).
     The pool is kept between calls (a capacity search runs many rounds)."""

@@ -38,8 +38,8 @@ from testbed.options import (
     parse_option_value,
     resolved_options,
 )
-from testbed.studies.points import OnResult, PointResult, SweepPoint, finished_result, folder_result
 from testbed.replay import load_replay_trace
+from testbed.studies.points import OnResult, PointResult, SweepPoint, finished_result, folder_result
 from testbed.studies.runners import Runner
 
 SWEEP_FILE = "sweep.parquet"
@@ -69,9 +69,7 @@ def parse_grid(specs: Sequence[str], forbidden: Mapping[str, str] | None = None)
             raise ConfigError(f"--grid {spec}: expected AXIS=V1,V2,... (e.g. policy=fcfs,lpm)")
         name = axis_text.replace("-", "_")
         if name not in OPTION_FIELDS:
-            raise ConfigError(
-                f"--grid {spec}: unknown axis {axis_text!r}; an axis is a replay option: {', '.join(OPTION_FIELDS)}"
-            )
+            raise ConfigError(f"--grid {spec}: unknown axis {axis_text!r}; an axis is a replay option: {', '.join(OPTION_FIELDS)}")
         if forbidden and name in forbidden:
             raise ConfigError(f"--grid {spec}: {axis_text} cannot be an axis: {forbidden[name]}")
         if any(a.name == name for a in axes):
@@ -117,8 +115,6 @@ def point_name(axes: Sequence[tuple[str, Any]]) -> str:
         digest = hashlib.sha1(repr(tuple(axes)).encode()).hexdigest()[:8]
         safe = f"{safe[:140]}-{digest}"
     return safe
-
-
 
 
 def check_named_values(axes: Sequence[GridAxis]) -> None:
@@ -175,8 +171,6 @@ def _check_some_point_runs(points: Sequence[SweepPoint], skipped: Mapping[str, s
             with_value = [p for p in points if dict(p.axes)[axis.name] == value]
             if all(p.name in skipped for p in with_value):
                 raise ConfigError(f"--grid {axis.name}={format_value(value)}: no point with it can run: {skipped[with_value[0].name]}")
-
-
 
 
 # --- a sweep --------------------------------------------------------------------------------
@@ -281,8 +275,7 @@ def run_sweep(
     def write_table(final: bool = False) -> None:
         ordered = grid_results(sweep, results)
         if final:  # stopped: a point killed while it ran has a folder but no result reached us
-            ordered = [folder_result(p, sweep.trace_info.sha256) or r if r.status == "pending" else r
-                       for p, r in zip(sweep.grid, ordered)]
+            ordered = [folder_result(p, sweep.trace_info.sha256) or r if r.status == "pending" else r for p, r in zip(sweep.grid, ordered)]
         with deferred_interrupts():  # never half a table
             write_sweep_table(sweep.out_dir / SWEEP_FILE, sweep, sweep.grid, ordered)
 
@@ -302,8 +295,9 @@ def run_sweep(
 
 def grid_results(sweep: Sweep, results: Mapping[str, PointResult]) -> list[PointResult]:
     """One result per point of the grid, in grid order: skipped, as reported, or pending."""
-    return [sweep.skipped_result(p) if p.name in sweep.skipped else results.get(p.name) or PointResult(p.name, "pending")
-            for p in sweep.grid]
+    return [
+        sweep.skipped_result(p) if p.name in sweep.skipped else results.get(p.name) or PointResult(p.name, "pending") for p in sweep.grid
+    ]
 
 
 # --- sweep.parquet --------------------------------------------------------------------------
@@ -366,7 +360,7 @@ def load_sweep(path: str | os.PathLike) -> tuple[pd.DataFrame, dict]:
         held = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir()) if folder.is_dir() else []
         points = folder / POINTS_DIR
         runs = sorted(p.name for p in points.iterdir() if (p / "run.json").is_file()) if points.is_dir() else []
-        said = (f"it holds {', '.join(held[:8])}" + (", ..." if len(held) > 8 else "") if held else "it is empty or missing")
+        said = f"it holds {', '.join(held[:8])}" + (", ..." if len(held) > 8 else "") if held else "it is empty or missing"
         if runs:
             said += f"; {len(runs)} point folder(s) with a run.json (a sweep stopped before its table was written)"
         raise FileNotFoundError(f"{folder}: no {SWEEP_FILE}: {said}")

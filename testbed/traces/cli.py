@@ -50,10 +50,13 @@ def _add_gen(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output-len", type=_length_spec, default=d.output_len, help="tokens to generate")
     p.add_argument("--system-prompts", type=int, default=d.system_prompts, help="number of shared system prompts")
     p.add_argument("--system-prompt-len", type=int, default=d.system_prompt_len, help="tokens per system prompt")
-    p.add_argument("--shared-fraction", type=float, default=d.shared_fraction,
-                   help="fraction of sessions that start with a system prompt")
-    p.add_argument("--multi-turn-fraction", type=float, default=d.multi_turn_fraction,
-                   help="fraction of requests that are turns of multi-turn conversations")
+    p.add_argument("--shared-fraction", type=float, default=d.shared_fraction, help="fraction of sessions that start with a system prompt")
+    p.add_argument(
+        "--multi-turn-fraction",
+        type=float,
+        default=d.multi_turn_fraction,
+        help="fraction of requests that are turns of multi-turn conversations",
+    )
     p.add_argument("--turns", type=int, default=d.turns, help="requests per conversation")
     p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per hashed block")
     p.add_argument("--seed", type=int, default=d.seed, help="random seed")
@@ -64,8 +67,7 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "convert",
         help="convert a trace to the native format",
-        description="Convert a trace (format detected from its content) to the native format; "
-        "JSONL if --out ends with .jsonl.",
+        description="Convert a trace (format detected from its content) to the native format; JSONL if --out ends with .jsonl.",
     )
     p.add_argument("src", metavar="SRC", help="trace to read")
     p.add_argument("--out", required=True, metavar="DST", help="native trace to write")
@@ -158,15 +160,19 @@ def format_info(trace: Trace, arrivals_known: bool = True) -> str:
         ("output len", f"mean {s.mean_output_len:,.0f}  max {s.max_output_len:,}  total {s.total_output_tokens:,}"),
     ]
     if s.hashed_requests:
-        rows.append((
-            "blocks",
-            f"{s.unique_blocks:,} unique of {s.total_blocks:,}  (block size {', '.join(map(str, sizes))}; "
-            f"{s.hashed_requests:,} requests with hashes)",
-        ))
-        rows.append((
-            "prefix reuse",
-            f"{s.reusable_fraction:.1%} of prompt tokens  ({s.reusable_prefix_tokens:,}; infinite-cache bound)",
-        ))
+        rows.append(
+            (
+                "blocks",
+                f"{s.unique_blocks:,} unique of {s.total_blocks:,}  (block size {', '.join(map(str, sizes))}; "
+                f"{s.hashed_requests:,} requests with hashes)",
+            )
+        )
+        rows.append(
+            (
+                "prefix reuse",
+                f"{s.reusable_fraction:.1%} of prompt tokens  ({s.reusable_prefix_tokens:,}; infinite-cache bound)",
+            )
+        )
     else:
         rows.append(("blocks", "none (no prefix information)"))
     width = max(len(k) for k, _ in rows) + 2

@@ -136,8 +136,10 @@ def load_trace(
     if not requests:
         raise TraceError(path, None, None, "the trace has no requests")
     if rate is not None and fmt != "sharegpt":
-        raise ConfigError(f"--rate {rate:g}: {path} has its own arrival times ({fmt} trace); --rate is for traces "
-                          "without them (sharegpt). --time-scale changes the load")
+        raise ConfigError(
+            f"--rate {rate:g}: {path} has its own arrival times ({fmt} trace); --rate is for traces "
+            "without them (sharegpt). --time-scale changes the load"
+        )
     return Trace(requests=requests, path=path, format=fmt)
 
 
@@ -373,10 +375,12 @@ def _load_sharegpt(path: str, rate: float | None, seed: int, arrivals: Arrivals)
     lengths = []
     for lineno, row in _csv_rows(path, SHAREGPT_COLUMNS):
         where = (path, lineno)
-        lengths.append((
-            csv_int(row["num_prefill_tokens"], "num_prefill_tokens", where, 1),
-            csv_int(row["num_decode_tokens"], "num_decode_tokens", where, 1),
-        ))
+        lengths.append(
+            (
+                csv_int(row["num_prefill_tokens"], "num_prefill_tokens", where, 1),
+                csv_int(row["num_decode_tokens"], "num_decode_tokens", where, 1),
+            )
+        )
     times = poisson_arrivals(len(lengths), rate, np.random.default_rng(seed)) if lengths else []
     if len(times):
         arrivals.scaled(times[0], None, (path, None))

@@ -280,8 +280,7 @@ def _pool_bytes(pool_size: int) -> memoryview:
     return memoryview(pool).cast("B")
 
 
-def _write_run(out: array, out_bytes: memoryview, pos: int, n: int, marker: int, offset: int, pool: memoryview,
-               pool_size: int) -> None:
+def _write_run(out: array, out_bytes: memoryview, pos: int, n: int, marker: int, offset: int, pool: memoryview, pool_size: int) -> None:
     """Write n tokens at out[pos:]: the marker, then n - 1 fillers read cyclically from the pool
     (_pool_bytes(pool_size)) at offset; out_bytes is out's memory as bytes."""
     if n <= 0:
@@ -323,8 +322,7 @@ def materialize_input_ids(req: TraceRequest, index: int, vocab_size: int | None 
     return _write_prompt(req, index, vocab_size, pool_size, markers, offsets)
 
 
-def _write_prompt(req: TraceRequest, index: int, vocab_size: int | None, pool_size: int, markers: list[int],
-                  offsets: list[int]) -> array:
+def _write_prompt(req: TraceRequest, index: int, vocab_size: int | None, pool_size: int, markers: list[int], offsets: list[int]) -> array:
     """materialize_input_ids of a request without explicit ids, given its used blocks' markers
     and filler offsets."""
     total = max(req.input_len, 0)

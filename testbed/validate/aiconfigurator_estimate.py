@@ -127,8 +127,18 @@ def _sdk():
         raise EstimateUnavailable(f"AIConfigurator's SDK is not importable ({e}); {EXTRA_HINT}") from None
     # Its loaders log a line per fallback table and per resolved quant mode; our reasons say what matters.
     logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
-    return _Sdk(common, perf_database, get_backend, RuntimeConfig, build_model_config, check_is_moe, get_model,
-                resolve_context_fmha_by_data, resolve_dsv4_moe_arch, resolve_nvfp4_for_system)
+    return _Sdk(
+        common,
+        perf_database,
+        get_backend,
+        RuntimeConfig,
+        build_model_config,
+        check_is_moe,
+        get_model,
+        resolve_context_fmha_by_data,
+        resolve_dsv4_moe_arch,
+        resolve_nvfp4_for_system,
+    )
 
 
 @dataclass(frozen=True)
@@ -182,8 +192,7 @@ def _memo(fn):
 def _supported() -> dict[str, dict[str, tuple[str, ...]]]:
     """system -> backend -> the versions the database can be queried at (its maintained slots)."""
     sdk = _sdk()
-    return {s: {b: tuple(v) for b, v in backends.items() if v}
-            for s, backends in sdk.perf_database.get_supported_databases().items()}
+    return {s: {b: tuple(v) for b, v in backends.items() if v} for s, backends in sdk.perf_database.get_supported_databases().items()}
 
 
 def _parse_version(version: str):
@@ -242,8 +251,7 @@ def _resolve_version(system: str, backend: str, backend_version: str | None) -> 
 def _database(system: str, backend: str, version: str):
     sdk = _sdk()
     try:
-        db = sdk.perf_database.get_database_view(system, backend, version, allow_missing_data=False,
-                                                 database_mode="SILICON")
+        db = sdk.perf_database.get_database_view(system, backend, version, allow_missing_data=False, database_mode="SILICON")
     except Exception as e:  # a version outside the slots, a corrupt table
         raise EstimateUnavailable(f"{system}/{backend} {version}: the perf database did not load: {_first_line(e)}") from None
     if db is None:
@@ -266,8 +274,9 @@ def _registry_model(model_path: str, allow_download: bool) -> str:
         return alias
     if allow_download:
         return model_path
-    raise EstimateUnavailable(f"model {model_path!r} is not in AIConfigurator's bundled model registry "
-                              "(it would download its config from the Hugging Face Hub)")
+    raise EstimateUnavailable(
+        f"model {model_path!r} is not in AIConfigurator's bundled model registry (it would download its config from the Hugging Face Hub)"
+    )
 
 
 @_memo
@@ -292,9 +301,21 @@ def _quant(enum, value: str | None, what: str):
 
 
 @_memo
-def _model_and_backend(system: str, backend: str, version: str, registry_name: str, tp: int, pp: int,
-                       attention_dp: int, moe_tp: int | None, moe_ep: int | None, gemm: str | None,
-                       moe: str | None, kv: str | None, fmha: str | None):
+def _model_and_backend(
+    system: str,
+    backend: str,
+    version: str,
+    registry_name: str,
+    tp: int,
+    pp: int,
+    attention_dp: int,
+    moe_tp: int | None,
+    moe_ep: int | None,
+    gemm: str | None,
+    moe: str | None,
+    kv: str | None,
+    fmha: str | None,
+):
     """The model built as the CLI builds it, and a backend of its own (run_agg caches results per
     backend instance, keyed by isl/osl/batch/ctx tokens only: one instance per model and database)."""
     sdk = _sdk()
@@ -305,8 +326,9 @@ def _model_and_backend(system: str, backend: str, version: str, registry_name: s
                 raise EstimateUnavailable(f"{registry_name} is a MoE model: give moe_tp or moe_ep")
             cfg = sdk.build_model_config(tp, pp, attention_dp, moe_tp, moe_ep)
             moe_tp, moe_ep = cfg.resolve_moe_parallelism()
-        mc = sdk.build_model_config(tp, pp, attention_dp, moe_tp, moe_ep, gemm_quant_mode=gemm, kvcache_quant_mode=kv,
-                                    fmha_quant_mode=fmha, moe_quant_mode=moe)
+        mc = sdk.build_model_config(
+            tp, pp, attention_dp, moe_tp, moe_ep, gemm_quant_mode=gemm, kvcache_quant_mode=kv, fmha_quant_mode=fmha, moe_quant_mode=moe
+        )
         mc.nextn = 0
         sdk.resolve_context_fmha_by_data(mc, registry_name, db, backend, is_context_role=True)
         sdk.resolve_dsv4_moe_arch(mc, registry_name, system_name=system, backend_name=backend)
@@ -315,13 +337,12 @@ def _model_and_backend(system: str, backend: str, version: str, registry_name: s
     except EstimateUnavailable:
         raise
     except Exception as e:
-        raise EstimateUnavailable(f"{registry_name} on {system}/{backend} {version}: the model did not build: "
-                                  f"{_first_line(e)}") from None
+        raise EstimateUnavailable(f"{registry_name} on {system}/{backend} {version}: the model did not build: {_first_line(e)}") from None
     c = model.config
-    fields = (("gemm", "gemm_quant_mode"), ("moe", "moe_quant_mode"), ("kv", "kvcache_quant_mode"),
-              ("fmha", "fmha_quant_mode"))
-    quant = " ".join(f"{k}={getattr(c, a).name}" for k, a in fields
-                     if getattr(c, a, None) is not None and (k != "moe" or _is_moe(registry_name)))
+    fields = (("gemm", "gemm_quant_mode"), ("moe", "moe_quant_mode"), ("kv", "kvcache_quant_mode"), ("fmha", "fmha_quant_mode"))
+    quant = " ".join(
+        f"{k}={getattr(c, a).name}" for k, a in fields if getattr(c, a, None) is not None and (k != "moe" or _is_moe(registry_name))
+    )
     return model, sdk.get_backend(backend), quant
 
 
@@ -366,13 +387,15 @@ def aiconfigurator_estimate(
     common = sdk.common
     isl, osl, concurrency, tp, pp, attention_dp = (int(x) for x in (isl, osl, concurrency, tp, pp, attention_dp))
     if isl <= 0 or osl <= 0 or concurrency <= 0 or tp <= 0 or pp <= 0 or attention_dp <= 0:
-        raise EstimateUnavailable(f"isl, osl, concurrency, tp, pp and attention_dp must be positive "
-                                  f"(got {isl}, {osl}, {concurrency}, {tp}, {pp}, {attention_dp})")
+        raise EstimateUnavailable(
+            f"isl, osl, concurrency, tp, pp and attention_dp must be positive (got {isl}, {osl}, {concurrency}, {tp}, {pp}, {attention_dp})"
+        )
     try:
         common.BackendName[backend]
     except KeyError:
-        raise EstimateUnavailable(f"unknown backend {backend!r} (AIConfigurator has: "
-                                  f"{', '.join(b.name for b in common.BackendName)})") from None
+        raise EstimateUnavailable(
+            f"unknown backend {backend!r} (AIConfigurator has: {', '.join(b.name for b in common.BackendName)})"
+        ) from None
     version = resolve_database_version(system, backend, backend_version)
     gemm = _quant(common.GEMMQuantMode, gemm_quant, "gemm")
     moe = _quant(common.MoEQuantMode, moe_quant, "moe")
@@ -386,23 +409,31 @@ def aiconfigurator_estimate(
         moe_tp = moe_ep = moe = None
     batch = max(1, math.ceil(concurrency / (attention_dp * pp)))
     ctx = int(ctx_tokens) if ctx_tokens else isl
-    ttft, tpot, kv_oom, quant = _run_agg(system, backend, version, registry_name, isl, osl, batch, ctx, tp, pp,
-                                         attention_dp, moe_tp, moe_ep, gemm, moe, kv, fmha)
-    return AicEstimate(ttft, tpot, version, None if backend_version is None else str(backend_version), registry_name,
-                       batch, quant, kv_oom)
+    ttft, tpot, kv_oom, quant = _run_agg(
+        system, backend, version, registry_name, isl, osl, batch, ctx, tp, pp, attention_dp, moe_tp, moe_ep, gemm, moe, kv, fmha
+    )
+    return AicEstimate(ttft, tpot, version, None if backend_version is None else str(backend_version), registry_name, batch, quant, kv_oom)
 
 
 @_memo
-def _run_agg(system, backend, version, registry_name, isl, osl, batch, ctx, tp, pp, attention_dp, moe_tp, moe_ep,
-             gemm, moe, kv, fmha) -> tuple[float, float, bool, str]:
+def _run_agg(
+    system, backend, version, registry_name, isl, osl, batch, ctx, tp, pp, attention_dp, moe_tp, moe_ep, gemm, moe, kv, fmha
+) -> tuple[float, float, bool, str]:
     sdk = _sdk()
     db = _database(system, backend, version)
-    model, be, quant = _model_and_backend(system, backend, version, registry_name, tp, pp, attention_dp, moe_tp, moe_ep,
-                                          gemm, moe, kv, fmha)
+    model, be, quant = _model_and_backend(
+        system, backend, version, registry_name, tp, pp, attention_dp, moe_tp, moe_ep, gemm, moe, kv, fmha
+    )
     where = f"{registry_name} tp{tp} on {system}/{backend} {version}"
     try:
-        summary = be.run_agg(model, db, sdk.RuntimeConfig(isl=isl, osl=osl, batch_size=batch), ctx_tokens=ctx,
-                             max_seq_len=None, free_gpu_memory_fraction=None)
+        summary = be.run_agg(
+            model,
+            db,
+            sdk.RuntimeConfig(isl=isl, osl=osl, batch_size=batch),
+            ctx_tokens=ctx,
+            max_seq_len=None,
+            free_gpu_memory_fraction=None,
+        )
     except Exception as e:  # missing kernel data (a quant mode never measured there), interpolation out of range
         raise EstimateUnavailable(f"{where}: {type(e).__name__}: {_first_line(e)}") from None
     if summary.check_oom():  # the CLI's "OOM" error: weights + activations + the batch's full KV cache
@@ -410,7 +441,8 @@ def _run_agg(system, backend, version, registry_name, isl, osl, batch, ctx, tp, 
         cap = db.system_spec["gpu"]["mem_capacity"] / (1 << 30)
         raise EstimateUnavailable(
             f"{where} batch {batch}: out of memory by AIConfigurator's memory model: {float(mem.get('total', 0)):.0f} GiB "
-            f"(weights {float(mem.get('weights', 0)):.0f}, KV cache {float(mem.get('kvcache', 0)):.0f}) > {cap:.0f} GiB")
+            f"(weights {float(mem.get('weights', 0)):.0f}, KV cache {float(mem.get('kvcache', 0)):.0f}) > {cap:.0f} GiB"
+        )
     result = summary.get_result_dict()
     if not result:
         raise EstimateUnavailable(f"{where}: the estimate produced no result")
@@ -429,9 +461,21 @@ def estimate_of(p) -> AicEstimate:
     if p.concurrency is None or p.tp is None:
         raise EstimateUnavailable("the point has no client concurrency or no tp_size")
     # The file's batch_size is per attention-DP rank; aiconfigurator_estimate takes the clients.
-    return aiconfigurator_estimate(p.system, p.backend, p.backend_version, p.model_path, p.isl, p.osl,
-                                   p.concurrency * p.attention_dp * p.pp, p.tp, p.gemm_quant, pp=p.pp,
-                                   attention_dp=p.attention_dp, moe_ep=p.moe_ep, moe_quant=p.row.get("moe_quant_mode") or None)
+    return aiconfigurator_estimate(
+        p.system,
+        p.backend,
+        p.backend_version,
+        p.model_path,
+        p.isl,
+        p.osl,
+        p.concurrency * p.attention_dp * p.pp,
+        p.tp,
+        p.gemm_quant,
+        pp=p.pp,
+        attention_dp=p.attention_dp,
+        moe_ep=p.moe_ep,
+        moe_quant=p.row.get("moe_quant_mode") or None,
+    )
 
 
 def estimate_point(p) -> tuple[float, float, str]:

@@ -20,8 +20,17 @@ from pathlib import Path
 from testbed.errors import ConfigError
 from testbed.options import positive_int
 from testbed.validate.points import default_points_path, load_points, parse_filter, select
-from testbed.validate.report import (GROUP_HEADER, PointResult, faster_than_kernels_line, group_rows, skip_counts, summary_line, table,
-                                     write_csv, write_html)
+from testbed.validate.report import (
+    GROUP_HEADER,
+    PointResult,
+    faster_than_kernels_line,
+    group_rows,
+    skip_counts,
+    summary_line,
+    table,
+    write_csv,
+    write_html,
+)
 from testbed.validate.simulate import PointSimulator, PointSkipped
 
 
@@ -137,8 +146,9 @@ def validate_points(args: argparse.Namespace, t0: float) -> None:
             last[0] = now
             print(f"validate: {done}/{total} points ({now - t0:.0f} s)", file=sys.stderr, flush=True)
 
-    results = validate(chosen, jobs=args.jobs, out_of_phase=args.phase == "spread", with_estimate=not args.no_aiconfigurator,
-                       progress=progress)
+    results = validate(
+        chosen, jobs=args.jobs, out_of_phase=args.phase == "spread", with_estimate=not args.no_aiconfigurator, progress=progress
+    )
     print(f"{path}: {len(chosen)} of {len(points)} points" + (f" (--filter {args.filter})" if args.filter else ""))
     rows = group_rows(results)
     print(table(rows, GROUP_HEADER) if rows else "no point could be simulated")
@@ -171,26 +181,47 @@ def report_runs(paths: list[str], out: Path | None) -> None:
                 print(f"run {folder}: skipped: {r.skipped}")
                 continue
             print(f"run {folder}: {r.model} on {r.gpu} x{r.tp}, {r.kernels}; (sim - real) / real")
-            rows = [("real (ms)", *(f"{r.real[k]:,.1f}" if r.real[k] is not None else "-" for k in FIGURES)),
-                    ("sim (ms)", *(f"{r.sim[k]:,.1f}" if r.sim[k] is not None else "-" for k in FIGURES)),
-                    ("error", *("-" if r.error(k) is None else f"{r.error(k) * 100:+.1f}%" for k in FIGURES))]
+            rows = [
+                ("real (ms)", *(f"{r.real[k]:,.1f}" if r.real[k] is not None else "-" for k in FIGURES)),
+                ("sim (ms)", *(f"{r.sim[k]:,.1f}" if r.sim[k] is not None else "-" for k in FIGURES)),
+                ("error", *("-" if r.error(k) is None else f"{r.error(k) * 100:+.1f}%" for k in FIGURES)),
+            ]
             print(table(rows, ("", *HEADERS), left=1))
 
 
 def register(sub) -> None:
     p = sub.add_parser("validate", help="the simulator against measured serving points (default: AIConfigurator's silicon_sample.csv)")
-    p.add_argument("--points", default=None, help="a CSV of measured points with silicon_sample.csv's columns (default: that file, "
-                   "from the installed aiconfigurator-core; none: only --runs)")
-    p.add_argument("--filter", default=None, metavar="COLUMN=VALUE,...", help="only the points with these values, e.g. "
-                   "system=h200_sxm,backend=vllm (a column given twice takes either value)")
-    p.add_argument("--runs", nargs="+", default=None, metavar="DIR", help="also real per-request runs (LLMServingSim's "
-                   "requests.jsonl + meta.json, as ../shared/ground_truth/vllm-*; or a folder of them): each replayed in sim with "
-                   "its settings, TTFT/TPOT mean, p50 and p90 errors")
+    p.add_argument(
+        "--points",
+        default=None,
+        help="a CSV of measured points with silicon_sample.csv's columns (default: that file, "
+        "from the installed aiconfigurator-core; none: only --runs)",
+    )
+    p.add_argument(
+        "--filter",
+        default=None,
+        metavar="COLUMN=VALUE,...",
+        help="only the points with these values, e.g. system=h200_sxm,backend=vllm (a column given twice takes either value)",
+    )
+    p.add_argument(
+        "--runs",
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="also real per-request runs (LLMServingSim's "
+        "requests.jsonl + meta.json, as ../shared/ground_truth/vllm-*; or a folder of them): each replayed in sim with "
+        "its settings, TTFT/TPOT mean, p50 and p90 errors",
+    )
     p.add_argument("--out", default=None, help="folder for points.csv (every point: measured, sim, AIConfigurator) and validate.html")
     p.add_argument("--no-aiconfigurator", action="store_true", help="leave out AIConfigurator's own estimate of the points")
-    p.add_argument("--phase", choices=("together", "spread"), default="together", help="how the clients of a point start: "
-                   "together (as a benchmark's --max-concurrency sends its first wave; default) or spread out of phase over "
-                   "one request's decode (testbed/validate/simulate.py)")
+    p.add_argument(
+        "--phase",
+        choices=("together", "spread"),
+        default="together",
+        help="how the clients of a point start: "
+        "together (as a benchmark's --max-concurrency sends its first wave; default) or spread out of phase over "
+        "one request's decode (testbed/validate/simulate.py)",
+    )
     p.add_argument("-j", "--jobs", type=positive_int, default=os.cpu_count() or 1, help="processes (default: one a core, %(default)s)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_validate)

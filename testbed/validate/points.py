@@ -32,8 +32,17 @@ REQUIRED = {
     "silicon_tpot_ms": "measured mean TPOT",
 }
 # Columns read where present.
-OPTIONAL = ("id", "backend_version", "mode", "gemm_quant_mode", "moe_quant_mode", "pp_size", "attention_dp_size",
-            "moe_ep_size", "silicon_data_source")
+OPTIONAL = (
+    "id",
+    "backend_version",
+    "mode",
+    "gemm_quant_mode",
+    "moe_quant_mode",
+    "pp_size",
+    "attention_dp_size",
+    "moe_ep_size",
+    "silicon_data_source",
+)
 BACKENDS_WITH_A_SCHEDULER = ("vllm", "sglang")
 # Weight formats the simulator prices (the database's GEMM tables of that format), by the row's
 # precision and GEMM format. A row that states neither (366 of silicon_sample.csv's, all of original
@@ -42,8 +51,7 @@ BACKENDS_WITH_A_SCHEDULER = ("vllm", "sglang")
 # bf16. fp8 without a GEMM format is per tensor (the engines' --quantization fp8).
 UNSTATED = "unstated"
 PRECISIONS = {"bf16": None, "fp16": None, UNSTATED: None, "fp8": "fp8", "fp4": "nvfp4"}
-GEMM_FORMATS = {"fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4", "bfloat16": None, "float16": None, "bf16": None,
-                "fp16": None}
+GEMM_FORMATS = {"fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4", "bfloat16": None, "float16": None, "bf16": None, "fp16": None}
 # Hugging Face ids name variants of one architecture: the bundled config is the base model's.
 _VARIANT_SUFFIXES = re.compile(r"(-(instruct|chat|base|hf|fp8|fp8-dynamic|nvfp4|fp4|awq|gptq|int4|int8|w8a8))+$")
 
@@ -131,8 +139,9 @@ def default_points_path() -> Path:
 
     spec = importlib.util.find_spec("aiconfigurator_core")
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("testbed validate: aiconfigurator-core is not installed (pip install -e '.[aiconfigurator]'), "
-                          "and no --points FILE was given")
+        raise ConfigError(
+            "testbed validate: aiconfigurator-core is not installed (pip install -e '.[aiconfigurator]'), and no --points FILE was given"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / "systems" / "silicon_sample.csv"
     if not path.is_file():
         raise ConfigError(f"testbed validate: {path} is missing from the installed aiconfigurator-core; give --points FILE")

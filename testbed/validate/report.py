@@ -56,8 +56,21 @@ def pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:.1f}%"
 
 
-GROUP_HEADER = ("system", "backend", "model", "precision", "points", "TTFT med", "TTFT p90", "TPOT med", "TPOT p90",
-                "AIC TTFT med", "AIC TTFT p90", "AIC TPOT med", "AIC TPOT p90")
+GROUP_HEADER = (
+    "system",
+    "backend",
+    "model",
+    "precision",
+    "points",
+    "TTFT med",
+    "TTFT p90",
+    "TPOT med",
+    "TPOT p90",
+    "AIC TTFT med",
+    "AIC TTFT p90",
+    "AIC TPOT med",
+    "AIC TPOT p90",
+)
 
 
 def group_rows(results: list[PointResult]) -> list[tuple[str, ...]]:
@@ -100,9 +113,11 @@ def faster_than_kernels_line(results: list[PointResult]) -> str | None:
     groups = Counter(f"{r.point.system} {r.point.backend} {r.point.model_path} {r.point.precision}" for r in past)
     where = ", ".join(f"{g} ({n})" for g, n in groups.most_common())
     n = f"{len(past)} point was" if len(past) == 1 else f"{len(past)} points were"
-    return (f"faster than their kernels: {n} measured more than {BOUND_EXCEEDED - 1:.0%} faster than the "
-            f"database's kernels allow under any schedule (kernel_bound in points.csv), so their error is in the kernels "
-            f"or in what the measurement ran, not in the schedule: {where}")
+    return (
+        f"faster than their kernels: {n} measured more than {BOUND_EXCEEDED - 1:.0%} faster than the "
+        f"database's kernels allow under any schedule (kernel_bound in points.csv), so their error is in the kernels "
+        f"or in what the measurement ran, not in the schedule: {where}"
+    )
 
 
 def summary_line(results: list[PointResult]) -> str:
@@ -116,10 +131,33 @@ def summary_line(results: list[PointResult]) -> str:
     return f"validate: {len(results)} points, {skipped} skipped, {figures('sim')} (AIConfigurator: {figures('aic')})"
 
 
-CSV_COLUMNS = ("id", "line", "system", "backend", "backend_version", "model_path", "precision", "isl", "osl", "concurrency", "tp",
-               "measured_ttft_ms", "measured_tpot_ms", "sim_ttft_ms", "sim_tpot_ms", "sim_ttft_err", "sim_tpot_err", "kernels",
-               "kernel_bound",
-               "aic_ttft_ms", "aic_tpot_ms", "aic_ttft_err", "aic_tpot_err", "aic_note", "skipped")
+CSV_COLUMNS = (
+    "id",
+    "line",
+    "system",
+    "backend",
+    "backend_version",
+    "model_path",
+    "precision",
+    "isl",
+    "osl",
+    "concurrency",
+    "tp",
+    "measured_ttft_ms",
+    "measured_tpot_ms",
+    "sim_ttft_ms",
+    "sim_tpot_ms",
+    "sim_ttft_err",
+    "sim_tpot_err",
+    "kernels",
+    "kernel_bound",
+    "aic_ttft_ms",
+    "aic_tpot_ms",
+    "aic_ttft_err",
+    "aic_tpot_err",
+    "aic_note",
+    "skipped",
+)
 
 
 def write_csv(results: list[PointResult], path: Path) -> None:
@@ -129,12 +167,29 @@ def write_csv(results: list[PointResult], path: Path) -> None:
         for r in results:
             p = r.point
             err = {f"{s}_{m}_err": r.error(s, m) for s in ("sim", "aic") for m in ("ttft", "tpot")}
-            values = {"id": p.id, "line": p.line, "system": p.system, "backend": p.backend, "backend_version": p.backend_version,
-                      "model_path": p.model_path, "precision": p.precision, "isl": p.isl, "osl": p.osl, "concurrency": p.concurrency,
-                      "tp": p.tp, "measured_ttft_ms": p.ttft_ms, "measured_tpot_ms": p.tpot_ms, "sim_ttft_ms": r.sim_ttft_ms,
-                      "sim_tpot_ms": r.sim_tpot_ms, "kernels": r.kernels,
-                      "kernel_bound": None if r.kernel_bound is None else round(r.kernel_bound, 3), "aic_ttft_ms": r.aic_ttft_ms, "aic_tpot_ms": r.aic_tpot_ms,
-                      "aic_note": r.aic_note, "skipped": r.skipped} | err
+            values = {
+                "id": p.id,
+                "line": p.line,
+                "system": p.system,
+                "backend": p.backend,
+                "backend_version": p.backend_version,
+                "model_path": p.model_path,
+                "precision": p.precision,
+                "isl": p.isl,
+                "osl": p.osl,
+                "concurrency": p.concurrency,
+                "tp": p.tp,
+                "measured_ttft_ms": p.ttft_ms,
+                "measured_tpot_ms": p.tpot_ms,
+                "sim_ttft_ms": r.sim_ttft_ms,
+                "sim_tpot_ms": r.sim_tpot_ms,
+                "kernels": r.kernels,
+                "kernel_bound": None if r.kernel_bound is None else round(r.kernel_bound, 3),
+                "aic_ttft_ms": r.aic_ttft_ms,
+                "aic_tpot_ms": r.aic_tpot_ms,
+                "aic_note": r.aic_note,
+                "skipped": r.skipped,
+            } | err
             w.writerow(["" if values[c] is None else values[c] for c in CSV_COLUMNS])
 
 
@@ -151,20 +206,47 @@ def write_html(results: list[PointResult], path: Path, title: str) -> None:
         rs = [r for r in done if r.point.system == system]
         colour = palette[k % len(palette)]
         for col, metric in ((1, "ttft"), (2, "tpot")):
-            labels = [f"{r.point.model_path} {r.point.backend} {r.point.precision} tp{r.point.tp} "
-                      f"{r.point.isl}/{r.point.osl} c{r.point.concurrency}" for r in rs]
-            fig.add_trace(go.Scatter(x=[getattr(r.point, f"{metric}_ms") for r in rs], y=[getattr(r, f"sim_{metric}_ms") for r in rs],
-                                     mode="markers", marker={"color": colour}, name=f"{system} sim", legendgroup=f"{system} sim",
-                                     showlegend=col == 1, text=labels), row=1, col=col)
-            fig.add_trace(go.Scatter(x=[getattr(r.point, f"{metric}_ms") for r in rs], y=[getattr(r, f"aic_{metric}_ms") for r in rs],
-                                     mode="markers", marker={"color": colour, "symbol": "x", "opacity": 0.5},
-                                     name=f"{system} AIConfigurator", legendgroup=f"{system} aic", showlegend=col == 1, text=labels),
-                          row=1, col=col)
+            labels = [
+                f"{r.point.model_path} {r.point.backend} {r.point.precision} tp{r.point.tp} "
+                f"{r.point.isl}/{r.point.osl} c{r.point.concurrency}"
+                for r in rs
+            ]
+            fig.add_trace(
+                go.Scatter(
+                    x=[getattr(r.point, f"{metric}_ms") for r in rs],
+                    y=[getattr(r, f"sim_{metric}_ms") for r in rs],
+                    mode="markers",
+                    marker={"color": colour},
+                    name=f"{system} sim",
+                    legendgroup=f"{system} sim",
+                    showlegend=col == 1,
+                    text=labels,
+                ),
+                row=1,
+                col=col,
+            )
+            fig.add_trace(
+                go.Scatter(
+                    x=[getattr(r.point, f"{metric}_ms") for r in rs],
+                    y=[getattr(r, f"aic_{metric}_ms") for r in rs],
+                    mode="markers",
+                    marker={"color": colour, "symbol": "x", "opacity": 0.5},
+                    name=f"{system} AIConfigurator",
+                    legendgroup=f"{system} aic",
+                    showlegend=col == 1,
+                    text=labels,
+                ),
+                row=1,
+                col=col,
+            )
     values = [v for r in done for v in (r.point.ttft_ms, r.point.tpot_ms, r.sim_ttft_ms, r.sim_tpot_ms) if v and v > 0]
     lo, hi = (min(values) / 2, max(values) * 2) if values else (1, 1000)
     for col in (1, 2):
-        fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line={"color": "grey", "dash": "dot"}, name="equal",
-                                 showlegend=col == 1), row=1, col=col)
+        fig.add_trace(
+            go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line={"color": "grey", "dash": "dot"}, name="equal", showlegend=col == 1),
+            row=1,
+            col=col,
+        )
         fig.update_xaxes(type="log", title_text="measured", row=1, col=col)
         fig.update_yaxes(type="log", title_text="estimated", row=1, col=col)
     fig.update_layout(title=title, height=600)
@@ -172,9 +254,11 @@ def write_html(results: list[PointResult], path: Path, title: str) -> None:
     head = "".join(f"<th>{h}</th>" for h in GROUP_HEADER)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
     skipped = "".join(f"<li>{reason}: {n}</li>" for reason, n in skip_counts(results))
-    html = (f"<html><head><meta charset='utf-8'><title>{title}</title></head><body>"
-            + fig.to_html(full_html=False, include_plotlyjs="inline")
-            + f"<h3>Absolute relative error by group</h3><table border='1' cellspacing='0' cellpadding='3'><tr>{head}</tr>{body}</table>"
-            + f"<h3>Skipped</h3><ul>{skipped}</ul><p>{faster_than_kernels_line(results) or ''}</p>"
-            + f"<p><code>{summary_line(results)}</code></p></body></html>")
+    html = (
+        f"<html><head><meta charset='utf-8'><title>{title}</title></head><body>"
+        + fig.to_html(full_html=False, include_plotlyjs="inline")
+        + f"<h3>Absolute relative error by group</h3><table border='1' cellspacing='0' cellpadding='3'><tr>{head}</tr>{body}</table>"
+        + f"<h3>Skipped</h3><ul>{skipped}</ul><p>{faster_than_kernels_line(results) or ''}</p>"
+        + f"<p><code>{summary_line(results)}</code></p></body></html>"
+    )
     path.write_text(html)

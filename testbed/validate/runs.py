@@ -79,7 +79,9 @@ def settings_of(folder: Path, real: Path, hardware: str | None) -> GroundTruthRu
         raise ValueError(f"model {imported.get('source_model')!r} has no bundled config ({', '.join(bundled_model_names())})")
     gpu = hardware or gpu_of(meta, folder)
     if gpu is None:
-        raise ValueError(f"no hardware spec for its GPU ({(meta.get('hardware') or {}).get('device_name') or folder.name}); give --hardware")
+        raise ValueError(
+            f"no hardware spec for its GPU ({(meta.get('hardware') or {}).get('device_name') or folder.name}); give --hardware"
+        )
     kwargs = meta.get("engine_kwargs") or {}
     kv = meta.get("kv_cache") or {}
     sched = (meta.get("resolved_config") or {}).get("scheduler_config") or {}
@@ -137,8 +139,6 @@ def kernel_profile(run: GroundTruthRun, meta: dict, out: Path) -> tuple[str | No
     if mixed is not None:
         said += f", mixed batches from {mixed.parent.name}/{mixed.name}"
     return str(path), said
-
-
 
 
 def run_folders(paths: list[str]) -> list[Path]:

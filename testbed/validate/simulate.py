@@ -100,9 +100,17 @@ class PointSimulator:
         benchmarks' random datasets), so a prefix cache never hits: the engines' default (on) and off
         schedule alike (tests/test_validate.py checks it), and off spares the cache's per-block work
         (a 128-request, 8,192-token vLLM point: 13.6 s on, 1.3 s off)."""
-        return ReplayOptions(mode="sim", scheduler=p.backend, model=p.model, tp=p.tp, profile=profile,
-                             quantization=p.quantization, concurrency=p.concurrency, seed=0,
-                             disable_radix_cache=not prefix_cache)
+        return ReplayOptions(
+            mode="sim",
+            scheduler=p.backend,
+            model=p.model,
+            tp=p.tp,
+            profile=profile,
+            quantization=p.quantization,
+            concurrency=p.concurrency,
+            seed=0,
+            disable_radix_cache=not prefix_cache,
+        )
 
     def simulate(self, p: MeasuredPoint, prefix_cache: bool = False) -> SimulatedPoint:
         from testbed.errors import USER_ERRORS
@@ -137,8 +145,12 @@ class PointSimulator:
         ttft = (done["first_token"] - done["arrival"]).to_numpy()
         multi = done[done["output_tokens"] > 1]
         tpot = ((multi["finish"] - multi["first_token"]) / (multi["output_tokens"] - 1)).to_numpy()
-        return SimulatedPoint(float(np.mean(ttft)) * 1e3, float(np.mean(tpot)) * 1e3 if len(tpot) else float("nan"), kernels,
-                              kernel_bound(self.cost_model(profile), p))
+        return SimulatedPoint(
+            float(np.mean(ttft)) * 1e3,
+            float(np.mean(tpot)) * 1e3 if len(tpot) else float("nan"),
+            kernels,
+            kernel_bound(self.cost_model(profile), p),
+        )
 
     def cost_model(self, profile: str):
         """The KernelProfileCostModel of a profile this simulator built (loaded once)."""

@@ -110,6 +110,8 @@ def finished_req(
 
 def failed_req(rid: str, input_len: int, arrival: float, error: str) -> Req:
     """A request the source reports as failed: a row with status unfinished and the error."""
-    req = Req(rid=rid, input_len=max(input_len, 1), input_ids_fn=list, sampling_params=SamplingParams(max_new_tokens=1), arrival_time=arrival)
+    req = Req(
+        rid=rid, input_len=max(input_len, 1), input_ids_fn=list, sampling_params=SamplingParams(max_new_tokens=1), arrival_time=arrival
+    )
     req.reject_reason = "failed: " + (error.strip().splitlines() or ["no error message"])[-1][:200]
     return req

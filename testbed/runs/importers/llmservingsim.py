@@ -77,8 +77,12 @@ def check_one_clock(done: list) -> None:
     for where, t in stamped:
         off = t["arrival_time"] - t["queued_ts"] - median
         if abs(off) > lasts:
-            raise fail(where, "queued_ts", f"is {t['queued_ts']!r}, {abs(off):,.0f} s off the clock of the run's other "
-                                            f"requests (arrival_time - queued_ts is {median:,.3f} s for them): not on the run's clock")
+            raise fail(
+                where,
+                "queued_ts",
+                f"is {t['queued_ts']!r}, {abs(off):,.0f} s off the clock of the run's other "
+                f"requests (arrival_time - queued_ts is {median:,.3f} s for them): not on the run's clock",
+            )
 
 
 def load(path: str) -> ImportedRun:

@@ -50,11 +50,15 @@ def load(path: str, entry: int | None = None, seed: int = 0) -> ImportedRun:
     backend = str(obj.get("backend") or "")
     engine = {k: obj[k] for k in ("backend", "dataset_name", "request_rate", "max_concurrency") if k in obj}
     missing = [
-        f"arrival times: drawn as Poisson at request_rate {rate} req/s with seed {seed}" if finite else "arrival times: request_rate is infinite, so every request arrives at 0",
+        f"arrival times: drawn as Poisson at request_rate {rate} req/s with seed {seed}"
+        if finite
+        else "arrival times: request_rate is infinite, so every request arrives at 0",
         "prompt tokens: lengths only, so the trace has no prefix sharing and the cache hit rate is unknown",
         "per-request end times: E2E is TTFT plus the streamed gaps",
     ]
     if obj.get("max_concurrency"):
-        missing.append(f"the run was closed-loop (max_concurrency {obj['max_concurrency']}): the trace's open-loop arrivals do not reproduce it")
+        missing.append(
+            f"the run was closed-loop (max_concurrency {obj['max_concurrency']}): the trace's open-loop arrivals do not reproduce it"
+        )
     scheduler = "vllm" if backend.startswith("vllm") else "sglang"
     return ImportedRun("sglang-bench", done + failed, obj.get("model"), scheduler, engine, {"scheduler": scheduler}, None, None, missing)

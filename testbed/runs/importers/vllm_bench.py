@@ -33,7 +33,12 @@ def pick_entry(path: str, entry: int | None, detail_key: str, flag: str) -> tupl
     if entry is not None:
         chosen = [(ln, obj) for ln, obj in objects if ln == entry]
         if not chosen:
-            raise TraceError(path, entry, None, f"--entry {entry}: no JSON object on that line (objects on lines {', '.join(str(ln) for ln, _ in objects)})")
+            raise TraceError(
+                path,
+                entry,
+                None,
+                f"--entry {entry}: no JSON object on that line (objects on lines {', '.join(str(ln) for ln, _ in objects)})",
+            )
         lineno, obj = chosen[0]
     else:
         lineno, obj = objects[-1]
