@@ -11,7 +11,9 @@ from testbed.replay import replay
 from testbed.traces.gen import GenConfig, generate_trace
 
 # Shared system prompts (a cache hit rate above 0), enough load to batch.
-TRACE = GenConfig(num_requests=50, rate=8.0, input_len="uniform:50,400", output_len="uniform:10,80", system_prompts=2, shared_fraction=0.8, seed=3)
+TRACE = GenConfig(
+    num_requests=50, rate=8.0, input_len="uniform:50,400", output_len="uniform:10,80", system_prompts=2, shared_fraction=0.8, seed=3
+)
 # Everything at once, outputs beyond the 4096 tokens admission reserves for each, a KV pool
 # that admits two at a time but cannot finish two: decode must retract.
 BURST = GenConfig(num_requests=6, rate=1000.0, input_len="uniform:10,60", output_len="uniform:4500,6000", seed=0)

@@ -17,12 +17,12 @@ import torch
 
 from engine.device import choose_device
 from engine.model_runner import EngineConfig, ModelRunner
-from scheduler.sglang.config import SchedulerConfig
 from scheduler.core.forward_plan import ForwardMode, ForwardPlan
-from scheduler.model_config import load_model_config
 from scheduler.core.protocol import SchedulerCore
 from scheduler.core.req import Req
 from scheduler.core.sampling import SamplingParams
+from scheduler.model_config import load_model_config
+from scheduler.sglang.config import SchedulerConfig
 from scheduler.sglang.scheduler import Scheduler
 from scheduler.vllm.config import VllmSchedulerConfig
 

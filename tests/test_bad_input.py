@@ -29,8 +29,14 @@ OK_TRACE = {"format": "testbed-trace", "version": 1, "requests": [{"arrival": 0,
 
 
 def run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "testbed.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=120,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [sys.executable, "-m", "testbed.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
 
 
 def write(path: Path, obj) -> Path:
@@ -40,10 +46,26 @@ def write(path: Path, obj) -> Path:
 
 @pytest.fixture
 def files(tmp_path) -> dict[str, Path]:
-    lss = {"request_id": "a", "input_toks": 10, "output_toks": 3, "arrival_time": 1.0, "queued_ts": 5.0, "scheduled_ts": 5.1,
-           "first_token_ts": 5.2, "last_token_ts": 5.4}
-    bench = {"backend": "sglang", "dataset_name": "sharegpt", "request_rate": 2.0, "input_lens": [100], "output_lens": [3],
-             "ttfts": [0.3], "itls": [[0.05, 0.05]], "errors": [""]}
+    lss = {
+        "request_id": "a",
+        "input_toks": 10,
+        "output_toks": 3,
+        "arrival_time": 1.0,
+        "queued_ts": 5.0,
+        "scheduled_ts": 5.1,
+        "first_token_ts": 5.2,
+        "last_token_ts": 5.4,
+    }
+    bench = {
+        "backend": "sglang",
+        "dataset_name": "sharegpt",
+        "request_rate": 2.0,
+        "input_lens": [100],
+        "output_lens": [3],
+        "ttfts": [0.3],
+        "itls": [[0.05, 0.05]],
+        "errors": [""],
+    }
     return {
         "ok": write(tmp_path / "ok.json", OK_TRACE),
         "afile": write(tmp_path / "afile", "x"),
@@ -60,10 +82,25 @@ def files(tmp_path) -> dict[str, Path]:
         "csv_extra": write(tmp_path / "extra.csv", "arrival,input_len,output_len\n0,100,5,7\n"),
         "csv_twice": write(tmp_path / "twice.csv", "arrival,input_len,output_len,input_len\n0,100,5,7\n"),
         "only_run_json": _only_run_json(tmp_path / "only-run-json"),
-        "off_clock": write(tmp_path / "off_clock.jsonl", "".join(
-            json.dumps(lss | {"request_id": str(i), "arrival_time": 1e9 + i, "queued_ts": 5000.0 + i, "scheduled_ts": 5000.1 + i,
-                              "first_token_ts": 5000.2 + i, "last_token_ts": 5000.4 + i} | ({"queued_ts": 0.0} if i == 2 else {})) + "\n"
-            for i in range(5))),
+        "off_clock": write(
+            tmp_path / "off_clock.jsonl",
+            "".join(
+                json.dumps(
+                    lss
+                    | {
+                        "request_id": str(i),
+                        "arrival_time": 1e9 + i,
+                        "queued_ts": 5000.0 + i,
+                        "scheduled_ts": 5000.1 + i,
+                        "first_token_ts": 5000.2 + i,
+                        "last_token_ts": 5000.4 + i,
+                    }
+                    | ({"queued_ts": 0.0} if i == 2 else {})
+                )
+                + "\n"
+                for i in range(5)
+            ),
+        ),
     }
 
 
@@ -78,26 +115,38 @@ CASES = {
     "input_ids holding 2**64": (["replay", "{ids}", "-q", "--out", "{tmp}/r"], ["ids.json:1", "'input_ids'", "2**63"]),
     "JSON nested 100,000 deep": (["replay", "{deep}", "-q", "--out", "{tmp}/r"], ["deep.json", "nested too deeply"]),
     "JSON nested, trace info": (["trace", "info", "{deep}"], ["deep.json", "nested too deeply"]),
-    "--chunked-prefill-size 2**64": (["replay", "{ok}", "-q", "--chunked-prefill-size", str(2**64), "--out", "{tmp}/r"],
-                                     ["--chunked-prefill-size", "at most 2,147,483,647"]),
-    "--max-num-seqs 2**64": (["replay", "{ok}", "-q", "--scheduler", "vllm", "--max-num-seqs", str(2**64), "--out", "{tmp}/r"],
-                             ["--max-num-seqs", "at most 1,048,576"]),
+    "--chunked-prefill-size 2**64": (
+        ["replay", "{ok}", "-q", "--chunked-prefill-size", str(2**64), "--out", "{tmp}/r"],
+        ["--chunked-prefill-size", "at most 2,147,483,647"],
+    ),
+    "--max-num-seqs 2**64": (
+        ["replay", "{ok}", "-q", "--scheduler", "vllm", "--max-num-seqs", str(2**64), "--out", "{tmp}/r"],
+        ["--max-num-seqs", "at most 1,048,576"],
+    ),
     "--kv-tokens 2**64": (["replay", "{ok}", "-q", "--kv-tokens", str(2**64), "--out", "{tmp}/r"], ["--kv-tokens", "at most"]),
-    "--schedule-conservativeness inf": (["replay", "{ok}", "-q", "--schedule-conservativeness", "inf", "--out", "{tmp}/r"],
-                                        ["--schedule-conservativeness", "finite"]),
+    "--schedule-conservativeness inf": (
+        ["replay", "{ok}", "-q", "--schedule-conservativeness", "inf", "--out", "{tmp}/r"],
+        ["--schedule-conservativeness", "finite"],
+    ),
     "--out a file": (["replay", "{ok}", "-q", "--out", "{afile}"], ["--out", "is a file"]),
     "--out under a file": (["replay", "{ok}", "-q", "--out", "{afile}/sub"], ["--out", "is a file"]),
     "--out empty": (["replay", "{ok}", "-q", "--out", ""], ["--out ''"]),
     "import --seed -1": (["run", "import", "{bench}", "--seed", "-1", "--out", "{tmp}/i"], ["--seed -1"]),
     "import --out a file": (["run", "import", "{bench}", "--out", "{afile}"], ["--out", "is a file"]),
-    "import input length 2**70": (["run", "import", "{lss_in}", "--format", "llmservingsim", "--out", "{tmp}/i"],
-                                  ["lss_in.jsonl:2", "'input_toks'"]),
-    "import output length 2**70": (["run", "import", "{lss_out}", "--format", "llmservingsim", "--out", "{tmp}/i"],
-                                   ["lss_out.jsonl:2", "'output_toks'"]),
+    "import input length 2**70": (
+        ["run", "import", "{lss_in}", "--format", "llmservingsim", "--out", "{tmp}/i"],
+        ["lss_in.jsonl:2", "'input_toks'"],
+    ),
+    "import output length 2**70": (
+        ["run", "import", "{lss_out}", "--format", "llmservingsim", "--out", "{tmp}/i"],
+        ["lss_out.jsonl:2", "'output_toks'"],
+    ),
     "import request_rate 'fast'": (["run", "import", "{rate_str}", "--out", "{tmp}/i"], ["rate_str.jsonl:1", "'request_rate'", "'fast'"]),
     "import request_rate 0": (["run", "import", "{rate_zero}", "--out", "{tmp}/i"], ["rate_zero.jsonl:1", "'request_rate'"]),
-    "gen uniform past any context": (["trace", "gen", "--out", "{tmp}/g.json", "-n", "5", "--input-len", f"uniform:1,{HUGE}"],
-                                     ["--input-len", "HI <= 16,777,216"]),
+    "gen uniform past any context": (
+        ["trace", "gen", "--out", "{tmp}/g.json", "-n", "5", "--input-len", f"uniform:1,{HUGE}"],
+        ["--input-len", "HI <= 16,777,216"],
+    ),
     "sweep model=nope": (["sweep", "{ok}", "--grid", "model=nope", "--out", "{tmp}/s", "-q"], ["--grid model=nope", "unknown model"]),
     "sweep hardware=nope": (["sweep", "{ok}", "--grid", "hardware=nope", "--out", "{tmp}/s", "-q"], ["--grid hardware=nope"]),
     "sweep profile=nope.json": (["sweep", "{ok}", "--grid", "profile=nope.json", "--out", "{tmp}/s", "-q"], ["--grid profile=nope.json"]),
@@ -105,14 +154,19 @@ CASES = {
     "CSV non-breaking space": (["trace", "info", "{csv_nbsp}"], ["nbsp.csv:2", "'input_len'"]),
     "CSV extra cells": (["trace", "info", "{csv_extra}"], ["extra.csv:2", "expected 3 columns"]),
     "CSV column twice": (["trace", "info", "{csv_twice}"], ["twice.csv:1", "'input_len'", "twice"]),
-    "import a queued_ts off the run's clock": (["run", "import", "{off_clock}", "--format", "llmservingsim", "--out", "{tmp}/i"],
-                                               ["off_clock.jsonl:3", "'queued_ts'", "not on the run's clock"]),
+    "import a queued_ts off the run's clock": (
+        ["run", "import", "{off_clock}", "--format", "llmservingsim", "--out", "{tmp}/i"],
+        ["off_clock.jsonl:3", "'queued_ts'", "not on the run's clock"],
+    ),
     "compare a folder of run.json alone": (["compare", "{only_run_json}", "{only_run_json}"], ["only-run-json", "no requests table"]),
-    "sweep chunked-prefill-size=2**64": (["sweep", "{ok}", "--grid", f"chunked-prefill-size=64,{2**64}", "--out", "{tmp}/s", "-q"],
-                                         ["--chunked-prefill-size", "at most"]),
+    "sweep chunked-prefill-size=2**64": (
+        ["sweep", "{ok}", "--grid", f"chunked-prefill-size=64,{2**64}", "--out", "{tmp}/s", "-q"],
+        ["--chunked-prefill-size", "at most"],
+    ),
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_bad_input_is_one_line_and_exit_2(case, files, tmp_path):
     args, needles = CASES[case]
@@ -125,14 +179,14 @@ def test_bad_input_is_one_line_and_exit_2(case, files, tmp_path):
 # --- fuzz -------------------------------------------------------------------------------------
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(2**80), max_value=2**80) | st.floats(allow_nan=True)
-    | st.text(max_size=8),
+    st.none() | st.booleans() | st.integers(min_value=-(2**80), max_value=2**80) | st.floats(allow_nan=True) | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
     max_leaves=12,
 )
 FIELDS = ("arrival", "input_len", "output_len", "input_ids", "block_hashes", "block_size", "id", "priority")
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(request=st.dictionaries(st.sampled_from(FIELDS), JSON_VALUES, max_size=len(FIELDS)))
 def test_any_request_object_is_read_or_refused_as_a_user_error(request, tmp_path):

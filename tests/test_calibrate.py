@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.model_runner import ModelRunner
 from scheduler.core.forward_plan import ForwardMode, synthetic_plan
 from simulator import profile_fit as pf
 from simulator.profile_cost import ProfileCostModel, ProfileError
@@ -21,19 +23,46 @@ from testbed.replay import replay
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _collect_before_each_engine():
+    """calibrate builds an engine (its CPU KV pool is 1 GiB) for the forwards and one for each
+    replay; one it is done with stays in a reference cycle until Python's cycle collector runs,
+    so they piled up (5 GB at the peak, 1.6 GB with a collection before each build). Measures
+    nothing differently: the collection runs before the engine exists."""
+    build = ModelRunner.__init__
+
+    def collect_then_build(self, *args, **kwargs):
+        gc.collect()
+        build(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ModelRunner, "__init__", collect_then_build)
+        yield
+    gc.collect()  # the last one, for the files after this one
+
+
 @pytest.fixture(scope="module")
 def profile_path(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("profile") / "cpu-tiny.json"
     cfg = CalibrationConfig(
-        model="tiny-llama", reps=1, extend_tokens=[16, 128, 512], extend_prefixes=[0, 256], extend_batches=[1, 2],
-        decode_batches=[1, 4, 16], decode_lens=[32, 256], cpu_trace_requests=30, replay_time_scales=[1.0, 3.0],
+        model="tiny-llama",
+        reps=1,
+        extend_tokens=[16, 128, 512],
+        extend_prefixes=[0, 256],
+        extend_batches=[1, 2],
+        decode_batches=[1, 4, 16],
+        decode_lens=[32, 256],
+        cpu_trace_requests=30,
+        replay_time_scales=[1.0, 3.0],
     )
     phases = []
     calibrate(cfg, out, progress=lambda phase, done, total: phases.append(phase))
+    gc.collect()  # its last engine, for the tests after it
     assert {"forward", "replay", "replay overlap"} <= set(phases), "progress is reported for every sweep"
     return out
 
 
+@pytest.mark.slow
 def test_profile_holds_measurements_fit_and_holdout_error(profile_path):
     p = json.loads(profile_path.read_text())
     assert p["format"] == "testbed-profile" and p["model"] == "tiny-llama"
@@ -54,6 +83,7 @@ def test_profile_holds_measurements_fit_and_holdout_error(profile_path):
     assert p["holdout"]["extend"]["points"] > 0 and p["holdout"]["extend"]["median_rel_err"] >= 0
 
 
+@pytest.mark.slow
 def test_profile_cost_model_prices_plans_like_the_measurements(profile_path):
     cost = ProfileCostModel.load(profile_path)
     p = json.loads(profile_path.read_text())
@@ -73,6 +103,7 @@ def test_profile_cost_model_prices_plans_like_the_measurements(profile_path):
     assert len(ratios) >= 5 and 0.5 < statistics.median(ratios) < 2.0, ratios
 
 
+@pytest.mark.slow
 def test_profile_prices_a_mixed_plan_as_its_prefill_and_decodes_in_one_forward(profile_path):
     """--enable-mixed-chunk plans: the extend fit prices the decode rows as one-token
     extends on their contexts: more than the prefill alone, less than both forwards."""
@@ -84,6 +115,7 @@ def test_profile_prices_a_mixed_plan_as_its_prefill_and_decodes_in_one_forward(p
     assert cost.forward_time(prefill) < t < cost.forward_time(prefill) + cost.forward_time(decode)
 
 
+@pytest.mark.slow
 def test_with_overlap_the_profile_prices_forwards_and_cpu_as_the_overlapped_replay_measured(profile_path):
     p = json.loads(profile_path.read_text())
     ov = p["fit"]["overlap_forward"]
@@ -97,6 +129,7 @@ def test_with_overlap_the_profile_prices_forwards_and_cpu_as_the_overlapped_repl
     assert overlapped.cpu_time("schedule", 4, 4) == pytest.approx(cpu["base_s"] + 4 * cpu["per_req_s"] + 4 * cpu["per_token_s"])
 
 
+@pytest.mark.slow
 def test_sim_with_a_profile_runs_and_records_it(profile_path, tmp_path):
     out = tmp_path / "run"
     result = replay(str(REPO / "traces" / "a.json"), ReplayOptions(model="tiny-llama", profile=str(profile_path), max_requests=40), out=out)
@@ -105,11 +138,13 @@ def test_sim_with_a_profile_runs_and_records_it(profile_path, tmp_path):
     assert meta["summary"]["kv_tokens"] == json.loads(profile_path.read_text())["engine"]["kv_tokens"]
 
 
+@pytest.mark.slow
 def test_a_profile_of_another_model_is_refused(profile_path, tmp_path):
     with pytest.raises(ConfigError, match="calibrated for tiny-llama"):
         replay(str(REPO / "traces" / "a.json"), ReplayOptions(model="llama-3.1-8b", profile=str(profile_path)), out=tmp_path / "r")
 
 
+@pytest.mark.slow
 def test_a_profile_of_an_older_version_is_refused(profile_path, tmp_path):
     old = json.loads(profile_path.read_text()) | {"version": 1}
     (tmp_path / "old.json").write_text(json.dumps(old))
@@ -121,8 +156,21 @@ def test_cli_bad_profile_exits_2(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     proc = subprocess.run(
-        [sys.executable, "-m", "testbed.cli", "replay", str(REPO / "traces" / "a.json"), "--model", "tiny-llama", "--profile", str(bad), "-q"],
-        capture_output=True, text=True, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "testbed.cli",
+            "replay",
+            str(REPO / "traces" / "a.json"),
+            "--model",
+            "tiny-llama",
+            "--profile",
+            str(bad),
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
     )
     assert proc.returncode == 2 and "bad JSON" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -139,13 +187,36 @@ def test_fit_recovers_a_known_cost_and_leaves_out_starved_replay_forwards():
         return 5e-4 + 1e-5 * tokens
 
     grid_ext = [{"batch_size": 1, "num_tokens": n, "prefix_len": 0, "median_s": ext_t(n)} for n in (16, 64, 256, 1024)]
-    grid_dec = [{"batch_size": b, "sum_seq_len": b * s, "max_seq_len": s, "median_s": dec_t(b, b * s)}
-                for b in (1, 4, 16, 64) for s in (64, 512)]
-    replay_fw = [{"mode": "decode", "batch_size": b, "num_tokens": b, "prefix_tokens": b * 200, "attention_pairs": b * 201.0,
-                  "max_seq_len": 201, "seconds": dec_t(b, b * 201) * (10 if b in (5, 9, 13) else 1)} for b in range(1, 40)]
-    replay_fw += [{"mode": "extend", "batch_size": 1, "num_tokens": n, "prefix_tokens": 0, "attention_pairs": n * (n + 1) / 2,
-                   "max_seq_len": n, "seconds": ext_t(n)} for n in (100, 300, 700)]
-    cpu = [{"stage": st, "num_reqs": b, "num_tokens": b, "seconds": 1e-5 * b} for st in ("schedule", "launch", "process") for b in (1, 2, 4)]
+    grid_dec = [
+        {"batch_size": b, "sum_seq_len": b * s, "max_seq_len": s, "median_s": dec_t(b, b * s)} for b in (1, 4, 16, 64) for s in (64, 512)
+    ]
+    replay_fw = [
+        {
+            "mode": "decode",
+            "batch_size": b,
+            "num_tokens": b,
+            "prefix_tokens": b * 200,
+            "attention_pairs": b * 201.0,
+            "max_seq_len": 201,
+            "seconds": dec_t(b, b * 201) * (10 if b in (5, 9, 13) else 1),
+        }
+        for b in range(1, 40)
+    ]
+    replay_fw += [
+        {
+            "mode": "extend",
+            "batch_size": 1,
+            "num_tokens": n,
+            "prefix_tokens": 0,
+            "attention_pairs": n * (n + 1) / 2,
+            "max_seq_len": n,
+            "seconds": ext_t(n),
+        }
+        for n in (100, 300, 700)
+    ]
+    cpu = [
+        {"stage": st, "num_reqs": b, "num_tokens": b, "seconds": 1e-5 * b} for st in ("schedule", "launch", "process") for b in (1, 2, 4)
+    ]
     fitted, errors = fit_profile(grid_ext, grid_dec, cpu, replay_fw)
     assert errors["replay_decode"]["outliers"] == 3 and errors["replay_extend"]["outliers"] == 0
     d = pf.LinearFit.from_dict(pf.DECODE_FEATURES, fitted["decode"])
@@ -155,25 +226,32 @@ def test_fit_recovers_a_known_cost_and_leaves_out_starved_replay_forwards():
     assert e.predict(pf.extend_features([0], [2048], fitted["extend"]["knee"])) == pytest.approx(ext_t(2048), rel=0.05)
 
 
+@pytest.mark.slow
 def test_refit_fits_again_from_the_measurements_alone(profile_path, tmp_path):
     original = json.loads(profile_path.read_text())
     broken = original | {"fit": {}, "holdout": {}}
     path = tmp_path / "p.json"
     path.write_text(json.dumps(broken))
-    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "calibrate", "--refit", "--out", str(path)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "testbed.cli", "calibrate", "--refit", "--out", str(path)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     again = json.loads(path.read_text())
     assert again["fit"] == original["fit"] and again["measurements"] == original["measurements"]
     (tmp_path / "none.json").write_text(json.dumps({"format": "testbed-profile"}))
-    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "calibrate", "--refit", "--out", str(tmp_path / "none.json")],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "testbed.cli", "calibrate", "--refit", "--out", str(tmp_path / "none.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "no measurements" in proc.stderr and "Traceback" not in proc.stderr
 
 
 # --- the command ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_calibrate_command_prints_the_engine_once_and_writes_a_profile_a_sim_defaults_to(tmp_path, monkeypatch, capsys):
     """`testbed calibrate` with its defaults (a smaller grid, so that the test is quick): the profile goes
     to runs/profiles/, never over the bundled one; its hardware is a spec and its engine's overlap is
@@ -184,8 +262,15 @@ def test_calibrate_command_prints_the_engine_once_and_writes_a_profile_a_sim_def
     from testbed.cli import main
 
     bundled = (REPO / "profiles" / "cpu-tiny-llama.json").read_bytes()
-    small = functools.partial(CalibrationConfig, extend_tokens=[16, 128], extend_prefixes=[0], extend_batches=[1],
-                              decode_batches=[1, 4], decode_lens=[32], cpu_trace_requests=20)
+    small = functools.partial(
+        CalibrationConfig,
+        extend_tokens=[16, 128],
+        extend_prefixes=[0],
+        extend_batches=[1],
+        decode_batches=[1, 4],
+        decode_lens=[32],
+        cpu_trace_requests=20,
+    )
     monkeypatch.setattr(testbed.calibrate, "CalibrationConfig", small)
     monkeypatch.chdir(tmp_path)
     assert main(["calibrate", "--model", "tiny-llama", "--reps", "1", "-q"]) == 0
@@ -202,10 +287,13 @@ def test_calibrate_command_prints_the_engine_once_and_writes_a_profile_a_sim_def
     assert resolved_options(ReplayOptions(model="tiny-llama", profile=str(path), overlap=True)).overlap is True
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--hardware", "cpu-2core"], "cpu-2core"),  # a free label is not a spec: one meaning of --hardware
-    (["--refit"], "--refit"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--hardware", "cpu-2core"], "cpu-2core"),  # a free label is not a spec: one meaning of --hardware
+        (["--refit"], "--refit"),
+    ],
+)
 def test_calibrate_refuses_before_measuring(args, needle):
     from cli_helpers import assert_clean_error
 

@@ -35,8 +35,9 @@ def _capacity(*args, timeout: float = 120) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("capacity_trace") / "t.json"
-    cfg = GenConfig(num_requests=N, rate=10.0, input_len="uniform:50,300", output_len="uniform:10,60",
-                    system_prompts=2, shared_fraction=0.8)
+    cfg = GenConfig(
+        num_requests=N, rate=10.0, input_len="uniform:50,300", output_len="uniform:10,60", system_prompts=2, shared_fraction=0.8
+    )
     generate_trace(cfg).write(path)
     return path
 
@@ -49,10 +50,10 @@ def limit(trace, tmp_path_factory) -> float:
     return 2 * r.summary["p90_ttft_ms"]
 
 
+@pytest.mark.slow
 def test_found_rate_passes_and_the_next_tested_rate_fails(trace, limit, tmp_path):
     out = tmp_path / "cap"
-    proc = _capacity(trace, "--slo", f"p90_ttft_ms={limit}", "--slo", "p90_tpot_ms=1000", "--resolution", 0.1,
-                     "--out", out, "--json", "-q")
+    proc = _capacity(trace, "--slo", f"p90_ttft_ms={limit}", "--slo", "p90_tpot_ms=1000", "--resolution", 0.1, "--out", out, "--json", "-q")
     report = json.loads(proc.stdout)
     [c] = report["configs"]
     assert c["status"] == "found", c["message"]
@@ -81,6 +82,7 @@ def test_found_rate_passes_and_the_next_tested_rate_fails(trace, limit, tmp_path
     assert json.loads((out / "capacity.json").read_text()) == report
 
 
+@pytest.mark.slow
 def test_table_output_prints_every_tested_rate_and_the_capacity(trace, limit, tmp_path):
     proc = _capacity(trace, "--slo", f"p90_ttft_ms={limit}", "--resolution", 0.2, "--out", tmp_path / "cap", "-q")
     report = json.loads((tmp_path / "cap" / "capacity.json").read_text())
@@ -92,6 +94,7 @@ def test_table_output_prints_every_tested_rate_and_the_capacity(trace, limit, tm
     assert "p90_ttft_ms" in proc.stdout and "TTFT" in proc.stdout  # the summary at the capacity
 
 
+@pytest.mark.slow
 def test_no_rate_meets_the_slo(trace, tmp_path):
     proc = _capacity(trace, "--slo", "p90_ttft_ms=0.001", "--out", tmp_path / "cap", "-q")
     assert "meets no SLO even at" in proc.stdout
@@ -104,15 +107,31 @@ def test_no_rate_meets_the_slo(trace, tmp_path):
     assert f"{c['probes'][-1]['rate']:.4g} req/s" in proc.stdout
 
 
+@pytest.mark.slow
 def test_grid_ranks_the_configs_by_capacity(trace, limit, tmp_path):
-    proc = _capacity(trace, "--slo", f"p90_ttft_ms={limit}", "--grid", "max-running-requests=1,none",
-                     "--resolution", 0.2, "--out", tmp_path / "cap", "-q", "--workers", 2)
+    proc = _capacity(
+        trace,
+        "--slo",
+        f"p90_ttft_ms={limit}",
+        "--grid",
+        "max-running-requests=1,none",
+        "--resolution",
+        0.2,
+        "--out",
+        tmp_path / "cap",
+        "-q",
+        "--workers",
+        2,
+    )
     configs = json.loads((tmp_path / "cap" / "capacity.json").read_text())["configs"]
     assert [c["axes"]["max_running_requests"] for c in configs] == [None, 1]  # one running request serves less
     assert configs[0]["status"] == "found" and configs[0]["rate"] > (configs[1]["rate"] or 0)
     # One search per config, each with its own tested rates.
-    assert all(p["point"].startswith(f"max_running_requests={'none' if c['axes']['max_running_requests'] is None else 1},rate=x")
-               for c in configs for p in c["probes"])
+    assert all(
+        p["point"].startswith(f"max_running_requests={'none' if c['axes']['max_running_requests'] is None else 1},rate=x")
+        for c in configs
+        for p in c["probes"]
+    )
     lines = proc.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("rank "))
     assert lines[header + 2].split()[:2] == ["1", "none"] and lines[header + 3].split()[1] == "1"
@@ -124,6 +143,7 @@ def test_grid_ranks_the_configs_by_capacity(trace, limit, tmp_path):
     assert points == [p for pair in rounds for p in pair if p is not None]
 
 
+@pytest.mark.slow
 def test_each_config_scales_its_own_arrivals_and_a_rate_above_the_range_says_so(trace, tmp_path):
     # --max-requests changes the trace a config sees, and so its x1 rate.
     proc = _capacity(trace, "--slo", "p99_e2e_ms=1e9", "--grid", "max-requests=10,40", "--out", tmp_path / "cap", "-q")
@@ -167,7 +187,9 @@ def test_bad_slo_exits_2_naming_it(slo, needles, trace, tmp_path, capsys):
 def test_capacity_refuses_a_time_scale_it_would_override(trace, tmp_path, capsys):
     line = _error_line(["capacity", str(trace), "--slo", "p90_ttft_ms=50", "--time-scale", "2", "--out", str(tmp_path / "c")], capsys)
     assert "--time-scale" in line
-    line = _error_line(["capacity", str(trace), "--slo", "p90_ttft_ms=50", "--grid", "time_scale=1,2", "--out", str(tmp_path / "c")], capsys)
+    line = _error_line(
+        ["capacity", str(trace), "--slo", "p90_ttft_ms=50", "--grid", "time_scale=1,2", "--out", str(tmp_path / "c")], capsys
+    )
     assert "time_scale" in line
     line = _error_line(["capacity", str(trace), "--slo", "p90_ttft_ms=50", "--resolution", "0", "--out", str(tmp_path / "c")], capsys)
     assert "--resolution" in line

@@ -106,6 +106,7 @@ MALFORMED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(MALFORMED))
 def test_malformed_trace_exits_2_with_one_line_naming_file_line_and_field(tmp_path, case):
     name, lines, lineno, field = MALFORMED[case]
@@ -143,11 +144,28 @@ def test_model_folder_without_config_json_exits_2(tmp_path):
 # --- trace gen, then replay ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_trace_gen_then_replay(tmp_path):
     trace = tmp_path / "gen.jsonl"
     proc = _testbed(
-        "trace", "gen", "--out", trace, "-n", "25", "--rate", "20", "--input-len", "uniform:50,300",
-        "--output-len", "uniform:5,50", "--system-prompts", "2", "--shared-fraction", "0.5", "--seed", "3",
+        "trace",
+        "gen",
+        "--out",
+        trace,
+        "-n",
+        "25",
+        "--rate",
+        "20",
+        "--input-len",
+        "uniform:50,300",
+        "--output-len",
+        "uniform:5,50",
+        "--system-prompts",
+        "2",
+        "--shared-fraction",
+        "0.5",
+        "--seed",
+        "3",
     )
     assert proc.returncode == 0, proc.stderr
     assert trace.is_file()
@@ -192,6 +210,7 @@ def test_importer_formats_replay(tmp_path, fmt, src, lines, extra):
 # --- Ctrl-C ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ctrl_c_exits_130_and_leaves_an_incomplete_folder(tmp_path):
     path = _head(_need(MOONCAKE), tmp_path / "mooncake3000.jsonl", 3000)
     out = tmp_path / "run"
@@ -244,8 +263,10 @@ def test_default_folders_named_in_one_second_do_not_collide(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(replay_mod, "datetime", OneSecond)
     monkeypatch.setattr(studies_cli, "datetime", OneSecond)
-    for make in (lambda: replay_mod.default_run_dir("traces/a.json", ReplayOptions()),
-                 lambda: studies_cli._default_out("capacity", "traces/a.json")):
+    for make in (
+        lambda: replay_mod.default_run_dir("traces/a.json", ReplayOptions()),
+        lambda: studies_cli._default_out("capacity", "traces/a.json"),
+    ):
         folders = []
         for _ in range(3):
             folders.append(make())

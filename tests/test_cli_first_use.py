@@ -41,6 +41,7 @@ SUBCOMMANDS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", SUBCOMMANDS, ids=lambda c: " ".join(c[:2]))
 def test_an_unknown_option_is_one_line_with_a_hint_to_help(command):
     line = assert_clean_error(_testbed(*command, "--no-such-option"), "--no-such-option")
@@ -48,13 +49,17 @@ def test_an_unknown_option_is_one_line_with_a_hint_to_help(command):
     assert line.startswith("testbed: error: ") and line.endswith(f"(see {prog.strip()} --help)"), line
 
 
-@pytest.mark.parametrize("args, needle", [
-    ([], "command"),
-    (["replay"], "trace"),
-    (["replay", "traces/a.json", "--policy", "nope"], "--policy"),
-    (["replay", "traces/a.json", "--max-requests", "0"], "--max-requests"),
-    (["trace"], "{gen,convert,info} (see testbed trace --help)"),
-])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        ([], "command"),
+        (["replay"], "trace"),
+        (["replay", "traces/a.json", "--policy", "nope"], "--policy"),
+        (["replay", "traces/a.json", "--max-requests", "0"], "--max-requests"),
+        (["trace"], "{gen,convert,info} (see testbed trace --help)"),
+    ],
+)
 def test_missing_and_bad_values_are_one_line(args, needle):
     assert_clean_error(_testbed(*args), needle)
 
@@ -94,6 +99,7 @@ def _run_with_terminal_stderr(args: list[str]) -> tuple[int, str]:
     return proc.wait(timeout=60), b"".join(chunks).decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_no_progress_bar_before_the_input_is_checked(tmp_path):
     bad = tmp_path / "t.jsonl"
     bad.write_text('{"arrival": 0.0, "input_len": 10, "output_len": 5}\n{"arrival": 1.0, "input_len": -1, "output_len": 5}\n')
@@ -109,11 +115,14 @@ def test_no_progress_bar_before_the_input_is_checked(tmp_path):
 
 
 def test_the_title_names_mode_model_hardware_policy_and_overlap(tmp_path):
-    proc = _testbed("replay", "traces/a.json", "--model", "qwen2.5-0.5b", "--hardware", "a100", "--policy", "lpm", "--out", tmp_path / "r", "-q")
+    proc = _testbed(
+        "replay", "traces/a.json", "--model", "qwen2.5-0.5b", "--hardware", "a100", "--policy", "lpm", "--out", tmp_path / "r", "-q"
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == "traces/a.json (sim, qwen2.5-0.5b on a100, lpm, overlap on)"
 
 
+@pytest.mark.slow
 def test_a_real_cpu_run_names_its_model_and_device_and_records_cpu_as_hardware(tmp_path):
     proc = _testbed("replay", "traces/a.json", "--mode", "real", "--max-requests", "4", "--out", tmp_path / "r", "-q", timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -126,8 +135,10 @@ def test_a_real_cpu_run_names_its_model_and_device_and_records_cpu_as_hardware(t
 
 def test_big_latencies_stay_apart_in_the_summary_table():
     s = {"completed": 1, "duration_s": 1.0, "request_throughput": 1.0, "output_throughput": 1.0, "cache_hit_rate": 0.0}
-    s |= {f"{k}_{n}_ms": 3_046_054.4 + i for i, (k, n) in enumerate((k, n) for n in ("ttft", "tpot", "itl", "e2e")
-                                                                   for k in ("mean", "p50", "p90", "p99"))}
+    s |= {
+        f"{k}_{n}_ms": 3_046_054.4 + i
+        for i, (k, n) in enumerate((k, n) for n in ("ttft", "tpot", "itl", "e2e") for k in ("mean", "p50", "p90", "p99"))
+    }
     row = next(line for line in format_summary(s).splitlines() if line.startswith("TTFT"))
     assert row.split() == ["TTFT", "3,046,054.4", "3,046,055.4", "3,046,056.4", "3,046,057.4"]
     assert "4  3" in row  # at least two spaces between numbers

@@ -7,7 +7,8 @@ is when it was sent, so TTFT counts from then); with N at least the number of re
 request arrives at 0. Fast-forward gives the run that stepping gives (both schedulers, overlap
 on and off), and takes stretches at all. Bad input is one line and exit code 2; a real-engine
 run on the tiny CPU model keeps the bound too. CL_EXAMPLES=500 runs a longer fuzz of the
-fast-forward property (30 examples by default).
+fast-forward property (30 examples under --hypothesis-profile=deep, 8 under the default ci
+profile: hypothesis_profiles.py).
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ import pytest
 from cli_helpers import assert_clean_error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 from loop_helpers import CountingLoop
 
-from scheduler.loop.arrivals import ClosedLoopArrivals
-from scheduler.sglang.config import SchedulerConfig
-from scheduler.model_config import load_model_config
 from scheduler.core.req import Req
 from scheduler.core.sampling import SamplingParams
+from scheduler.loop.arrivals import ClosedLoopArrivals
+from scheduler.model_config import load_model_config
+from scheduler.sglang.config import SchedulerConfig
 from scheduler.sglang.scheduler import Scheduler
 from scheduler.vllm.config import VllmSchedulerConfig
 from scheduler.vllm.scheduler import VllmScheduler
@@ -140,8 +142,12 @@ def test_one_client_sends_one_request_at_a_time(tmp_path):
 def test_a_rejected_request_frees_its_client_at_once(tmp_path):
     """Requests longer than the KV pool are rejected at arrival: the client sends its next
     request at that moment, and the bound holds."""
-    reqs = [TraceRequest(0.1 * i, 3000 if i % 4 == 1 else 50 + i, 20, input_ids=list(range(1000 * i, 1000 * i + (3000 if i % 4 == 1 else 50 + i))))
-            for i in range(16)]
+    reqs = [
+        TraceRequest(
+            0.1 * i, 3000 if i % 4 == 1 else 50 + i, 20, input_ids=list(range(1000 * i, 1000 * i + (3000 if i % 4 == 1 else 50 + i)))
+        )
+        for i in range(16)
+    ]
     path = _write(Trace(reqs), tmp_path / "t.json")
     result, run = _closed_replay(path, tmp_path / "run", 3, kv_tokens=2000)
     assert result.summary["rejected"] == 4 and result.summary["completed"] == 12
@@ -150,6 +156,7 @@ def test_a_rejected_request_frees_its_client_at_once(tmp_path):
     assert_closed_loop(run.requests, 3)
 
 
+@pytest.mark.slow
 def test_the_trace_arrival_times_do_not_matter(tmp_path):
     """The same requests, arriving over 5 s or over an hour: the same closed-loop run."""
     a = _closed_replay(_write(_trace(20, spread_s=5.0), tmp_path / "a.json"), tmp_path / "a", 3)[1]
@@ -204,6 +211,7 @@ def _assert_ff_equals_stepping(trace_path: Path, tmp: Path, concurrency: int, **
     assert_closed_loop(ff_run.requests, concurrency)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheduler,page_size", [("sglang", 1), ("sglang", 16), ("vllm", 16)])
 @pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("kv_tokens", [None, 2500])  # ample, and a pool the cache fills (evictions, retractions)
@@ -239,7 +247,12 @@ def _case(draw):
     return Trace(reqs), draw(st.sampled_from([1, 2, 3, 6, 100])), opts
 
 
-@settings(max_examples=int(os.environ.get("CL_EXAMPLES", 30)), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@pytest.mark.slow
+@settings(
+    max_examples=int(os.environ.get("CL_EXAMPLES", 0)) or examples(30),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(case=_case())
 def test_fast_forward_equals_stepping_on_random_closed_loops(case, tmp_path_factory):
     trace, concurrency, opts = case
@@ -267,6 +280,7 @@ def _direct_run(fast_forward: bool, overlap: bool, scheduler: str) -> tuple[Coun
     return loop, sched
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheduler", ["sglang", "vllm"])
 @pytest.mark.parametrize("overlap", [False, True])
 def test_fast_forward_takes_stretches_between_the_finishes_of_a_closed_loop(scheduler, overlap):
@@ -279,8 +293,9 @@ def test_fast_forward_takes_stretches_between_the_finishes_of_a_closed_loop(sche
     assert ff_loop.waits * 20 < step_loop.waits, (ff_loop.waits, step_loop.waits)
     for name, col in step_loop.steps.cols.items():
         assert list(ff_loop.steps.cols[name]) == list(col), name
-    assert [(r.rid, r.arrival_time, r.finish_time, list(r.token_times)) for r in ff_sched.done] == \
-           [(r.rid, r.arrival_time, r.finish_time, list(r.token_times)) for r in step_sched.done]
+    assert [(r.rid, r.arrival_time, r.finish_time, list(r.token_times)) for r in ff_sched.done] == [
+        (r.rid, r.arrival_time, r.finish_time, list(r.token_times)) for r in step_sched.done
+    ]
 
 
 # --- the command line ----------------------------------------------------------------------
@@ -297,8 +312,16 @@ def test_replay_says_once_that_arrival_times_are_ignored(tmp_path):
     assert_closed_loop(load_run(tmp_path / "run").requests, 8)
 
 
-@pytest.mark.parametrize("value,needle", [("0", "must be a positive integer, got 0"), ("-3", "got -3"),
-                                          ("2.5", "invalid positive_int value: '2.5'"), ("x", "invalid positive_int value: 'x'")])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "value,needle",
+    [
+        ("0", "must be a positive integer, got 0"),
+        ("-3", "got -3"),
+        ("2.5", "invalid positive_int value: '2.5'"),
+        ("x", "invalid positive_int value: 'x'"),
+    ],
+)
 def test_a_bad_concurrency_is_one_line(tmp_path, value, needle):
     proc = _testbed("replay", EXAMPLE, f"--concurrency={value}", "--out", tmp_path / "run")
     assert_clean_error(proc, "--concurrency", needle)
@@ -319,10 +342,12 @@ def test_a_sharegpt_trace_needs_no_rate_in_a_closed_loop(tmp_path):
     assert_closed_loop(load_run(tmp_path / "run").requests, 3)
 
 
+@pytest.mark.slow
 def test_a_sweep_takes_concurrency_as_an_axis(tmp_path):
     out = tmp_path / "sweep"
-    proc = _testbed("sweep", EXAMPLE, "--max-requests", "30", "--grid", "concurrency=1,4,none", "--workers", "1", "--out", out, "-q",
-                    timeout=300)
+    proc = _testbed(
+        "sweep", EXAMPLE, "--max-requests", "30", "--grid", "concurrency=1,4,none", "--workers", "1", "--out", out, "-q", timeout=300
+    )
     assert proc.returncode == 0, proc.stderr
     assert len([line for line in proc.stderr.splitlines() if "arrival times are ignored" in line]) == 1
     table = pq.read_table(out / "sweep.parquet").to_pandas()
@@ -343,12 +368,29 @@ def test_capacity_refuses_a_closed_loop(tmp_path, args):
 # --- the real engine ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_real_closed_loop_replay_keeps_the_bound(tmp_path):
     """On the CPU with the tiny model (dummy weights), as tests/test_engine_replay.py runs it."""
     reqs = [TraceRequest(10.0 * i, 12 + 3 * i, 2 + i % 4) for i in range(6)]  # (10 s apart: ignored)
     path = _write(Trace(reqs), tmp_path / "t.json")
-    proc = _testbed("replay", path, "--mode", "real", "--device", "cpu", "--model", "tiny-llama", "--kv-tokens", "2048",
-                    "--concurrency", "2", "--out", tmp_path / "run", "-q", timeout=300)
+    proc = _testbed(
+        "replay",
+        path,
+        "--mode",
+        "real",
+        "--device",
+        "cpu",
+        "--model",
+        "tiny-llama",
+        "--kv-tokens",
+        "2048",
+        "--concurrency",
+        "2",
+        "--out",
+        tmp_path / "run",
+        "-q",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     run = load_run(tmp_path / "run")
     assert run.meta["mode"] == "real" and run.meta["options"]["concurrency"] == 2

@@ -26,8 +26,14 @@ from testbed.traces.gen import GenConfig, generate_trace
 
 REPO = Path(__file__).resolve().parents[1]
 # Shared system prompts, so that the cache hit rate is above 0.
-SMALL = {"num_requests": 40, "rate": 20.0, "input_len": "uniform:50,300", "output_len": "uniform:10,60",
-         "system_prompts": 2, "shared_fraction": 0.8}
+SMALL = {
+    "num_requests": 40,
+    "rate": 20.0,
+    "input_len": "uniform:50,300",
+    "output_len": "uniform:10,60",
+    "system_prompts": 2,
+    "shared_fraction": 0.8,
+}
 
 
 def _cli_has_compare() -> bool:
@@ -187,6 +193,7 @@ def test_rel_err_hand_checked(runs, tmp_path):
     assert rel_err(4.0, 3.0) == -0.25
 
 
+@pytest.mark.slow
 def test_incomplete_run_refused_unless_forced(runs):
     assert load_run(runs["incomplete"]).status == "incomplete"
     rc, _, err = _compare(runs["base"], runs["incomplete"])
@@ -201,6 +208,7 @@ def test_incomplete_run_refused_unless_forced(runs):
     assert doc["metrics"]["completed"]["a"] < doc["metrics"]["completed"]["b"]
 
 
+@pytest.mark.slow
 def test_not_a_run_folder_exits_2(runs, tmp_path):
     rc, out, err = _compare(runs["base"], tmp_path)
     assert rc == 2 and out == "" and "Traceback" not in err
@@ -221,8 +229,14 @@ def test_what_is_not_a_difference(runs, tmp_path):
         meta["mode"] = meta["options"]["mode"] = "real"
         meta["hardware"] = "NVIDIA H100 80GB HBM3"
         meta.pop("cost_model")
-        meta["options"] |= {"device": "cuda", "dtype": "bfloat16", "attention_backend": "flashinfer",
-                            "load_format": "dummy", "kv_memory_gb": 4.0, "format": "native"}
+        meta["options"] |= {
+            "device": "cuda",
+            "dtype": "bfloat16",
+            "attention_backend": "flashinfer",
+            "load_format": "dummy",
+            "kv_memory_gb": 4.0,
+            "format": "native",
+        }
         meta |= {"device": "CUDA", "dtype": "bfloat16", "attention_backend": "flashinfer", "load_format": "dummy"}
 
     real = load_run(_edit_meta(runs["base"], tmp_path / "real", as_real))

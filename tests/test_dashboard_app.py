@@ -201,6 +201,7 @@ def test_compare_page_opens_on_two_complete_runs_of_one_workload(monkeypatch, ru
     assert all(status(runs[name]) == "complete" for name in chosen) and INCOMPLETE not in chosen
 
 
+@pytest.mark.slow
 def test_compare_page_asks_when_no_two_runs_share_a_trace(monkeypatch, tmp_path):
     """Two runs of different traces compare nothing: the page picks none and says why."""
     from testbed.options import ReplayOptions
@@ -237,6 +238,7 @@ def test_tables_show_thousands_separators_and_percentages(monkeypatch, runs):
 # --- What-if --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_whatif_page_runs_sims_that_land_as_run_folders(monkeypatch, tmp_path, runs):
     runs_dir = tmp_path / "runs"  # starts empty: the page makes it
     trace = runs["sim-fcfs"].parent.parent / "trace.json"
@@ -263,6 +265,7 @@ def test_whatif_page_runs_sims_that_land_as_run_folders(monkeypatch, tmp_path, r
     assert sorted(at.dataframe[0].value["run"]) == [p.name for p in made]
 
 
+@pytest.mark.slow
 def test_whatif_page_runs_both_schedulers_and_says_what_it_skips(monkeypatch, tmp_path, runs):
     runs_dir = tmp_path / "runs"
     trace = runs["sim-fcfs"].parent.parent / "trace.json"
@@ -272,7 +275,9 @@ def test_whatif_page_runs_both_schedulers_and_says_what_it_skips(monkeypatch, tm
     _by_label(at.multiselect, "Policy").set_value(["fcfs", "lpm"])
     _by_label(at.multiselect, "Scheduler").set_value(["sglang", "vllm"]).run()
     assert not at.error
-    assert [i.value for i in at.info] == ["skipped lpm, vllm: --policy lpm is SGLang's; --scheduler vllm orders its queue by fcfs or priority"]
+    assert [i.value for i in at.info] == [
+        "skipped lpm, vllm: --policy lpm is SGLang's; --scheduler vllm orders its queue by fcfs or priority"
+    ]
     (button,) = [b for b in at.button if b.label.startswith("Run ")]
     assert button.label == "Run 3 simulations"
     button.click().run()

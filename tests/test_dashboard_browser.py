@@ -152,7 +152,11 @@ def dashboard(runs_dir: Path, port: int) -> Iterator[subprocess.Popen]:
     )  # fmt: skip
     proc.log = log  # type: ignore[attr-defined]
     try:
-        wait_until("dashboard health check", lambda: proc.poll() is not None or _http(f"http://localhost:{port}/_stcore/health") == "ok", START_TIMEOUT_S)
+        wait_until(
+            "dashboard health check",
+            lambda: proc.poll() is not None or _http(f"http://localhost:{port}/_stcore/health") == "ok",
+            START_TIMEOUT_S,
+        )
         assert proc.poll() is None, f"testbed dashboard exited: {output(proc)}"
         yield proc
     finally:
@@ -177,7 +181,11 @@ def chromium(width: int = WIDTH, height: int = HEIGHT) -> Iterator[DevTools]:
         active = profile / "DevToolsActivePort"
         wait_until("Chromium's DevToolsActivePort", lambda: active.is_file() and active.read_text().strip(), START_TIMEOUT_S)
         port = int(active.read_text().split()[0])
-        targets = wait_until("a page target", lambda: [t for t in json.loads(_http(f"http://127.0.0.1:{port}/json/list") or "[]") if t["type"] == "page"], START_TIMEOUT_S)
+        targets = wait_until(
+            "a page target",
+            lambda: [t for t in json.loads(_http(f"http://127.0.0.1:{port}/json/list") or "[]") if t["type"] == "page"],
+            START_TIMEOUT_S,
+        )
         with connect(targets[0]["webSocketDebuggerUrl"], max_size=None, open_timeout=10) as ws:
             devtools = DevTools(ws)
             devtools.send("Page.enable")
@@ -191,8 +199,12 @@ def chromium(width: int = WIDTH, height: int = HEIGHT) -> Iterator[DevTools]:
 def open_page(devtools: DevTools, url: str, charts: int = 1) -> None:
     """Navigate and wait until Streamlit has drawn at least `charts` plotly charts with data."""
     devtools.send("Page.navigate", url=url)
-    wait_until(f"{charts} plotly chart(s) at {url}", lambda: devtools.eval(CHART_JS) >= charts and devtools.eval(TRACES_JS) > 0, RENDER_TIMEOUT_S)
-    wait_until("Streamlit idle", lambda: not devtools.eval("!!document.querySelector('[data-testid=\"stStatusWidget\"]')"), RENDER_TIMEOUT_S)
+    wait_until(
+        f"{charts} plotly chart(s) at {url}", lambda: devtools.eval(CHART_JS) >= charts and devtools.eval(TRACES_JS) > 0, RENDER_TIMEOUT_S
+    )
+    wait_until(
+        "Streamlit idle", lambda: not devtools.eval("!!document.querySelector('[data-testid=\"stStatusWidget\"]')"), RENDER_TIMEOUT_S
+    )
     time.sleep(1.0)  # plotly's transitions
 
 
@@ -206,13 +218,15 @@ LONG = "sim-long"
 
 def _long_run_on_a_full_pool(tmp_path: Path) -> Path:
     """~15k steps (the charts bin them) on a 3,000-token KV pool the prefix cache keeps full."""
-    cfg = GenConfig(num_requests=150, rate=1.0, input_len="uniform:50,300", output_len="uniform:60,160", system_prompts=4,
-                    shared_fraction=0.9, seed=7)
+    cfg = GenConfig(
+        num_requests=150, rate=1.0, input_len="uniform:50,300", output_len="uniform:60,160", system_prompts=4, shared_fraction=0.9, seed=7
+    )
     generate_trace(cfg).write(tmp_path / "long.json")
     opts = ReplayOptions(kv_tokens=3000, model="tiny-llama", hardware="cpu")
     return replay(str(tmp_path / "long.json"), opts, out=tmp_path / "runs" / LONG).run_dir
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (Debian package `chromium`; .ci/run installs it)")
 def test_dashboard_renders_charts_in_chromium(tmp_path):
     runs = make_runs(tmp_path / "runs", make_trace(tmp_path / "trace.json"))
@@ -244,7 +258,11 @@ def test_dashboard_renders_charts_in_chromium(tmp_path):
         assert max(u + c for u, c in zip(kv["used"], kv["cached"])) == summary(long_run)["kv_tokens"]
         # The Runs page shows the runs and the broken folder's error.
         devtools.send("Page.navigate", url=f"http://localhost:{port}/")
-        text = wait_until("the Runs page", lambda: (t := devtools.eval("document.body ? document.body.innerText : ''")) and "does not load" in t and t, RENDER_TIMEOUT_S)
+        text = wait_until(
+            "the Runs page",
+            lambda: (t := devtools.eval("document.body ? document.body.innerText : ''")) and "does not load" in t and t,
+            RENDER_TIMEOUT_S,
+        )
         assert "broken" in text and "bad JSON" in text
         # Ctrl-C: the terminal sends SIGINT to the whole foreground process group.
         os.killpg(proc.pid, signal.SIGINT)
@@ -278,14 +296,18 @@ def _full_page(devtools: DevTools, width: int = WIDTH, max_height: int = 4800) -
 PAGES = ("runs", "run", "compare", "whatif")
 
 
-def make_screenshots(runs_dir: Path, out: Path, run: str | None, compare: list[str], whatif_loads: str, pages: Sequence[str] = PAGES) -> None:
+def make_screenshots(
+    runs_dir: Path, out: Path, run: str | None, compare: list[str], whatif_loads: str, pages: Sequence[str] = PAGES
+) -> None:
     port = free_port()
     out.mkdir(parents=True, exist_ok=True)
     with dashboard(runs_dir, port), chromium() as devtools:
         base = f"http://localhost:{port}"
         if "runs" in pages:
             devtools.send("Page.navigate", url=f"{base}/")
-            wait_until("the Runs table", lambda: devtools.eval("!!document.querySelector('[data-testid=\"stDataFrame\"]')"), RENDER_TIMEOUT_S)
+            wait_until(
+                "the Runs table", lambda: devtools.eval("!!document.querySelector('[data-testid=\"stDataFrame\"]')"), RENDER_TIMEOUT_S
+            )
             time.sleep(2)
             (out / "dashboard-runs.png").write_bytes(_full_page(devtools, width=RUNS_WIDTH, max_height=700))
             devtools.resize(WIDTH, HEIGHT)
@@ -309,7 +331,11 @@ def _whatif_screenshot(devtools: DevTools, base: str, out: Path, whatif_loads: s
     _type_into(devtools, "Load scale", whatif_loads)
     n = len(whatif_loads.split(","))
     label = f"Run {n} simulations"
-    wait_until(label, lambda: devtools.eval(f"[...document.querySelectorAll('button')].some(b => b.innerText.trim() === '{label}')"), RENDER_TIMEOUT_S)
+    wait_until(
+        label,
+        lambda: devtools.eval(f"[...document.querySelectorAll('button')].some(b => b.innerText.trim() === '{label}')"),
+        RENDER_TIMEOUT_S,
+    )
     devtools.eval(f"[...document.querySelectorAll('button')].find(b => b.innerText.trim() === '{label}').click()")
     # The results' charts by title: a sweep's charts below may be drawn already.
     titles = "[...document.querySelectorAll('.js-plotly-plot .gtitle')].map(t => t.textContent)"

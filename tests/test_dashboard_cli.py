@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from testbed.dashboard_cli import app_path, streamlit_command
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,6 +32,7 @@ def test_streamlit_gets_the_app_the_port_and_the_runs_dir(tmp_path):
     assert cmd[cmd.index("--") :] == ["--", "--runs", str(tmp_path)]  # what dashboard/settings.py reads
 
 
+@pytest.mark.slow
 def test_refuses_a_file_as_runs_dir_and_a_bad_port(tmp_path):
     f = tmp_path / "file"
     f.write_text("")
@@ -39,6 +42,7 @@ def test_refuses_a_file_as_runs_dir_and_a_bad_port(tmp_path):
     assert p.returncode == 2 and "port" in p.stderr
 
 
+@pytest.mark.slow
 def test_a_missing_runs_folder_and_a_busy_port_are_one_line_errors(tmp_path):
     from cli_helpers import assert_clean_error
 

@@ -160,8 +160,16 @@ def test_kv_chart_never_stacks_above_the_pool_on_a_long_run():
     rng = np.random.default_rng(2)
     used = rng.integers(0, pool, n)
     cached = rng.integers(0, pool - used + 1)  # every step: used + cached <= pool, each swinging over it all
-    steps = pd.DataFrame({"schedule_start": np.arange(n) * 0.01, "kv_used_tokens": used, "kv_cached_tokens": cached,
-                          "mode": "decode", "num_tokens": 1, "cache_hit_tokens": 0})
+    steps = pd.DataFrame(
+        {
+            "schedule_start": np.arange(n) * 0.01,
+            "kv_used_tokens": used,
+            "kv_cached_tokens": cached,
+            "mode": "decode",
+            "num_tokens": 1,
+            "cache_hit_tokens": 0,
+        }
+    )
     fig = charts.kv_figure(steps, pool)
     stacked = {t.name: np.asarray(t.y, dtype=float) for t in fig.data if t.name in ("KV used", "KV evictable cache")}
     assert 0 < len(stacked["KV used"]) <= MAX_POINTS
@@ -290,6 +298,7 @@ def test_whatif_grid_of_both_schedulers_skips_what_vllm_has_not():
     assert (vllm.scheduler, vllm.chunked_prefill_size, vllm.max_num_batched_tokens) == ("vllm", ReplayOptions().chunked_prefill_size, 512)
 
 
+@pytest.mark.slow
 def test_whatif_runs_land_as_run_folders(tmp_path, runs):
     trace = str(runs["sim-fcfs"].parent.parent / "trace.json")
     todo = variants(ReplayOptions(max_requests=20), WhatIfGrid(policies=("fcfs", "lof"), page_sizes=(1, 0)))
@@ -309,19 +318,32 @@ def test_whatif_runs_land_as_run_folders(tmp_path, runs):
 
 def test_compare_opens_on_the_newest_complete_real_run_and_a_sim_of_the_same_workload():
     def row(name, mode, status="complete", model="tiny-llama", policy="fcfs", trace="t1", time_scale=1.0):
-        return {"name": name, "mode": mode, "status": status, "model": model, "policy": policy, "trace_sha256": trace,
-                "overlap": False, "chunked_prefill_size": 8192, "page_size": 1, "kv_tokens": 4096, "time_scale": time_scale,
-                "max_requests": None}
+        return {
+            "name": name,
+            "mode": mode,
+            "status": status,
+            "model": model,
+            "policy": policy,
+            "trace_sha256": trace,
+            "overlap": False,
+            "chunked_prefill_size": 8192,
+            "page_size": 1,
+            "kv_tokens": 4096,
+            "time_scale": time_scale,
+            "max_requests": None,
+        }
 
-    index = pd.DataFrame([  # newest first, as scan_runs sorts it
-        row("real-killed", "real", status="incomplete"),
-        row("sim-other-model", "sim", model="llama-3.1-8b"),
-        row("sim-other-policy", "sim", policy="lpm"),
-        row("sim-other-trace", "sim", trace="t2"),
-        row("real-ok", "real"),
-        row("sim-same", "sim"),
-        row("sim-same-older", "sim"),
-    ])
+    index = pd.DataFrame(
+        [  # newest first, as scan_runs sorts it
+            row("real-killed", "real", status="incomplete"),
+            row("sim-other-model", "sim", model="llama-3.1-8b"),
+            row("sim-other-policy", "sim", policy="lpm"),
+            row("sim-other-trace", "sim", trace="t2"),
+            row("real-ok", "real"),
+            row("sim-same", "sim"),
+            row("sim-same-older", "sim"),
+        ]
+    )
     assert comparable_pair(index) == ["real-ok", "sim-same"]
     # No sim of the same options: the real run and the newest sim of the same trace, model and load.
     assert comparable_pair(index[~index["name"].str.startswith("sim-same")]) == ["real-ok", "sim-other-policy"]

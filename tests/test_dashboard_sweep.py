@@ -47,7 +47,9 @@ APP = REPO / "dashboard" / "app.py"
 TIMEOUT_S = 60  # a cold first run imports plotly and pandas on a shared 2-core machine
 N = 30  # requests per point
 # Queues build at x2 the load (time scale 0.5): throughput and latency trade off, and overlap off loses on both.
-TRACE = GenConfig(num_requests=N, rate=40.0, input_len="uniform:100,1500", output_len="uniform:10,120", system_prompts=3, shared_fraction=0.7, seed=5)
+TRACE = GenConfig(
+    num_requests=N, rate=40.0, input_len="uniform:100,1500", output_len="uniform:10,120", system_prompts=3, shared_fraction=0.7, seed=5
+)
 BASE = ["--max-requests", N, "--model", "tiny-llama", "--hardware", "cpu", "--workers", 2, "-q"]
 MAIN_AXES = {"policy": ["fcfs", "lpm"], "time_scale": ["0.5", "1", "2"], "overlap": ["on", "off"]}
 LATENCY, THROUGHPUT = "p90_ttft_ms", "output_throughput"
@@ -161,7 +163,9 @@ def test_pending_points_of_an_interrupted_sweep_are_listed_but_not_drawn(made, t
         df.loc[pending, column] = None
     for point in df.loc[pending, "point"]:
         shutil.rmtree(sweep_dir / "points" / point)
-    pq.write_table(pa.Table.from_pandas(df, preserve_index=False).replace_schema_metadata(table.schema.metadata), sweep_dir / "sweep.parquet")
+    pq.write_table(
+        pa.Table.from_pandas(df, preserve_index=False).replace_schema_metadata(table.schema.metadata), sweep_dir / "sweep.parquet"
+    )
     sweep = open_sweep(sweep_dir)
     shown = points_table(sweep, tmp_path)
     assert len(shown) == 12 and (shown["status"] == "pending").sum() == 4
@@ -193,7 +197,9 @@ def test_the_grid_of_a_metric_is_the_sweep_metric_at_those_axis_values(made):
         for policy, scale in itertools.product(MAIN_AXES["policy"], MAIN_AXES["time_scale"]):
             assert grid.loc[policy, scale] == _metric(df, LATENCY, policy=policy, time_scale=scale, overlap=overlap)
     # The other axis by default at its first value; averaged over with MEAN.
-    assert metric_grid(sweep, LATENCY, "time_scale", "policy").equals(metric_grid(sweep, LATENCY, "time_scale", "policy", {"overlap": "on"}))
+    assert metric_grid(sweep, LATENCY, "time_scale", "policy").equals(
+        metric_grid(sweep, LATENCY, "time_scale", "policy", {"overlap": "on"})
+    )
     mean = metric_grid(sweep, THROUGHPUT, "overlap", "time_scale", {"policy": MEAN})
     for scale, overlap in itertools.product(MAIN_AXES["time_scale"], MAIN_AXES["overlap"]):
         both = [_metric(df, THROUGHPUT, policy=p, time_scale=scale, overlap=overlap) for p in MAIN_AXES["policy"]]

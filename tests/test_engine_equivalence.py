@@ -35,8 +35,8 @@ from engine_helpers import (
 
 from engine.real_driver import RealDriver
 from scheduler.core.forward_plan import ForwardMode
-from scheduler.loop.event_loop import EventLoop
 from scheduler.core.req import FinishReason
+from scheduler.loop.event_loop import EventLoop
 from scheduler.sglang.scheduler import Scheduler
 
 
@@ -266,8 +266,13 @@ def qwen2_env(tmp_path_factory) -> Env:
         (1, 16, True, False, 4096, True),
         (4, 16, False, False, 4096, True),
     ],
-    ids=["page1-chunk16-overlap", "page4-chunk16-overlap-small-pool", "page16-nocache-normal",
-         "page1-chunk16-overlap-mixed", "page4-chunk16-normal-mixed"],
+    ids=[
+        "page1-chunk16-overlap",
+        "page4-chunk16-overlap-small-pool",
+        "page16-nocache-normal",
+        "page1-chunk16-overlap-mixed",
+        "page4-chunk16-normal-mixed",
+    ],
 )
 def test_pages_chunks_shared_prefixes_and_staggered_arrivals_keep_transformers_tokens(
     qwen2_env, page_size, chunk, overlap, disable_radix_cache, kv_tokens, mixed

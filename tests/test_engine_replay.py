@@ -23,6 +23,10 @@ from engine_helpers import save_hf_model
 from testbed.runs.folder import REQUESTS_FILE, RUN_FILE, STEPS_FILE, WALL_FILE, load_run
 from testbed.traces.schema import Trace, TraceRequest
 
+# Every test here starts `testbed replay` (most on the real engine) or waits on a module fixture
+# that does: make test-fast leaves the file out.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "testbed.cli"]
 CONTEXT = 256  # the model's max_position_embeddings
@@ -45,8 +49,7 @@ def _trace() -> Trace:
     """Ten requests 10 ms apart; most share a 16-token block (radix hits); one is longer
     than the model's context."""
     reqs = [
-        TraceRequest(arrival_s=0.01 * i, input_len=20 + 7 * i, output_len=3 + i, block_hashes=[1, 100 + i], block_size=16)
-        for i in range(9)
+        TraceRequest(arrival_s=0.01 * i, input_len=20 + 7 * i, output_len=3 + i, block_hashes=[1, 100 + i], block_size=16) for i in range(9)
     ]
     reqs.insert(4, TraceRequest(arrival_s=0.035, input_len=CONTEXT + 44, output_len=4, rid="too-long"))
     return Trace(reqs)

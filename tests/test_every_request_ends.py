@@ -8,8 +8,10 @@ from 1 token, overlap on and off.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 
 from testbed.errors import ConfigError
 from testbed.options import ReplayOptions
@@ -24,16 +26,28 @@ REQUESTS = st.lists(st.tuples(st.floats(0, 2), st.integers(1, 400), st.integers(
 def options(draw) -> ReplayOptions:
     scheduler = draw(st.sampled_from(["sglang", "vllm"]))
     page = draw(st.sampled_from([1, 16, 64] if scheduler == "sglang" else [16]))
-    common = dict(scheduler=scheduler, page_size=page, kv_tokens=draw(st.integers(64, 2000)),
-                  disable_radix_cache=draw(st.booleans()), overlap=draw(st.booleans()), model="tiny-llama", hardware="cpu")
+    common = dict(
+        scheduler=scheduler,
+        page_size=page,
+        kv_tokens=draw(st.integers(64, 2000)),
+        disable_radix_cache=draw(st.booleans()),
+        overlap=draw(st.booleans()),
+        model="tiny-llama",
+        hardware="cpu",
+    )
     if scheduler == "sglang":
-        return ReplayOptions(**common, chunked_prefill_size=draw(st.sampled_from([None, 1, 64, 512])),
-                             max_running_requests=draw(st.sampled_from([None, 1, 4])))
-    return ReplayOptions(**common, max_num_seqs=draw(st.sampled_from([None, 1, 4])),
-                         max_num_batched_tokens=draw(st.sampled_from([None, 32, 512])))
+        return ReplayOptions(
+            **common,
+            chunked_prefill_size=draw(st.sampled_from([None, 1, 64, 512])),
+            max_running_requests=draw(st.sampled_from([None, 1, 4])),
+        )
+    return ReplayOptions(
+        **common, max_num_seqs=draw(st.sampled_from([None, 1, 4])), max_num_batched_tokens=draw(st.sampled_from([None, 32, 512]))
+    )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@pytest.mark.slow
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(requests=REQUESTS, opts=options())
 def test_every_request_finishes_with_its_length_or_is_rejected_with_a_reason(requests, opts, tmp_path_factory):
     d = tmp_path_factory.mktemp("ends")

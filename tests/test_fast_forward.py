@@ -7,7 +7,7 @@ a replay with fast-forward and one with --no-fast-forward write the same run: th
 summary, and every column of requests.parquet and steps.parquet equal (timestamps within
 1e-9 s). A second test shows that the fast path is taken at all (far fewer waits than
 steps), so the first cannot pass with it switched off. FF_EXAMPLES=500 runs a longer fuzz
-(80 examples by default).
+(80 examples under --hypothesis-profile=deep, 20 under the default ci profile: hypothesis_profiles.py).
 """
 
 from __future__ import annotations
@@ -22,16 +22,17 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 from loop_helpers import CountingLoop
 
-from scheduler.sglang.config import SchedulerConfig
 from scheduler.core.forward_plan import ForwardMode, ForwardPlan
 from scheduler.core.ids import ids
+from scheduler.core.req import Req
+from scheduler.core.sampling import SamplingParams
 from scheduler.loop.event_loop import DeadlockError
 from scheduler.memory.memory_pool import TokenToKVPoolAllocator
 from scheduler.model_config import load_model_config
-from scheduler.core.req import Req
-from scheduler.core.sampling import SamplingParams
+from scheduler.sglang.config import SchedulerConfig
 from scheduler.sglang.decode_stretches import SglangDecodeStretches
 from scheduler.sglang.scheduler import Scheduler
 from scheduler.vllm.config import VllmSchedulerConfig
@@ -46,8 +47,18 @@ from testbed.runs.folder import load_run
 from testbed.traces.schema import Trace, TraceRequest
 
 SGLANG_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random", "priority")
-TIME_COLUMNS = ("schedule_start", "schedule_end", "launch_start", "launch_end", "device_start", "device_end",
-                "process_start", "process_end")
+# Each example is two whole replays: FF_EXAMPLES (when set) or examples(80).
+FF_EXAMPLES = int(os.environ.get("FF_EXAMPLES", 0)) or examples(80)
+TIME_COLUMNS = (
+    "schedule_start",
+    "schedule_end",
+    "launch_start",
+    "launch_end",
+    "device_start",
+    "device_end",
+    "process_start",
+    "process_end",
+)
 
 
 @st.composite
@@ -107,17 +118,28 @@ def _assert_frames_equal(a: pd.DataFrame, b: pd.DataFrame, what: str) -> None:
 # Found by the property: under vLLM, a prompt's last token computed alone (a one-token chunk)
 # is an extend step, not the first step of a decode stretch.
 _ONE_TOKEN_LAST_CHUNK = (
-    Trace(requests=[
-        TraceRequest(arrival_s=0.0, input_len=1, output_len=1, input_ids=[50000]),
-        TraceRequest(arrival_s=0.001, input_len=29, output_len=2, input_ids=list(range(20000, 20029))),
-        TraceRequest(arrival_s=0.001, input_len=35, output_len=5, input_ids=list(range(10000, 10035))),
-    ]),
-    {"scheduler": "vllm", "overlap": False, "page_size": 16, "kv_tokens": 80, "disable_radix_cache": False,
-     "policy": "fcfs", "max_num_seqs": 2, "max_num_batched_tokens": 32},
+    Trace(
+        requests=[
+            TraceRequest(arrival_s=0.0, input_len=1, output_len=1, input_ids=[50000]),
+            TraceRequest(arrival_s=0.001, input_len=29, output_len=2, input_ids=list(range(20000, 20029))),
+            TraceRequest(arrival_s=0.001, input_len=35, output_len=5, input_ids=list(range(10000, 10035))),
+        ]
+    ),
+    {
+        "scheduler": "vllm",
+        "overlap": False,
+        "page_size": 16,
+        "kv_tokens": 80,
+        "disable_radix_cache": False,
+        "policy": "fcfs",
+        "max_num_seqs": 2,
+        "max_num_batched_tokens": 32,
+    },
 )
 
 
-@settings(max_examples=int(os.environ.get("FF_EXAMPLES", 80)), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@pytest.mark.slow
+@settings(max_examples=FF_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(case=_case())
 @example(case=_ONE_TOKEN_LAST_CHUNK)
 def test_fast_forward_gives_the_run_that_stepping_gives(case, tmp_path_factory):
@@ -169,25 +191,36 @@ def _queued_case(draw):
 
 def _queued_trace(shapes: list[tuple[float, int, list[tuple[int, int]]]]) -> Trace:
     """(arrival, output length, the prompt as ranges of token ids) each."""
-    return Trace([TraceRequest(t, sum(b - a for a, b in runs), out, input_ids=[x for a, b in runs for x in range(a, b)])
-                  for t, out, runs in shapes])
+    return Trace(
+        [TraceRequest(t, sum(b - a for a, b in runs), out, input_ids=[x for a, b in runs for x in range(a, b)]) for t, out, runs in shapes]
+    )
 
 
 # Found by the property: with overlap, the stretch's first step processes the prefill it merges,
 # whose request caches (and locks) the system prompt that the head of the queue shares, so the
 # head's locked prefix grows in the stretch (a bound from the cache alone admitted at a check).
 _PREFILL_LOCKS_THE_HEADS_PREFIX = (
-    _queued_trace([(0.0, 5, [(50_000 + 1000 * i, 50_010 + 1000 * i)]) for i in range(7)]
-                  + [(0.0, 96, [(57_000, 57_010)]), (0.001, 5, [(10_000, 10_100), (58_000, 58_075)])]
-                  + [(0.001, 6 if i == 65 else 5, [(1000 * i, 1000 * i + 10)]) for i in range(59, 66)]
-                  + [(0.001, 5, [(66_000, 66_200)]), (0.001, 5, [(10_000, 10_100), (67_000, 67_450)])]),
-    {"scheduler": "sglang", "overlap": True, "page_size": 1, "kv_tokens": 1110, "disable_radix_cache": False,
-     "policy": "fcfs", "chunked_prefill_size": 0, "max_running_requests": None},
+    _queued_trace(
+        [(0.0, 5, [(50_000 + 1000 * i, 50_010 + 1000 * i)]) for i in range(7)]
+        + [(0.0, 96, [(57_000, 57_010)]), (0.001, 5, [(10_000, 10_100), (58_000, 58_075)])]
+        + [(0.001, 6 if i == 65 else 5, [(1000 * i, 1000 * i + 10)]) for i in range(59, 66)]
+        + [(0.001, 5, [(66_000, 66_200)]), (0.001, 5, [(10_000, 10_100), (67_000, 67_450)])]
+    ),
+    {
+        "scheduler": "sglang",
+        "overlap": True,
+        "page_size": 1,
+        "kv_tokens": 1110,
+        "disable_radix_cache": False,
+        "policy": "fcfs",
+        "chunked_prefill_size": 0,
+        "max_running_requests": None,
+    },
 )
 
 
-@settings(max_examples=int(os.environ.get("FF_EXAMPLES", 80)) // 2, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@pytest.mark.slow
+@settings(max_examples=FF_EXAMPLES // 2, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(case=_queued_case())
 @example(case=_PREFILL_LOCKS_THE_HEADS_PREFIX)
 def test_stretches_through_admission_checks_give_the_run_that_stepping_gives(case, tmp_path_factory):
@@ -273,8 +306,9 @@ class _BulkMarkingVllmStretches(VllmDecodeStretches):
             self.sched._in_bulk = False
 
 
-def _light_run(fast_forward: bool, overlap: bool, kv_tokens: int = 200_000, page_size: int = 1,
-               scheduler: str = "sglang") -> tuple[CountingLoop, Scheduler | VllmScheduler]:
+def _light_run(
+    fast_forward: bool, overlap: bool, kv_tokens: int = 200_000, page_size: int = 1, scheduler: str = "sglang"
+) -> tuple[CountingLoop, Scheduler | VllmScheduler]:
     """20 requests 0.7 s apart, 100-400 tokens each: long decodes between arrivals."""
     rnd = random.Random(3)
     model = load_model_config("llama-3.1-8b")
@@ -308,6 +342,7 @@ def _assert_same_run(ff_loop, ff_sched, step_loop, step_sched) -> None:
     assert ff_sched.tree_cache._clock == step_sched.tree_cache._clock
 
 
+@pytest.mark.slow
 def test_fast_forward_takes_decode_stretches_in_few_waits():
     for overlap in (False, True):
         step_loop, step_sched = _light_run(False, overlap)
@@ -319,6 +354,7 @@ def test_fast_forward_takes_decode_stretches_in_few_waits():
         _assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("overlap", [False, True])
 def test_stretches_go_through_finishes_and_evictions_as_steps_do(overlap, page_size):
@@ -336,7 +372,9 @@ def test_stretches_go_through_finishes_and_evictions_as_steps_do(overlap, page_s
     _assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
 
 
-def _queued_run(fast_forward: bool, overlap: bool, page_size: int = 1, long_every: int = 0) -> tuple[CountingLoop, _StretchRecordingScheduler]:
+def _queued_run(
+    fast_forward: bool, overlap: bool, page_size: int = 1, long_every: int = 0
+) -> tuple[CountingLoop, _StretchRecordingScheduler]:
     """60 requests at once on a KV pool for about a dozen: the batch is full and the rest wait,
     each admitted when KV frees up. long_every: every so many a prompt of 1,500-2,500 tokens,
     which waits at the head of the queue for several requests to leave."""
@@ -369,11 +407,14 @@ def test_stretches_beside_a_waiting_queue_go_through_a_finish_as_steps_do(overla
             last = segments[-1]
             # overlap: the last step is a segment's first, which drops the leaving request;
             # without: the last step computes a request's last token.
-            through += bool(last.leaving and num_steps == last.first_step + 1) if overlap else bool(last.finishing and num_steps == last.stop)
+            through += (
+                bool(last.leaving and num_steps == last.first_step + 1) if overlap else bool(last.finishing and num_steps == last.stop)
+            )
     assert through >= 10, "stretches beside a waiting queue stopped short of a finish"
     _assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("long_every", [3, 4])  # (4: with overlap, two requests leave at consecutive steps)
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("overlap", [False, True])
@@ -392,6 +433,7 @@ def test_stretches_beside_a_waiting_queue_go_through_refused_admissions_as_steps
     _assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlap", [False, True])
 def test_vllm_stretches_go_through_filled_blocks_evictions_and_finishes_as_steps_do(overlap):
     """vLLM with prefix caching (blocks of 16) on a KV pool its cache fills: a block that a
@@ -418,7 +460,9 @@ def _allocator(rnd: random.Random) -> TokenToKVPoolAllocator:
 
 
 @settings(max_examples=200, deadline=None)
-@given(seed=st.integers(0, 10**6), per_step=st.integers(0, 7), steps=st.integers(1, 40))  # (both sides of take_pages_in_steps's numpy threshold)
+@given(
+    seed=st.integers(0, 10**6), per_step=st.integers(0, 7), steps=st.integers(1, 40)
+)  # (both sides of take_pages_in_steps's numpy threshold)
 def test_bulk_page_takes_equal_one_take_at_a_time(seed, per_step, steps):
     one, bulk, singly = (_allocator(random.Random(seed)) for _ in range(3))
     taken = ids()
@@ -442,6 +486,7 @@ def test_bulk_page_takes_equal_one_take_at_a_time(seed, per_step, steps):
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "opts",
     [
@@ -486,15 +531,31 @@ def test_roofline_prices_a_stretch_as_each_step_alone(per_component, tp, attenti
         bulk = cost.decode_forward_times(bs, sum(seq_lens), max(seq_lens) + 1, 300)
         for j in range(300):
             before = [s + j for s in seq_lens]
-            plan = ForwardPlan(ForwardMode.DECODE, list(range(bs)), before, [1] * bs, [s + 1 for s in before], [], [True] * bs,
-                               ids(), num_tokens=bs, sum_seq_len=sum(before) + bs, sum_prefix_len=sum(before),
-                               attention_pairs=float(sum(before) + bs), max_seq_len=max(before) + 1)
+            plan = ForwardPlan(
+                ForwardMode.DECODE,
+                list(range(bs)),
+                before,
+                [1] * bs,
+                [s + 1 for s in before],
+                [],
+                [True] * bs,
+                ids(),
+                num_tokens=bs,
+                sum_seq_len=sum(before) + bs,
+                sum_prefix_len=sum(before),
+                attention_pairs=float(sum(before) + bs),
+                max_seq_len=max(before) + 1,
+            )
             assert bulk[j] == cost.forward_time(plan)
 
 
 @settings(max_examples=300, deadline=None)
-@given(free=st.integers(-5, 400), per_step=st.lists(st.integers(0, 9), min_size=1, max_size=4),
-       reserve=st.integers(0, 40), limit=st.integers(0, 120))
+@given(
+    free=st.integers(-5, 400),
+    per_step=st.lists(st.integers(0, 9), min_size=1, max_size=4),
+    reserve=st.integers(0, 40),
+    limit=st.integers(0, 120),
+)
 def test_steps_with_pages_counts_as_taking_them_one_step_at_a_time(free, per_step, reserve, limit):
     """The stretch planner's count of steps that find their pages (closed-form where pages are
     slots) against taking the pages a step at a time."""

@@ -4,6 +4,8 @@ so that many replays in one process (a study) do not pile up each run's radix tr
 import gc
 import weakref
 
+import pytest
+
 from scheduler.loop.gc_pause import gc_paused
 
 
@@ -17,6 +19,7 @@ def cyclic_garbage() -> weakref.ref:
     return weakref.ref(a)
 
 
+@pytest.mark.slow
 def test_a_blocks_cyclic_garbage_is_collected_when_the_next_block_begins():
     assert gc.isenabled()
     with gc_paused():

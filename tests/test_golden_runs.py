@@ -42,6 +42,7 @@ def _assert_run_json_equal(got: Path, want: Path) -> None:
     assert g == w, f"{got} differs from {want}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(GOLDEN_COMMANDS))
 def test_command_writes_the_golden_folder(name, tmp_path):
     want_root = GOLDEN_DIR / name

@@ -38,20 +38,31 @@ INT64_CASES = {
     "native-input_len": ("t.jsonl", [GOOD, f'{{"arrival": 1.0, "input_len": {BIG}, "output_len": 5}}'], 2, "input_len"),
     "native-output_len": ("t.jsonl", [GOOD, GOOD, f'{{"arrival": 1.0, "input_len": 3, "output_len": {2**70}}}'], 3, "output_len"),
     "native-priority-high": ("t.jsonl", [GOOD, f'{{"arrival": 1.0, "input_len": 3, "output_len": 4, "priority": {BIG}}}'], 2, "priority"),
-    "native-priority-low": ("t.jsonl", [GOOD, f'{{"arrival": 1.0, "input_len": 3, "output_len": 4, "priority": {-BIG - 1}}}'], 2, "priority"),
+    "native-priority-low": (
+        "t.jsonl",
+        [GOOD, f'{{"arrival": 1.0, "input_len": 3, "output_len": 4, "priority": {-BIG - 1}}}'],
+        2,
+        "priority",
+    ),
     "mooncake-input_length": (
         "m.jsonl",
-        ['{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}',
-         f'{{"timestamp": 5, "input_length": {BIG}, "output_length": 5, "hash_ids": [1]}}'],
-        2, "input_length",
+        [
+            '{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}',
+            f'{{"timestamp": 5, "input_length": {BIG}, "output_length": 5, "hash_ids": [1]}}',
+        ],
+        2,
+        "input_length",
     ),
     "azure-ContextTokens": (
-        "a.csv", ["TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-16 18:17:03.98,10,5", f"2023-11-16 18:17:04.0,{BIG},5"],
-        3, "ContextTokens",
+        "a.csv",
+        ["TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-16 18:17:03.98,10,5", f"2023-11-16 18:17:04.0,{BIG},5"],
+        3,
+        "ContextTokens",
     ),
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(INT64_CASES))
 def test_integers_past_int64_are_refused_naming_the_line(tmp_path, case):
     name, lines, lineno, field = INT64_CASES[case]
@@ -62,6 +73,7 @@ def test_integers_past_int64_are_refused_naming_the_line(tmp_path, case):
     assert not out.exists()  # refused before the run started, not after simulating it
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["jsonl", "json"])
 def test_an_arrival_that_time_scale_makes_infinite_is_refused_naming_the_line(tmp_path, fmt):
     lines = [GOOD, '{"arrival": 1e300, "input_len": 3, "output_len": 4}', '{"arrival": 1e308, "input_len": 3, "output_len": 4}']
@@ -73,8 +85,9 @@ def test_an_arrival_that_time_scale_makes_infinite_is_refused_naming_the_line(tm
     out = tmp_path / "run"
     assert _testbed("replay", path, "--out", out, "-q").returncode == 0  # finite at --time-scale 1
     lineno = 3 if fmt == "jsonl" else 4
-    line = assert_clean_error(_testbed("replay", path, "--time-scale", 10, "--out", tmp_path / "run2", "-q"),
-                              f"{path}:{lineno}", "arrival", "--time-scale 10")
+    line = assert_clean_error(
+        _testbed("replay", path, "--time-scale", 10, "--out", tmp_path / "run2", "-q"), f"{path}:{lineno}", "arrival", "--time-scale 10"
+    )
     assert "finite" in line
     assert not (tmp_path / "run2").exists()
 
@@ -88,8 +101,11 @@ def test_rate_on_a_trace_with_arrival_times_is_refused(tmp_path):
 # --- accepted -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_requests_object_without_format_key_is_the_native_format(tmp_path):
-    one_line = _write(tmp_path / "one.json", json.dumps({"requests": [json.loads(GOOD), {"arrival": 0.5, "input_len": 7, "output_len": 2}]}))
+    one_line = _write(
+        tmp_path / "one.json", json.dumps({"requests": [json.loads(GOOD), {"arrival": 0.5, "input_len": 7, "output_len": 2}]})
+    )
     spread = _write(tmp_path / "spread.json", '{"requests": [', GOOD + ",", '{"arrival": 0.5, "input_len": 7, "output_len": 2}', "]}")
     for path in (one_line, spread):
         out = tmp_path / f"run-{path.stem}"
@@ -100,6 +116,7 @@ def test_a_requests_object_without_format_key_is_the_native_format(tmp_path):
         assert run.requests["input_tokens"].tolist() == [10, 7] and run.summary["completed"] == 2
 
 
+@pytest.mark.slow
 def test_a_csv_with_the_native_keys_is_the_native_format(tmp_path):
     path = _write(tmp_path / "t.csv", "arrival,input_len,output_len,id,priority", "0.0,10,5,first,1", "0.25,20,3,,0", "1.5,7,2,third,")
     out = tmp_path / "run"
@@ -119,11 +136,17 @@ def test_a_csv_with_the_native_keys_is_the_native_format(tmp_path):
 # --- rejections -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_rejections_are_counted_by_reason_in_the_summary(tmp_path):
     # tiny-llama's context is 4096 tokens. SGLang's rules: a prompt must leave 6 tokens of the
     # smaller of context and KV pool; a longer output is cut to fit, not refused.
-    lines = [GOOD, '{"arrival": 0.1, "input_len": 5000, "output_len": 5}', '{"arrival": 0.2, "input_len": 6000, "output_len": 5}',
-             '{"arrival": 0.3, "input_len": 1000, "output_len": 1000}', '{"arrival": 0.4, "input_len": 2000, "output_len": 2500}']
+    lines = [
+        GOOD,
+        '{"arrival": 0.1, "input_len": 5000, "output_len": 5}',
+        '{"arrival": 0.2, "input_len": 6000, "output_len": 5}',
+        '{"arrival": 0.3, "input_len": 1000, "output_len": 1000}',
+        '{"arrival": 0.4, "input_len": 2000, "output_len": 2500}',
+    ]
     path = _write(tmp_path / "t.jsonl", *lines)
     proc = _testbed("replay", path, "--model", "tiny-llama", "--kv-tokens", 8000, "--out", tmp_path / "run", "-q")
     assert proc.returncode == 0, proc.stderr
@@ -138,7 +161,9 @@ def test_rejections_are_counted_by_reason_in_the_summary(tmp_path):
 
 
 def test_a_run_where_every_request_is_rejected_fails_with_the_reasons(tmp_path):
-    path = _write(tmp_path / "t.jsonl", '{"arrival": 0.0, "input_len": 5000, "output_len": 5}', '{"arrival": 0.2, "input_len": 6000, "output_len": 5}')
+    path = _write(
+        tmp_path / "t.jsonl", '{"arrival": 0.0, "input_len": 5000, "output_len": 5}', '{"arrival": 0.2, "input_len": 6000, "output_len": 5}'
+    )
     out = tmp_path / "run"
     proc = _testbed("replay", path, "--model", "tiny-llama", "--out", out, "-q")
     line = assert_clean_error(proc, "every request was rejected", "2 leave no room for output: prompts must be under 4090 tokens", str(out))

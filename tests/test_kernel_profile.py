@@ -113,10 +113,21 @@ def test_a_ragged_decode_batch_is_priced_by_its_mean_context(profiles):
 def mixed_plan(mode: ForwardMode, prefix_lens: list[int], extend_lens: list[int]) -> ForwardPlan:
     n, sum_seq, sum_prefix, pairs, longest = ForwardPlan.summarize(prefix_lens, extend_lens)
     b = len(prefix_lens)
-    return ForwardPlan(mode=mode, req_pool_indices=list(range(b)), prefix_lens=prefix_lens, extend_lens=extend_lens,
-                       seq_lens=[p + e for p, e in zip(prefix_lens, extend_lens)], sampling=[], sample=[True] * b,
-                       out_cache_loc=None, num_tokens=n, sum_seq_len=sum_seq, sum_prefix_len=sum_prefix,
-                       attention_pairs=pairs, max_seq_len=longest)
+    return ForwardPlan(
+        mode=mode,
+        req_pool_indices=list(range(b)),
+        prefix_lens=prefix_lens,
+        extend_lens=extend_lens,
+        seq_lens=[p + e for p, e in zip(prefix_lens, extend_lens)],
+        sampling=[],
+        sample=[True] * b,
+        out_cache_loc=None,
+        num_tokens=n,
+        sum_seq_len=sum_seq,
+        sum_prefix_len=sum_prefix,
+        attention_pairs=pairs,
+        max_seq_len=longest,
+    )
 
 
 def test_a_mixed_batch_prices_its_chunk_and_its_decodes(profiles):
@@ -162,7 +173,12 @@ def test_a_forward_outside_a_cuda_graph_waits_for_the_hosts_dispatch(profiles):
 
 def test_tp2_is_faster_per_step_than_tp1_but_slower_than_half(profiles):
     one, two = cost(profiles, "h100-tp1"), cost(profiles, "h100-tp2")
-    for price in (lambda c: decode(c, 32, 2000), lambda c: decode(c, 1, 100), lambda c: extend(c, 1, 4096), lambda c: extend(c, 4, 1000, 3000)):
+    for price in (
+        lambda c: decode(c, 32, 2000),
+        lambda c: decode(c, 1, 100),
+        lambda c: extend(c, 1, 4096),
+        lambda c: extend(c, 4, 1000, 3000),
+    ):
         t1, t2 = price(one), price(two)
         assert t1 / 2 < t2 < t1
 
@@ -190,11 +206,14 @@ def test_past_the_grids_prices_extrapolate_linearly(profiles):
     assert beyond == pytest.approx(a2 + (a2 - a1) * (pairs(2 * top_s) - pairs(top_s)) / (pairs(top_s) - pairs(top_s // 2)))
 
 
+@pytest.mark.slow
 def test_a_replay_with_a_kernel_profile_sizes_kv_from_the_profiles_gpu(profiles, tmp_path):
     model = load_model_config(MODEL)
     for key, tp in (("rtx-tp1", 1), ("h100-tp2", 2)):
         out = tmp_path / key
-        result = replay(str(REPO / "traces" / "a.json"), ReplayOptions(model=MODEL, tp=tp, profile=str(profiles[key]), max_requests=40), out=out)
+        result = replay(
+            str(REPO / "traces" / "a.json"), ReplayOptions(model=MODEL, tp=tp, profile=str(profiles[key]), max_requests=40), out=out
+        )
         meta = json.loads((out / "run.json").read_text())
         system = BUILDS[key][0]
         assert result.status == "complete" and meta["hardware"] == system and meta["cost_model"] == f"profile:{key}.json"
@@ -226,28 +245,37 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "testbed.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=300)
 
 
-@pytest.mark.parametrize("args, needles", [
-    (["--system", "h100_sxmm"], ["h100_sxmm", "h100_sxm", "rtx_pro_6000_server"]),
-    (["--system", "b60", "--backend", "sglang"], ["b60", "no 'sglang' kernels", "vllm"]),
-    (["--system", "h100_sxm", "--backend-version", "0.0.1"], ["no version '0.0.1'", "0.5.14"]),
-    (["--system", "h100_sxm", "--model", "no-such-model"], ["no-such-model", "bundled"]),
-    (["--system", "h100_sxm", "--model", MODEL, "--tp", "3"], ["--tp 3", "16 attention heads"]),
-    (["--system", "h100_sxm", "--model", MODEL, "--tp", "16"], ["--tp 16"]),
-    ([], ["needs --system", "h100_sxm"]),
-])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--system", "h100_sxmm"], ["h100_sxmm", "h100_sxm", "rtx_pro_6000_server"]),
+        (["--system", "b60", "--backend", "sglang"], ["b60", "no 'sglang' kernels", "vllm"]),
+        (["--system", "h100_sxm", "--backend-version", "0.0.1"], ["no version '0.0.1'", "0.5.14"]),
+        (["--system", "h100_sxm", "--model", "no-such-model"], ["no-such-model", "bundled"]),
+        (["--system", "h100_sxm", "--model", MODEL, "--tp", "3"], ["--tp 3", "16 attention heads"]),
+        (["--system", "h100_sxm", "--model", MODEL, "--tp", "16"], ["--tp 16"]),
+        ([], ["needs --system", "h100_sxm"]),
+    ],
+)
 def test_calibrate_bad_input_is_one_line_exit_2(tmp_path, args, needles):
     assert_clean_error(run_cli("calibrate", "--source", "aiconfigurator", *args, "--out", str(tmp_path / "p.json"), "-q"), *needles)
     assert not (tmp_path / "p.json").exists()
 
 
+@pytest.mark.slow
 def test_without_the_package_the_error_names_the_extra(tmp_path):
     # Imports of the package fail, as where it is not installed.
-    code = ("import sys; sys.modules['aiconfigurator_core'] = None; from testbed.cli import main; "
-            f"sys.exit(main(['calibrate', '--source', 'aiconfigurator', '--system', 'h100_sxm', '--out', {str(tmp_path / 'p.json')!r}, '-q']))")
+    code = (
+        "import sys; sys.modules['aiconfigurator_core'] = None; from testbed.cli import main; "
+        f"sys.exit(main(['calibrate', '--source', 'aiconfigurator', '--system', 'h100_sxm', '--out', {str(tmp_path / 'p.json')!r}, '-q']))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert_clean_error(proc, "pip install -e '.[aiconfigurator]'")
-    code = ("import sys; sys.modules['aiconfigurator_core'] = None; from testbed.cli import main; "
-            "sys.exit(main(['replay', 'traces/a.json', '--hardware', 'h100_sxm', '-q']))")
+    code = (
+        "import sys; sys.modules['aiconfigurator_core'] = None; from testbed.cli import main; "
+        "sys.exit(main(['replay', 'traces/a.json', '--hardware', 'h100_sxm', '-q']))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert_clean_error(proc, "h100_sxm", "[aiconfigurator]")
 

@@ -41,9 +41,21 @@ def mixed_plan(chunk: int, decodes: int, context: int) -> ForwardPlan:
     prefix_lens, extend_lens = [0] + [context - 1] * decodes, [chunk] + [1] * decodes
     n, sum_seq, sum_prefix, pairs, longest = ForwardPlan.summarize(prefix_lens, extend_lens)
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
-    return ForwardPlan(mode=ForwardMode.MIXED, req_pool_indices=list(range(decodes + 1)), prefix_lens=prefix_lens,
-                       extend_lens=extend_lens, seq_lens=seq_lens, sampling=[], sample=[True] * (decodes + 1), out_cache_loc=None,
-                       num_tokens=n, sum_seq_len=sum_seq, sum_prefix_len=sum_prefix, attention_pairs=pairs, max_seq_len=longest)
+    return ForwardPlan(
+        mode=ForwardMode.MIXED,
+        req_pool_indices=list(range(decodes + 1)),
+        prefix_lens=prefix_lens,
+        extend_lens=extend_lens,
+        seq_lens=seq_lens,
+        sampling=[],
+        sample=[True] * (decodes + 1),
+        out_cache_loc=None,
+        num_tokens=n,
+        sum_seq_len=sum_seq,
+        sum_prefix_len=sum_prefix,
+        attention_pairs=pairs,
+        max_seq_len=longest,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -74,19 +86,61 @@ def test_a_mixed_forward_charges_its_decode_rows_the_measured_factor_and_nothing
     assert extra > 0.5 * decode_rows
 
 
+@pytest.mark.slow
 def test_calibrate_records_the_factor_and_refuses_a_file_that_is_not_mixed_timings(tmp_path):
     out = tmp_path / "p.json"
-    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "calibrate", "--source", "aiconfigurator", "--system",
-                           "rtx_pro_6000_server", "--backend", "vllm", "--model", "llama-3.1-8b", "--mixed-attention", str(TIMINGS),
-                           "--out", str(out), "-q"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "testbed.cli",
+            "calibrate",
+            "--source",
+            "aiconfigurator",
+            "--system",
+            "rtx_pro_6000_server",
+            "--backend",
+            "vllm",
+            "--model",
+            "llama-3.1-8b",
+            "--mixed-attention",
+            str(TIMINGS),
+            "--out",
+            str(out),
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "decode rows beside a prefill chunk" in proc.stdout and "x at 64 of 4,096" in proc.stdout
     assert json.loads(out.read_text())["kernels"]["mixed_decode_factor"]["source"] == str(TIMINGS)
     bad = tmp_path / "dense.csv"
     bad.write_text("layer,tokens,time_us\nqkv_proj,1,3.0\n")
-    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "calibrate", "--source", "aiconfigurator", "--system",
-                           "rtx_pro_6000_server", "--backend", "vllm", "--mixed-attention", str(bad), "--out", str(tmp_path / "q.json")],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "testbed.cli",
+            "calibrate",
+            "--source",
+            "aiconfigurator",
+            "--system",
+            "rtx_pro_6000_server",
+            "--backend",
+            "vllm",
+            "--mixed-attention",
+            str(bad),
+            "--out",
+            str(tmp_path / "q.json"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert_clean_error(proc, str(bad), "prefill_chunk")
     with pytest.raises(MixedAttentionError, match="no column"):
         from_llmservingsim(bad)

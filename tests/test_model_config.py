@@ -176,9 +176,5 @@ def test_defaults_for_optional_keys():
 
 def test_scheduler_module_imports_no_heavy_deps():
     # scheduler/ must stay importable without torch, simpy or numpy.
-    code = (
-        "import sys, scheduler.model_config; "
-        "bad = {'torch', 'simpy', 'numpy'} & set(sys.modules); "
-        "assert not bad, bad"
-    )
+    code = "import sys, scheduler.model_config; bad = {'torch', 'simpy', 'numpy'} & set(sys.modules); assert not bad, bad"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])

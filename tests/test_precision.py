@@ -112,9 +112,22 @@ def test_block_fp8_and_nvfp4_weights_are_priced_from_their_own_gemm_tables(profi
     assert 0.6 < hbm_floor_s(model, 1, 1e12, Precision("nvfp4")) / hbm_floor_s(model, 1, 1e12, Precision("fp8")) < 0.7
 
 
+@pytest.mark.slow
 def test_nvfp4_weights_on_a_gpu_without_fp4_gemms_are_refused(tmp_path):
-    proc = run_cli("calibrate", "--source", "aiconfigurator", "--system", "h100_sxm", "--model", "qwen3-0.6b",
-                   "--quantization", "nvfp4", "--out", str(tmp_path / "p.json"), "-q")
+    proc = run_cli(
+        "calibrate",
+        "--source",
+        "aiconfigurator",
+        "--system",
+        "h100_sxm",
+        "--model",
+        "qwen3-0.6b",
+        "--quantization",
+        "nvfp4",
+        "--out",
+        str(tmp_path / "p.json"),
+        "-q",
+    )
     assert_clean_error(proc, "--quantization nvfp4", "h100_sxm", "no fp4 tensor cores")
     assert not (tmp_path / "p.json").exists()
 
@@ -127,6 +140,7 @@ def test_fp8_kv_attention_is_priced_from_the_fp8_kv_tables(profiles):
     assert d8["seconds"][big[0]][big[1]] < 0.85 * d16["seconds"][big[0]][big[1]], "half the KV bytes to read"
 
 
+@pytest.mark.slow
 def test_a_system_without_fp8_kv_attention_tables_says_it_priced_bf16(profiles, tmp_path):
     p = read(profiles, "a100-kvfp8")["precision"]
     assert p["kv_cache"] == "fp8", "the pool still holds fp8: a replay asks for fp8"
@@ -135,20 +149,46 @@ def test_a_system_without_fp8_kv_attention_tables_says_it_priced_bf16(profiles, 
     assert "a100_sxm" in record["why"] and "no fp8-KV" in record["why"]
     assert p["prefill_attention"]["kv_cache"] == p["decode_attention"]["kv_cache"] == "bfloat16"
     # calibrate says it in one line.
-    proc = run_cli("calibrate", "--source", "aiconfigurator", "--system", "a100_sxm", "--model", "qwen3-0.6b",
-                   "--kv-cache-dtype", "fp8", "--out", str(tmp_path / "p.json"), "-q")
+    proc = run_cli(
+        "calibrate",
+        "--source",
+        "aiconfigurator",
+        "--system",
+        "a100_sxm",
+        "--model",
+        "qwen3-0.6b",
+        "--kv-cache-dtype",
+        "fp8",
+        "--out",
+        str(tmp_path / "p.json"),
+        "-q",
+    )
     assert proc.returncode == 0, proc.stderr
     said = [line for line in proc.stdout.splitlines() if "--kv-cache-dtype fp8" in line]
     assert len(said) == 1 and "priced as bfloat16" in said[0] and "no fp8-KV" in said[0], proc.stdout
 
 
+@pytest.mark.slow
 def test_fp8_weights_on_a_gpu_without_fp8_gemms_are_refused(tmp_path):
-    proc = run_cli("calibrate", "--source", "aiconfigurator", "--system", "a100_sxm", "--model", "qwen3-0.6b",
-                   "--quantization", "fp8", "--out", str(tmp_path / "p.json"), "-q")
+    proc = run_cli(
+        "calibrate",
+        "--source",
+        "aiconfigurator",
+        "--system",
+        "a100_sxm",
+        "--model",
+        "qwen3-0.6b",
+        "--quantization",
+        "fp8",
+        "--out",
+        str(tmp_path / "p.json"),
+        "-q",
+    )
     assert_clean_error(proc, "--quantization fp8", "a100_sxm", "no fp8 tensor cores")
     assert not (tmp_path / "p.json").exists()
 
 
+@pytest.mark.slow
 def test_the_kv_pool_from_memory_holds_more_with_fp8_weights_and_twice_with_fp8_kv(profiles, tmp_path):
     tokens = {}
     for key, options in (("bf16", {}), ("fp8", {"quantization": "fp8"}), ("kvfp8", {"kv_cache_dtype": "fp8"})):
@@ -193,39 +233,79 @@ def test_the_roofline_reads_fp8_weights_at_1_byte_and_runs_them_at_the_fp8_peak(
     assert on_hopper.forward_time(prefill) == RooflineCostModel(model, h100).forward_time(prefill)
 
 
+@pytest.mark.slow
 def test_a_profile_of_another_precision_is_refused_naming_both(profiles, tmp_path):
     with pytest.raises(ConfigError, match="built for fp8 weights and bfloat16 KV cache, not bfloat16 weights and bfloat16 KV cache"):
         replay(TRACE, ReplayOptions(model=MODEL, profile=str(profiles["fp8"])), out=tmp_path / "a")
-    proc = run_cli("replay", TRACE, "--model", MODEL, "--profile", str(profiles["bf16"]), "--kv-cache-dtype", "fp8",
-                   "--out", str(tmp_path / "b"), "-q")
+    proc = run_cli(
+        "replay", TRACE, "--model", MODEL, "--profile", str(profiles["bf16"]), "--kv-cache-dtype", "fp8", "--out", str(tmp_path / "b"), "-q"
+    )
     assert_clean_error(proc, "built for bfloat16 weights and bfloat16 KV cache", "not bfloat16 weights and fp8 KV cache")
     # The shipped profiles, made before these options, are bf16.
-    proc = run_cli("replay", TRACE, "--profile", "profiles/h100_sxm-sglang-llama-3.1-8b-tp1.json", "--quantization", "fp8",
-                   "--out", str(tmp_path / "c"), "-q")
+    proc = run_cli(
+        "replay",
+        TRACE,
+        "--profile",
+        "profiles/h100_sxm-sglang-llama-3.1-8b-tp1.json",
+        "--quantization",
+        "fp8",
+        "--out",
+        str(tmp_path / "c"),
+        "-q",
+    )
     assert_clean_error(proc, "built for bfloat16 weights", "not fp8 weights")
     # A profile of this project's engine runs the model's dtype.
-    proc = run_cli("replay", TRACE, "--model", "tiny-llama", "--profile", "profiles/cpu-tiny-llama.json", "--quantization", "fp8",
-                   "--out", str(tmp_path / "d"), "-q")
+    proc = run_cli(
+        "replay",
+        TRACE,
+        "--model",
+        "tiny-llama",
+        "--profile",
+        "profiles/cpu-tiny-llama.json",
+        "--quantization",
+        "fp8",
+        "--out",
+        str(tmp_path / "d"),
+        "-q",
+    )
     assert_clean_error(proc, "this project's engine", "fp8 weights")
 
 
-@pytest.mark.parametrize("args, needles", [
-    (["replay", TRACE, "--quantization", "int4"], ["--quantization", "int4", "fp8"]),
-    (["replay", TRACE, "--kv-cache-dtype", "fp16"], ["--kv-cache-dtype", "fp16", "auto", "bf16", "fp8"]),
-    (["replay", TRACE, "--mode", "real", "--quantization", "fp8"], ["--quantization fp8", "--mode sim"]),
-    (["calibrate", "--source", "aiconfigurator", "--system", "h100_sxm", "--quantization", "fp4"], ["--quantization", "fp4", "nvfp4"]),
-    (["calibrate", "--source", "aiconfigurator", "--system", "h100_sxm", "--kv-cache-dtype", "int8"], ["--kv-cache-dtype", "int8"]),
-    (["calibrate", "--kv-cache-dtype", "fp8"], ["--source aiconfigurator"]),
-    (["sweep", TRACE, "--grid", "kv-cache-dtype=auto,fp9"], ["kv-cache-dtype", "fp9"]),
-])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["replay", TRACE, "--quantization", "int4"], ["--quantization", "int4", "fp8"]),
+        (["replay", TRACE, "--kv-cache-dtype", "fp16"], ["--kv-cache-dtype", "fp16", "auto", "bf16", "fp8"]),
+        (["replay", TRACE, "--mode", "real", "--quantization", "fp8"], ["--quantization fp8", "--mode sim"]),
+        (["calibrate", "--source", "aiconfigurator", "--system", "h100_sxm", "--quantization", "fp4"], ["--quantization", "fp4", "nvfp4"]),
+        (["calibrate", "--source", "aiconfigurator", "--system", "h100_sxm", "--kv-cache-dtype", "int8"], ["--kv-cache-dtype", "int8"]),
+        (["calibrate", "--kv-cache-dtype", "fp8"], ["--source aiconfigurator"]),
+        (["sweep", TRACE, "--grid", "kv-cache-dtype=auto,fp9"], ["kv-cache-dtype", "fp9"]),
+    ],
+)
 def test_an_unknown_or_misplaced_value_is_one_line_exit_2(tmp_path, args, needles):
     assert_clean_error(run_cli(*args, "--out", str(tmp_path / "out"), "-q"), *needles)
 
 
+@pytest.mark.slow
 def test_a_sweep_takes_them_as_axes(tmp_path):
     out = tmp_path / "sweep"
-    proc = run_cli("sweep", TRACE, "--max-requests", "10", "--grid", "kv-cache-dtype=auto,fp8", "--grid", "quantization=none,fp8",
-                   "--workers", "1", "--out", str(out), "-q")
+    proc = run_cli(
+        "sweep",
+        TRACE,
+        "--max-requests",
+        "10",
+        "--grid",
+        "kv-cache-dtype=auto,fp8",
+        "--grid",
+        "quantization=none,fp8",
+        "--workers",
+        "1",
+        "--out",
+        str(out),
+        "-q",
+    )
     assert proc.returncode == 0, proc.stderr
     kv = {}
     for run in (out / "points").iterdir():

@@ -28,11 +28,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from scheduler.core.req import Req
+from scheduler.core.sampling import SamplingParams
 from scheduler.memory.chunk_cache import ChunkCache
 from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 from scheduler.memory.radix_cache import RadixCache, common_prefix_len
-from scheduler.core.req import Req
-from scheduler.core.sampling import SamplingParams
 
 # ---------------------------------------------------------------------------
 # helpers
@@ -585,7 +585,7 @@ class RadixMachine(RuleBasedStateMachine):
         # The model stays prefix closed: nothing is evicted from under a cached suffix.
         for k in self.model:
             assert len(k) == self.PS or k[: -self.PS] in self.model
-        for path, slots, node in self.locks:
+        for path, slots, _node in self.locks:
             assert path in self.model, "a locked node was evicted"
             assert match(self.cache, list(path))[0] == slots
 

@@ -44,14 +44,20 @@ WAYS: dict[str, Way] = {
     "make test": Way(skip="runs this suite"),
     "testbed replay ../shared/traces/mooncake/conversation_trace.jsonl --policy lpm --time-scale 4": Way(append=("--max-requests", "500")),
     "testbed replay traces/a.json --mode real": Way(append=("--max-requests", "2")),
-    "testbed replay traces/a.json --mode real --model /path/to/hf-folder": Way(append=("--max-requests", "2"), replace=(("/path/to/hf-folder", "{hf}"),)),
+    "testbed replay traces/a.json --mode real --model /path/to/hf-folder": Way(
+        append=("--max-requests", "2"), replace=(("/path/to/hf-folder", "{hf}"),)
+    ),
     "testbed replay traces/a.json --mode real --model qwen2.5-0.5b --load-format dummy --kv-tokens 20000 --max-requests 2": Way(
-        skip="a 0.5B model in float32 on the CPU: over a minute; tests/test_engine_replay.py runs a bundled config with dummy weights"),
+        skip="a 0.5B model in float32 on the CPU: over a minute; tests/test_engine_replay.py runs a bundled config with dummy weights"
+    ),
     "testbed calibrate --model tiny-llama --hardware cpu": Way(
         skip="a minute or two of real measurements; tests/test_calibrate.py runs the command on a smaller grid. The bundled "
-             "profile stands in at the path it writes, for the commands after it"),
+        "profile stands in at the path it writes, for the commands after it"
+    ),
     # The calibrate -> sim -> compare recipe, with fewer requests on both sides (compare needs the same options).
-    "testbed replay traces/a.json --mode sim --model tiny-llama --profile runs/profiles/tiny-llama-cpu.json --out runs/a-sim": Way(append=FEWER),
+    "testbed replay traces/a.json --mode sim --model tiny-llama --profile runs/profiles/tiny-llama-cpu.json --out runs/a-sim": Way(
+        append=FEWER
+    ),
     "testbed replay traces/a.json --mode real --out runs/a-real": Way(append=FEWER),
     "testbed dashboard": Way(append=("--port", "{port}")),
     "testbed dashboard --runs runs --port 8600": Way(replace=(("8600", "{port}"),)),
@@ -61,9 +67,12 @@ WAYS: dict[str, Way] = {
     "--grid time-scale=0.1,0.5 --out runs/sweep-a --resume": Way(append=FEWER),
     "testbed capacity traces/a.json --slo p90_ttft_ms=500 --slo p90_tpot_ms=50": Way(append=FEWER),
     "testbed capacity traces/a.json --slo p90_ttft_ms=200 --grid policy=fcfs,lpm --grid overlap=on,off": Way(append=FEWER),
-    ".venv/bin/python benchmarks/sim_speed.py": Way(append=("--max-requests", "300")),
+    # Each replay once, not three times (the median of one); --repeat 1 as gpu_profile.py below: 16 s -> 6 s.
+    ".venv/bin/python benchmarks/sim_speed.py": Way(append=("--max-requests", "300", "--repeat", "1")),
     ".venv/bin/python benchmarks/sim_breakdown.py": Way(append=("--max-requests", "300")),
-    ".venv/bin/python benchmarks/engine_throughput.py": Way(append=("-n", "2", "--lo", "8", "--hi", "16")),
+    # A pool for its 2 requests of at most 32 tokens, not the default 1 GiB for each of its two engines
+    # (2.7 GB at the peak, 0.6 GB so).
+    ".venv/bin/python benchmarks/engine_throughput.py": Way(append=("-n", "2", "--lo", "8", "--hi", "16", "--kv-tokens", "4096")),
     ".venv/bin/python benchmarks/fidelity.py": Way(skip="about 12 minutes of real runs and calibration"),
     ".venv/bin/python benchmarks/sweep_speed.py": Way(append=("--max-requests", "30", "--workers", "1")),
     "testbed replay traces/a.json --mode real --scheduler vllm": Way(append=FEWER),
@@ -75,13 +84,18 @@ WAYS: dict[str, Way] = {
     # The whole default file takes ~90 s on 2 cores: one group of it here (tests/test_validate.py checks the rest).
     "testbed validate": Way(append=("--filter", "system=h100_sxm,backend=sglang,tp_size=8,isl=1024")),
     "testbed validate --filter system=h200_sxm,backend=vllm --out runs/validate": Way(
-        replace=(("backend=vllm", "backend=vllm,model_path=nvidia/Llama-3.1-8B-Instruct-FP8"),)),
+        replace=(("backend=vllm", "backend=vllm,model_path=nvidia/Llama-3.1-8B-Instruct-FP8"),)
+    ),
     "testbed validate --points none --runs ../shared/ground_truth": Way(),
-    "bash benchmarks/gpu_check.sh": Way(skip="a CUDA machine's checks (docs/gpu-check.md); on a CPU it would repeat engine tests this suite runs"),
+    "bash benchmarks/gpu_check.sh": Way(
+        skip="a CUDA machine's checks (docs/gpu-check.md); on a CPU it would repeat engine tests this suite runs"
+    ),
     # SGLang's oracle lives in its own venv (SGLang's wheel, ~3 min to build): CI runs `make conformance`
     # before this suite (.ci/run); tests/test_sglang_rules.py states the rules it found as our own tests.
     "make conformance": Way(skip="CI runs it before this suite, in its own venv (.ci/run)"),
-    'make conformance CONFORMANCE_ARGS="--seed 3 --scenarios 2000"': Way(skip="2,000 scenarios: about 10 minutes; CI runs the 500 of make conformance"),
+    'make conformance CONFORMANCE_ARGS="--seed 3 --scenarios 2000"': Way(
+        skip="2,000 scenarios: about 10 minutes; CI runs the 500 of make conformance"
+    ),
     ".conformance-venv/bin/python -m conformance --scenario s.json": Way(skip="s.json is a scenario a divergence printed; there is none"),
     ".conformance-venv/bin/python -m conformance --list-expected": Way(skip="needs .conformance-venv, which make conformance builds"),
 }
@@ -144,6 +158,7 @@ def _run_dashboard(args: list[str], cwd: Path, env: dict, port: int) -> None:
     assert f"http://localhost:{port}" in out
 
 
+@pytest.mark.slow
 def test_readme_commands_run_as_written(tmp_path):
     if not SHARED.is_dir():
         pytest.skip(f"{SHARED} (the shared traces the README uses) is absent")

@@ -238,6 +238,7 @@ def test_summary_matches_numbers_recomputed_from_requests(run):
 # --- determinism ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "normal"])
 def test_same_inputs_give_byte_identical_files(trace_file, tmp_path, overlap):
     path, _ = trace_file

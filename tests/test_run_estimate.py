@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from testbed.replay import ReplayProgress
 from testbed.run_estimate import TimeLeft, busy_cpu_note, describe_work, format_duration
 
@@ -49,11 +51,17 @@ def test_a_busy_machine_is_said_only_for_a_cpu_engine_beside_other_work():
     assert busy_cpu_note({}, load_1min=40.0, cores=2) is None  # a GPU engine
 
 
+@pytest.mark.slow
 def test_a_real_replay_says_its_work_before_it_starts(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text("".join(f'{{"arrival": {i * 0.5}, "input_len": 40, "output_len": 8}}\n' for i in range(6)))
-    proc = subprocess.run([sys.executable, "-m", "testbed", "replay", str(trace), "--mode", "real", "--out", str(tmp_path / "run")],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "testbed", "replay", str(trace), "--mode", "real", "--out", str(tmp_path / "run")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "6 requests: 240 prompt + 48 output tokens, arriving over 2 s" in proc.stderr
     run = json.loads((tmp_path / "run" / "run.json").read_text())  # what the line is made from

@@ -41,7 +41,16 @@ LSS_ROWS = [
 def _write_lss(folder: Path, rows=LSS_ROWS, meta: dict | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     lines = [
-        {"request_id": f"bench-{i}", "input_toks": i_, "output_toks": o, "arrival_time": 1.7e9 + q, "queued_ts": q, "scheduled_ts": s, "first_token_ts": f, "last_token_ts": last}
+        {
+            "request_id": f"bench-{i}",
+            "input_toks": i_,
+            "output_toks": o,
+            "arrival_time": 1.7e9 + q,
+            "queued_ts": q,
+            "scheduled_ts": s,
+            "first_token_ts": f,
+            "last_token_ts": last,
+        }
         for i, (i_, o, q, s, f, last) in enumerate(rows)
     ]
     path = folder / "requests.jsonl"
@@ -56,7 +65,13 @@ LSS_META = {
     "model": "meta-llama/Llama-3.1-8B",
     "vllm_version": "0.19.0",
     "engine_kwargs": {"model": "meta-llama/Llama-3.1-8B", "tensor_parallel_size": 1, "max_num_seqs": 128, "max_num_batched_tokens": 2048},
-    "kv_cache": {"num_gpu_blocks": 1000, "block_size": 16, "gpu_memory_utilization": 0.9, "enable_prefix_caching": True, "num_kv_tokens": 16000},
+    "kv_cache": {
+        "num_gpu_blocks": 1000,
+        "block_size": 16,
+        "gpu_memory_utilization": 0.9,
+        "enable_prefix_caching": True,
+        "num_kv_tokens": 16000,
+    },
     "hardware": {"device_name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "device_count": 1},
 }
 
@@ -138,7 +153,13 @@ def test_llmservingsim_import_gives_its_metrics_and_engine_settings(tmp_path):
     assert meta["model"] == "llama-3.1-8b" and meta["source_model"] == "meta-llama/Llama-3.1-8B"
     assert meta["hardware"] == "NVIDIA RTX PRO 6000 Blackwell Server Edition"
     assert meta["source"]["format"] == "llmservingsim" and meta["source"]["sha256"] == file_sha256(src)
-    assert meta["options"] == {"scheduler": "vllm", "max_num_seqs": 128, "max_num_batched_tokens": 2048, "page_size": 16, "disable_radix_cache": False}
+    assert meta["options"] == {
+        "scheduler": "vllm",
+        "max_num_seqs": 128,
+        "max_num_batched_tokens": 2048,
+        "page_size": 16,
+        "disable_radix_cache": False,
+    }
     assert meta["engine"]["vllm_version"] == "0.19.0"
     assert any("ITL" in m for m in res.missing)
     # The trace beside it: the same arrivals and lengths, in the native format.
@@ -207,6 +228,7 @@ def test_sglang_bench_import_draws_arrivals_it_lacks(tmp_path):
 # --- the imported run against a sim of its trace ----------------------------------------------
 
 
+@pytest.mark.slow
 def test_imported_run_compares_with_a_sim_of_its_trace_without_force(tmp_path, capsys):
     src = _write_lss(tmp_path / "src", meta=LSS_META)
     assert main(["run", "import", str(src), "--format", "llmservingsim", "--out", str(tmp_path / "real")]) == 0
@@ -254,23 +276,59 @@ def test_the_ground_truth_run_imports_to_its_published_figures(tmp_path):
 
 
 def _lss_line(**over) -> str:
-    row = {"request_id": "bench-0", "input_toks": 10, "output_toks": 3, "arrival_time": 1.0, "queued_ts": 5.0, "scheduled_ts": 5.1, "first_token_ts": 5.2, "last_token_ts": 5.4}
+    row = {
+        "request_id": "bench-0",
+        "input_toks": 10,
+        "output_toks": 3,
+        "arrival_time": 1.0,
+        "queued_ts": 5.0,
+        "scheduled_ts": 5.1,
+        "first_token_ts": 5.2,
+        "last_token_ts": 5.4,
+    }
     return json.dumps(row | over)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, text, needles",
     [
         ("bad-json.jsonl", _lss_line() + "\n{not json\n", ["bad-json.jsonl:2:", "invalid JSON"]),
-        ("neg-len.jsonl", _lss_line() + "\n" + _lss_line(input_toks=-4) + "\n", ["neg-len.jsonl:2:", "field 'input_toks'", "integer from 1 to"]),
-        ("no-first.jsonl", _lss_line() + "\n" + json.dumps({"input_toks": 4, "output_toks": 2, "queued_ts": 1.0, "scheduled_ts": 1.1}) + "\n", ["no-first.jsonl:2:", "field 'first_token_ts'", "missing"]),
+        (
+            "neg-len.jsonl",
+            _lss_line() + "\n" + _lss_line(input_toks=-4) + "\n",
+            ["neg-len.jsonl:2:", "field 'input_toks'", "integer from 1 to"],
+        ),
+        (
+            "no-first.jsonl",
+            _lss_line() + "\n" + json.dumps({"input_toks": 4, "output_toks": 2, "queued_ts": 1.0, "scheduled_ts": 1.1}) + "\n",
+            ["no-first.jsonl:2:", "field 'first_token_ts'", "missing"],
+        ),
         ("order.jsonl", _lss_line(first_token_ts=4.0) + "\n", ["order.jsonl:1:", "field 'first_token_ts'", "before scheduled_ts"]),
         ("text.jsonl", _lss_line(last_token_ts="late") + "\n", ["text.jsonl:1:", "field 'last_token_ts'", "must be a number"]),
-        ("no-detail.json", json.dumps({k: v for k, v in _vllm_bench().items() if k not in ("input_lens", "output_lens", "ttfts", "itls", "start_times", "generated_texts", "errors")}), ["no-detail.json:1:", "field 'start_times'", "--save-detailed"]),
+        (
+            "no-detail.json",
+            json.dumps(
+                {
+                    k: v
+                    for k, v in _vllm_bench().items()
+                    if k not in ("input_lens", "output_lens", "ttfts", "itls", "start_times", "generated_texts", "errors")
+                }
+            ),
+            ["no-detail.json:1:", "field 'start_times'", "--save-detailed"],
+        ),
         ("short.json", json.dumps(_vllm_bench(ttfts=[0.1, 0.2])), ["short.json:1:", "field 'ttfts'", "has 2 entries, input_lens has 3"]),
         ("itl.json", json.dumps(_vllm_bench(itls=[[0.1, "x"], [], []])), ["itl.json:1:", "field 'itls[0][1]'", "must be a number"]),
-        ("sg.jsonl", json.dumps({k: v for k, v in _sglang_bench().items() if k not in ("ttfts",)}) + "\n", ["sg.jsonl:1:", "field 'ttfts'", "--output-details"]),
-        ("other.jsonl", json.dumps({"arrival": 0.0, "input_len": 5, "output_len": 2}) + "\n", ["other.jsonl:1:", "unrecognized run format"]),
+        (
+            "sg.jsonl",
+            json.dumps({k: v for k, v in _sglang_bench().items() if k not in ("ttfts",)}) + "\n",
+            ["sg.jsonl:1:", "field 'ttfts'", "--output-details"],
+        ),
+        (
+            "other.jsonl",
+            json.dumps({"arrival": 0.0, "input_len": 5, "output_len": 2}) + "\n",
+            ["other.jsonl:1:", "unrecognized run format"],
+        ),
         ("empty.jsonl", "\n\n", ["empty.jsonl", "empty file"]),
     ],
 )
@@ -282,8 +340,11 @@ def test_a_bad_file_is_one_line_naming_file_line_and_field(tmp_path, name, text,
     assert not (tmp_path / "run" / "run.json").exists()
 
 
+@pytest.mark.slow
 def test_forced_format_that_does_not_fit_is_one_line(tmp_path):
     src = tmp_path / "r.jsonl"
     src.write_text(_lss_line() + "\n")
-    assert_clean_error(_cli("run", "import", str(src), "--format", "vllm-bench", "--out", str(tmp_path / "run")), "r.jsonl:1:", "field 'start_times'")
+    assert_clean_error(
+        _cli("run", "import", str(src), "--format", "vllm-bench", "--out", str(tmp_path / "run")), "r.jsonl:1:", "field 'start_times'"
+    )
     assert_clean_error(_cli("run", "import", str(tmp_path / "nope.json"), "--out", str(tmp_path / "run")), "nope.json", "no such file")

@@ -14,13 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scheduler.sglang.config import SchedulerConfig
 from scheduler.core.invariants import InvariantError
-from scheduler.loop.event_loop import CpuWork, EventLoop
-from scheduler.model_config import load_model_config
-from scheduler.sglang.policy import POLICIES
 from scheduler.core.req import Req
 from scheduler.core.sampling import SamplingParams
+from scheduler.loop.event_loop import CpuWork, EventLoop
+from scheduler.model_config import load_model_config
+from scheduler.sglang.config import SchedulerConfig
+from scheduler.sglang.policy import POLICIES
 from scheduler.sglang.scheduler import Scheduler
 from simulator.hardware import load_hardware
 from simulator.roofline import RooflineCostModel
@@ -100,9 +100,7 @@ def _burst_trace(seed: int = 0, n: int = 8) -> Trace:
     at a time cannot hold both to the end, so decode must retract. (Outputs of fixed
     length within the clip are reserved in full, as SGLang does for ignore_eos: they
     never retract.)"""
-    return generate_trace(
-        GenConfig(num_requests=n, rate=1000.0, input_len="uniform:10,60", output_len="uniform:4500,6000", seed=seed)
-    )
+    return generate_trace(GenConfig(num_requests=n, rate=1000.0, input_len="uniform:10,60", output_len="uniform:4500,6000", seed=seed))
 
 
 def _max_need(trace: Trace) -> int:
@@ -122,6 +120,7 @@ def test_policy_list_is_what_the_matrix_covers():
     assert set(POLICIES) == set(ALL_POLICIES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("radix", [True, False], ids=["radix", "no-radix"])
 @pytest.mark.parametrize("chunk", [256, 0], ids=["chunk256", "nochunk"])
 @pytest.mark.parametrize("page_size", [1, 16], ids=["page1", "page16"])
@@ -160,6 +159,7 @@ def test_matrix_completes_with_exact_outputs(mixed, tmp_path, policy, overlap, p
 # --- tight KV pool: retraction -----------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("radix", [True, False], ids=["radix", "no-radix"])
 @pytest.mark.parametrize("page_size", [1, 16], ids=["page1", "page16"])
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "normal"])
@@ -168,9 +168,7 @@ def test_tiny_kv_pool_retracts_and_still_produces_every_token(tmp_path, overlap,
     path = _write(trace, tmp_path / "burst.json")
     kv = _two_at_a_time(trace)
     assert _max_need(trace) < kv < 2 * min(r.input_len + r.output_len for r in trace.requests)
-    result, run = _run(
-        path, tmp_path / "run", overlap=overlap, page_size=page_size, kv_tokens=kv, disable_radix_cache=not radix
-    )
+    result, run = _run(path, tmp_path / "run", overlap=overlap, page_size=page_size, kv_tokens=kv, disable_radix_cache=not radix)
     if not radix:
         # Without a radix cache, admission of fixed-length requests simulates every running
         # request to its end (SGLang's add_one_req_ignore_eos): nothing is ever retracted.
@@ -187,6 +185,7 @@ def test_tiny_kv_pool_retracts_and_still_produces_every_token(tmp_path, overlap,
     assert (retracted["prefill_tokens"] > retracted["input_tokens"]).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page_size", [1, 16], ids=["page1", "page16"])
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "normal"])
 @pytest.mark.parametrize("policy", ALL_POLICIES)
@@ -318,6 +317,7 @@ def _run_checked(trace: Trace, *, kv_tokens: int, policy: str, page_size: int, o
     return sched, loop
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ALL_POLICIES)
 @pytest.mark.parametrize("page_size", [1, 16], ids=["page1", "page16"])
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "normal"])
@@ -337,13 +337,17 @@ def test_kv_slots_consistent_through_retractions(policy, page_size):
     _run_checked(trace, kv_tokens=_two_at_a_time(trace), policy=policy, page_size=page_size, overlap=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page_size", [1, 16], ids=["page1", "page16"])
-@pytest.mark.parametrize("damage, message", [
-    ("free_twice", "free twice"),
-    ("leak", "KV leak"),
-    ("cached_and_free", "also free"),
-    ("fresh_on_free_list", "fresh page is on the free list"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("free_twice", "free twice"),
+        ("leak", "KV leak"),
+        ("cached_and_free", "also free"),
+        ("fresh_on_free_list", "fresh page is on the free list"),
+    ],
+)
 def test_end_of_run_check_names_a_broken_pool(mixed, page_size, damage, message):
     """After a clean run the end-of-run check passes; each way a KV page can go wrong makes it
     fail, naming what broke."""
@@ -368,11 +372,13 @@ def test_end_of_run_check_names_a_broken_pool(mixed, page_size, damage, message)
 
 
 def test_request_longer_than_context_is_rejected_not_dropped(tmp_path):
-    trace = Trace([
-        TraceRequest(0.0, 100, 20, rid="ok-a"),
-        TraceRequest(0.01, 5000, 10, rid="too-long"),  # tiny-llama's context is 4096
-        TraceRequest(0.02, 120, 15, rid="ok-b"),
-    ])
+    trace = Trace(
+        [
+            TraceRequest(0.0, 100, 20, rid="ok-a"),
+            TraceRequest(0.01, 5000, 10, rid="too-long"),  # tiny-llama's context is 4096
+            TraceRequest(0.02, 120, 15, rid="ok-b"),
+        ]
+    )
     path = _write(trace, tmp_path / "long.json")
     result, run = _run(path, tmp_path / "run", model="tiny-llama", hardware="cpu")
     assert result.status == "complete"
@@ -393,11 +399,13 @@ def test_request_longer_than_context_is_rejected_not_dropped(tmp_path):
 def test_request_larger_than_kv_pool_gets_its_output_truncated(tmp_path, page_size):
     """As SGLang: a prompt that fits is served, its output cut to what the pool leaves
     (pool - prompt rounded up to a page - a page - 1), and the run records the cut."""
-    trace = Trace([
-        TraceRequest(0.0, 300, 50, rid="fits"),
-        TraceRequest(0.0, 900, 200, rid="too-big"),  # 1100 tokens, the pool holds 1000
-        TraceRequest(0.1, 200, 30, rid="fits-too"),
-    ])
+    trace = Trace(
+        [
+            TraceRequest(0.0, 300, 50, rid="fits"),
+            TraceRequest(0.0, 900, 200, rid="too-big"),  # 1100 tokens, the pool holds 1000
+            TraceRequest(0.1, 200, 30, rid="fits-too"),
+        ]
+    )
     path = _write(trace, tmp_path / "big.json")
     result, run = _run(path, tmp_path / "run", kv_tokens=1000, page_size=page_size)
     assert result.status == "complete"
@@ -430,9 +438,11 @@ def test_a_request_no_admission_takes_is_rejected_at_arrival_and_the_others_run(
     forever: a prompt whose pages and the page the adder keeps free fill the pool, or (no radix
     cache, ignoring EOS) an output the pool cannot hold to its end. Here it is rejected at arrival
     with the reason, the run completes, and the request after it is served."""
-    n, out, opts = {"page64": (150, 10, {"page_size": 64, "kv_tokens": 192}),
-                    "page16": (50, 10, {"page_size": 16, "kv_tokens": 64}),
-                    "no-radix": (5, 591, {"kv_tokens": 186, "disable_radix_cache": True})}[case]
+    n, out, opts = {
+        "page64": (150, 10, {"page_size": 64, "kv_tokens": 192}),
+        "page16": (50, 10, {"page_size": 16, "kv_tokens": 64}),
+        "no-radix": (5, 591, {"kv_tokens": 186, "disable_radix_cache": True}),
+    }[case]
     trace = Trace([TraceRequest(0.0, n, out, rid="never"), TraceRequest(0.5, 8, 4, rid="small")])
     path = _write(trace, tmp_path / "t.json")
     result, run = _run(path, tmp_path / "run", **opts)
@@ -476,13 +486,9 @@ def test_request_exactly_the_size_of_the_pool_does_not_hang(tmp_path, page_size,
 # --- what-if answers the user relies on -----------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "model,hardware", [("llama-3.1-8b", "h100"), ("tiny-llama", "cpu")], ids=["8b-h100", "tiny-cpu"]
-)
+@pytest.mark.parametrize("model,hardware", [("llama-3.1-8b", "h100"), ("tiny-llama", "cpu")], ids=["8b-h100", "tiny-cpu"])
 def test_overlap_gives_at_least_the_throughput_of_normal_mode(tmp_path, model, hardware):
-    trace = generate_trace(
-        GenConfig(num_requests=60, rate=100.0, input_len="uniform:20,100", output_len="uniform:100,300", seed=0)
-    )
+    trace = generate_trace(GenConfig(num_requests=60, rate=100.0, input_len="uniform:20,100", output_len="uniform:100,300", seed=0))
     path = _write(trace, tmp_path / "decode_heavy.json")
     on, run_on = _run(path, tmp_path / "on", overlap=True, model=model, hardware=hardware)
     off, run_off = _run(path, tmp_path / "off", overlap=False, model=model, hardware=hardware)
@@ -517,6 +523,7 @@ def shared_prefix_trace(tmp_path_factory) -> tuple[Path, Trace]:
     return _write(trace, tmp_path_factory.mktemp("shared") / "shared.json"), trace
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv_tokens", [2500, 4000])
 @pytest.mark.parametrize("policy", ["lpm", "dfs-weight"])
 def test_cache_aware_policy_hits_at_least_as_often_as_fcfs(shared_prefix_trace, tmp_path, policy, kv_tokens):
@@ -540,9 +547,7 @@ def test_chunked_prefill_bounds_every_extend_step(mixed, tmp_path, page_size):
     longest = max(r.input_len for r in trace.requests)
     assert longest > 2 * 256
     for max_prefill in (16384, 128):
-        _, run = _run(
-            path, tmp_path / f"mp{max_prefill}", page_size=page_size, chunked_prefill_size=256, max_prefill_tokens=max_prefill
-        )
+        _, run = _run(path, tmp_path / f"mp{max_prefill}", page_size=page_size, chunked_prefill_size=256, max_prefill_tokens=max_prefill)
         _assert_every_request_done(run, trace)
         extend = run.steps[run.steps["mode"] == "extend"]
         assert extend["num_tokens"].max() <= max(256, max_prefill)
@@ -564,10 +569,9 @@ def test_without_chunking_only_a_lone_request_exceeds_max_prefill_tokens(mixed, 
     assert extend["num_tokens"].max() > 512
 
 
+@pytest.mark.slow
 def test_higher_load_gives_higher_or_equal_ttft(tmp_path):
-    trace = generate_trace(
-        GenConfig(num_requests=80, rate=40.0, input_len="uniform:500,1500", output_len="uniform:20,100", seed=2)
-    )
+    trace = generate_trace(GenConfig(num_requests=80, rate=40.0, input_len="uniform:500,1500", output_len="uniform:20,100", seed=2))
     path = _write(trace, tmp_path / "load.json")
     fast, run_fast = _run(path, tmp_path / "x0.5", time_scale=0.5, model="tiny-llama", hardware="cpu")
     slow, run_slow = _run(path, tmp_path / "x2", time_scale=2.0, model="tiny-llama", hardware="cpu")

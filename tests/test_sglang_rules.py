@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.memory.chunk_cache import ChunkCache
-from scheduler.sglang.config import SchedulerConfig
-from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
-from scheduler.sglang.policy import SchedulePolicy
-from scheduler.sglang.prefill_adder import AddReqResult, PrefillAdder
-from scheduler.memory.radix_cache import RadixCache
 from scheduler.core.req import Req
 from scheduler.core.sampling import SamplingParams
-from scheduler.sglang.scheduler import Scheduler
-from simulator.hardware import load_hardware
-from scheduler.sglang.server_defaults import default_chunked_prefill_size, default_mem_fraction_static
 from scheduler.loop.step_clock import run_steps
+from scheduler.memory.chunk_cache import ChunkCache
+from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
+from scheduler.memory.radix_cache import RadixCache
+from scheduler.sglang.config import SchedulerConfig
+from scheduler.sglang.policy import SchedulePolicy
+from scheduler.sglang.prefill_adder import AddReqResult, PrefillAdder
+from scheduler.sglang.scheduler import Scheduler
+from scheduler.sglang.server_defaults import default_chunked_prefill_size, default_mem_fraction_static
+from simulator.hardware import load_hardware
 from testbed.options import ReplayOptions, resolved_options
 from testbed.replay import replay
 from testbed.traces.schema import Trace, TraceRequest
@@ -28,8 +28,15 @@ from testbed.traces.schema import Trace, TraceRequest
 
 def make(rid: str, n_in: int, n_out: int, at: int = 0, ignore_eos: bool = True, priority: int = 0, base: int = 0, index: int = 0) -> Req:
     prompt = [base + 1000 * (index + 1) + i for i in range(n_in)] if base == 0 else [base + i for i in range(n_in)]
-    return Req(rid, n_in, lambda p=prompt: p, SamplingParams(max_new_tokens=n_out, ignore_eos=ignore_eos),
-               float(at), priority=priority, index=index)
+    return Req(
+        rid,
+        n_in,
+        lambda p=prompt: p,
+        SamplingParams(max_new_tokens=n_out, ignore_eos=ignore_eos),
+        float(at),
+        priority=priority,
+        index=index,
+    )
 
 
 def token(req: Req, k: int) -> int:
@@ -228,12 +235,14 @@ def test_requeued_request_goes_behind_equal_priorities():
 
 def test_preemption_needs_a_priority_gap_above_the_threshold():
     l, h = make("l", 10, 50, index=0), make("h", 10, 5, at=2, priority=10, index=1)
-    steps, _ = steps_of([l, h], kv_tokens=4000, max_running_requests=1, enable_priority_scheduling=True,
-                        priority_scheduling_preemption_threshold=10)
+    steps, _ = steps_of(
+        [l, h], kv_tokens=4000, max_running_requests=1, enable_priority_scheduling=True, priority_scheduling_preemption_threshold=10
+    )
     assert extends(steps) == [["l"], ["h"]] and not any(s.retracted for s in steps)
     l, h = make("l", 10, 50, index=0), make("h", 10, 5, at=2, priority=11, index=1)
-    steps, _ = steps_of([l, h], kv_tokens=4000, max_running_requests=1, enable_priority_scheduling=True,
-                        priority_scheduling_preemption_threshold=10)
+    steps, _ = steps_of(
+        [l, h], kv_tokens=4000, max_running_requests=1, enable_priority_scheduling=True, priority_scheduling_preemption_threshold=10
+    )
     assert extends(steps) == [["l"], ["h"], ["l"]]
 
 
@@ -315,8 +324,19 @@ def test_request_sglang_never_admits_is_rejected_at_arrival(tmp_path):
     import sys
 
     Trace([TraceRequest(0.0, 900, 200, rid="big")]).write(tmp_path / "t.json")
-    cmd = [sys.executable, "-m", "testbed.cli", "replay", str(tmp_path / "t.json"), "--kv-tokens", "1000",
-           "--disable-radix-cache", "--out", str(tmp_path / "run"), "-q"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "testbed.cli",
+        "replay",
+        str(tmp_path / "t.json"),
+        "--kv-tokens",
+        "1000",
+        "--disable-radix-cache",
+        "--out",
+        str(tmp_path / "run"),
+        "-q",
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "every request was rejected: 1 never admitted" in p.stderr and "wait for it forever" in p.stderr

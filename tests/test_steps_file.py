@@ -26,6 +26,7 @@ def trace_path(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fast_forward", [True, False], ids=["fast-forward", "stepping"])
 def test_steps_written_in_parts_equal_steps_written_at_the_end(trace_path, tmp_path, monkeypatch, fast_forward):
     opts = ReplayOptions(fast_forward=fast_forward, **OPTIONS)

@@ -44,13 +44,20 @@ def _bulk(clock: DriverClock, segments: list[tuple[StepCosts, list[float]]], arr
     steps = [(costs, i, d) for costs, durations, _ in _with_firsts(segments) for i, d in enumerate(durations)]
     if one_at_a_time(bulk_from):
         return out, True
-    rest = steps[len(out):]
+    rest = steps[len(out) :]
     if rest:
         # A segment's first step processes the batch before it (first_process), the others their own.
-        _, cut = vector_steps(clock, np.array([d for _, _, d in rest]), np.array([c.schedule for c, _, _ in rest]),
-                              np.array([c.launch for c, _, _ in rest]),
-                              np.array([c.process if i else c.first_process for c, i, _ in rest]),
-                              rest[0][0].overlap, arrival, out, stretch_start=not out)
+        _, cut = vector_steps(
+            clock,
+            np.array([d for _, _, d in rest]),
+            np.array([c.schedule for c, _, _ in rest]),
+            np.array([c.launch for c, _, _ in rest]),
+            np.array([c.process if i else c.first_process for c, i, _ in rest]),
+            rest[0][0].overlap,
+            arrival,
+            out,
+            stretch_start=not out,
+        )
         if cut:
             return out, True
     return out, one_at_a_time(len(steps))
@@ -78,7 +85,9 @@ def _with_firsts(segments: list[tuple[StepCosts, list[float]]]):
     arrival_after=st.one_of(st.none(), st.floats(min_value=0.0, max_value=2.0)),
     bulk_from=st.integers(min_value=0, max_value=60),
 )
-def test_bulk_steps_equal_steps_one_at_a_time(start, pending, stage_costs, cp0, overlap, base, slope, noise, cuts, arrival_after, bulk_from):
+def test_bulk_steps_equal_steps_one_at_a_time(
+    start, pending, stage_costs, cp0, overlap, base, slope, noise, cuts, arrival_after, bulk_from
+):
     # Durations that grow with the step, with jitter that can make the CPU the bottleneck now and then.
     durations = (base + slope * np.arange(len(noise)) + np.asarray(noise) * (np.arange(len(noise)) % 3 == 0)).tolist()
     # Segments: runs of steps with their own CPU costs (a batch that lost a request); with overlap
@@ -109,6 +118,7 @@ def test_bulk_path_takes_device_bound_steps():
         clock = DriverClock(100.0, 20e-6, 100.006, 100.006) if overlap else DriverClock(100.0, 20e-6, 100.0, 0.0)
         out = StretchColumns()
         n = 500
-        taken, cut = vector_steps(clock, np.full(n, 6e-3), np.full(n, 50e-6), np.full(n, 300e-6), np.full(n, 50e-6),
-                                  overlap, math.inf, out, stretch_start=True)
+        taken, cut = vector_steps(
+            clock, np.full(n, 6e-3), np.full(n, 50e-6), np.full(n, 300e-6), np.full(n, 50e-6), overlap, math.inf, out, stretch_start=True
+        )
         assert (taken, cut) == (500, False) and len(out) == 500

@@ -43,8 +43,9 @@ def _ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 def trace(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("sweep_trace") / "t.json"
     # Shared system prompts (the cache matters to lpm), long enough prompts that a 64-token chunk splits them.
-    cfg = GenConfig(num_requests=N, rate=20.0, input_len="uniform:50,300", output_len="uniform:10,60",
-                    system_prompts=2, shared_fraction=0.8)
+    cfg = GenConfig(
+        num_requests=N, rate=20.0, input_len="uniform:50,300", output_len="uniform:10,60", system_prompts=2, shared_fraction=0.8
+    )
     generate_trace(cfg).write(path)
     return path
 
@@ -66,6 +67,7 @@ def _error_line(argv: list[str], capsys) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_points_are_the_cross_product_with_their_options(sweep):
     out, printed = sweep
     df, meta = load_sweep(out / "sweep.parquet")
@@ -75,8 +77,13 @@ def test_points_are_the_cross_product_with_their_options(sweep):
     assert [a["name"] for a in meta["axes"]] == list(axes) and [a["values"] for a in meta["axes"]] == list(axes.values())
     for row in df.to_dict("records"):
         # Every option of the row is the base options (--max-requests, --seed) with the row's axis values.
-        expected = asdict(resolved_options(ReplayOptions(max_requests=N, seed=3, policy=row["policy"],
-                                                         chunked_prefill_size=row["chunked_prefill_size"], overlap=row["overlap"])))
+        expected = asdict(
+            resolved_options(
+                ReplayOptions(
+                    max_requests=N, seed=3, policy=row["policy"], chunked_prefill_size=row["chunked_prefill_size"], overlap=row["overlap"]
+                )
+            )
+        )
         assert {k: _none(row[k]) for k in meta["option_columns"]} == expected
         # The metrics are the point's run.json summary.
         run = json.loads((out / row["run_dir"] / "run.json").read_text())
@@ -99,8 +106,24 @@ def _none(value):
 def test_a_point_is_the_run_replay_makes_file_for_file(sweep, trace, tmp_path):
     out, _ = sweep
     direct = tmp_path / "direct"
-    _ok(_testbed("replay", trace, "--policy", "lpm", "--chunked-prefill-size", 64, "--no-overlap",
-                 "--max-requests", N, "--seed", 3, "--out", direct, "-q"))
+    _ok(
+        _testbed(
+            "replay",
+            trace,
+            "--policy",
+            "lpm",
+            "--chunked-prefill-size",
+            64,
+            "--no-overlap",
+            "--max-requests",
+            N,
+            "--seed",
+            3,
+            "--out",
+            direct,
+            "-q",
+        )
+    )
     point = out / "points" / "policy=lpm,chunked_prefill_size=64,overlap=off"
     for name in RUN_FILES:
         assert (point / name).read_bytes() == (direct / name).read_bytes(), name
@@ -109,8 +132,9 @@ def test_a_point_is_the_run_replay_makes_file_for_file(sweep, trace, tmp_path):
 def test_a_failing_point_is_a_row_with_its_error_and_the_others_complete(trace, tmp_path):
     out = tmp_path / "s"
     # A model that loads but does not fit on one H100 (a name that loads nothing is refused up front, exit 2).
-    proc = _testbed("sweep", trace, "--grid", "model=llama-3.2-1b,llama-3.1-70b", "--grid", "overlap=on,off",
-                    "--max-requests", 20, "--out", out, "-q")
+    proc = _testbed(
+        "sweep", trace, "--grid", "model=llama-3.2-1b,llama-3.1-70b", "--grid", "overlap=on,off", "--max-requests", 20, "--out", out, "-q"
+    )
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     df, _ = load_sweep(out)
@@ -128,12 +152,16 @@ def test_points_whose_options_cannot_run_together_are_skipped_and_the_others_run
     """lpm is SGLang's: a grid of both policies and both schedulers runs three points and lists
     the fourth as skipped, with why (exit 0: nothing failed)."""
     out = tmp_path / "s"
-    proc = _ok(_testbed("sweep", trace, "--grid", "policy=fcfs,lpm", "--grid", "scheduler=sglang,vllm",
-                        "--max-requests", 10, "--out", out, "-q"))
+    proc = _ok(
+        _testbed("sweep", trace, "--grid", "policy=fcfs,lpm", "--grid", "scheduler=sglang,vllm", "--max-requests", 10, "--out", out, "-q")
+    )
     df, _ = load_sweep(out)
     assert dict(zip(df["point"], df["status"])) == {
-        "policy=fcfs,scheduler=sglang": "complete", "policy=fcfs,scheduler=vllm": "complete",
-        "policy=lpm,scheduler=sglang": "complete", "policy=lpm,scheduler=vllm": "skipped"}
+        "policy=fcfs,scheduler=sglang": "complete",
+        "policy=fcfs,scheduler=vllm": "complete",
+        "policy=lpm,scheduler=sglang": "complete",
+        "policy=lpm,scheduler=vllm": "skipped",
+    }
     skipped = df[df["status"] == "skipped"]
     assert "is SGLang's" in skipped["error"].item() and skipped["p90_ttft_ms"].isna().all()
     assert sorted(p.name for p in (out / "points").iterdir()) == sorted(df.loc[df["status"] == "complete", "point"])
@@ -141,10 +169,13 @@ def test_points_whose_options_cannot_run_together_are_skipped_and_the_others_run
     assert "skipped: policy=lpm,scheduler=vllm: --policy lpm is SGLang's" in proc.stdout
 
 
-@pytest.mark.parametrize("grid, base, needle", [
-    (["--grid", "policy=fcfs,lpm"], ["--scheduler", "vllm"], "--grid policy=lpm: no point with it can run"),
-    (["--grid", "policy=lpm"], ["--scheduler", "vllm"], "--policy lpm is SGLang's"),
-])
+@pytest.mark.parametrize(
+    "grid, base, needle",
+    [
+        (["--grid", "policy=fcfs,lpm"], ["--scheduler", "vllm"], "--grid policy=lpm: no point with it can run"),
+        (["--grid", "policy=lpm"], ["--scheduler", "vllm"], "--policy lpm is SGLang's"),
+    ],
+)
 def test_a_grid_value_no_point_can_run_with_is_refused(grid, base, needle, trace, tmp_path, capsys):
     line = _error_line(["sweep", str(trace), *grid, *base, "--out", str(tmp_path / "s"), "-q"], capsys)
     assert needle in line
@@ -155,6 +186,7 @@ def _walls(out: Path) -> dict[str, bytes]:
     return {p.name: (p / "wall.json").read_bytes() for p in (out / "points").iterdir()}
 
 
+@pytest.mark.slow
 def test_resume_runs_only_the_missing_points(sweep, trace, tmp_path, capsys):
     src, _ = sweep
     out = tmp_path / "s"
@@ -215,8 +247,16 @@ def test_same_axis_twice_is_refused(trace, tmp_path, capsys):
 
 
 def test_grid_values_take_each_option_type_and_both_spellings():
-    axes = parse_grid(["chunked-prefill-size=2048,-1", "overlap=On,false", "kv_tokens=none,100000",
-                       "time-scale=0.5,2", "policy=lpm", "disable-radix-cache=true"])
+    axes = parse_grid(
+        [
+            "chunked-prefill-size=2048,-1",
+            "overlap=On,false",
+            "kv_tokens=none,100000",
+            "time-scale=0.5,2",
+            "policy=lpm",
+            "disable-radix-cache=true",
+        ]
+    )
     assert axes == [
         GridAxis("chunked_prefill_size", (2048, -1)),
         GridAxis("overlap", (True, False)),

@@ -37,10 +37,12 @@ def _sweep(trace: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
     return proc
 
 
+@pytest.mark.slow
 def test_ray_sweep_equals_local_sweep(ray_address, tmp_path):
     trace = tmp_path / "t.json"
-    generate_trace(GenConfig(num_requests=20, rate=20.0, input_len="uniform:50,300", output_len="uniform:10,60",
-                             system_prompts=2, shared_fraction=0.8)).write(trace)
+    generate_trace(
+        GenConfig(num_requests=20, rate=20.0, input_len="uniform:50,300", output_len="uniform:10,60", system_prompts=2, shared_fraction=0.8)
+    ).write(trace)
     _sweep(trace, tmp_path / "local", "--workers", "2")
     proc = _sweep(trace, tmp_path / "ray", "--ray", ray_address)
     assert "Ray (2 CPUs)" in proc.stdout

@@ -35,11 +35,14 @@ def test_a_model_split_over_gpus_holds_a_share_of_weights_and_kv():
     assert m.kv_heads_per_gpu(16) == 1 and m.kv_bytes_per_token(2, 16) == m.kv_bytes_per_token() // 8
 
 
-@pytest.mark.parametrize("model, tp, needle", [
-    ("llama-3.1-8b", 3, "32 attention heads"),
-    ("qwen2.5-7b", 8, "28 attention heads"),
-    ("llama-2-7b", 64, "64 does not divide"),
-])
+@pytest.mark.parametrize(
+    "model, tp, needle",
+    [
+        ("llama-3.1-8b", 3, "32 attention heads"),
+        ("qwen2.5-7b", 8, "28 attention heads"),
+        ("llama-2-7b", 64, "64 does not divide"),
+    ],
+)
 def test_a_tp_that_does_not_split_the_model_is_refused(model, tp, needle):
     with pytest.raises(ModelConfigError, match=needle):
         load_model_config(model).check_tp(tp)
@@ -58,8 +61,12 @@ def test_kv_capacity_comes_from_every_gpus_share():
 def test_roofline_tp2_is_faster_per_step_but_slower_than_half():
     m, hw = load_model_config("llama-3.1-8b"), load_hardware("h100")
     one, two = RooflineCostModel(m, hw), RooflineCostModel(m, hw, tp=2)
-    for plan in (uniform_plan(ForwardMode.DECODE, 32, 1, 2000), uniform_plan(ForwardMode.DECODE, 1, 1, 100),
-                 uniform_plan(ForwardMode.EXTEND, 1, 4096, 0), uniform_plan(ForwardMode.EXTEND, 4, 1000, 3000)):
+    for plan in (
+        uniform_plan(ForwardMode.DECODE, 32, 1, 2000),
+        uniform_plan(ForwardMode.DECODE, 1, 1, 100),
+        uniform_plan(ForwardMode.EXTEND, 1, 4096, 0),
+        uniform_plan(ForwardMode.EXTEND, 4, 1000, 3000),
+    ):
         t1, t2 = one.forward_time(plan), two.forward_time(plan)
         assert t1 / 2 < t2 < t1
     # The all-reduces: 2 per layer and one after the embedding, over the interconnect.
@@ -89,9 +96,32 @@ def test_the_databases_systems_are_hardware_specs(system):
 def test_replay_a_70b_model_at_tp4_on_a_database_system(tmp_path):
     """The README's command: roofline, TP 4, the database's h100_sxm spec."""
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "replay", "traces/a.json", "--mode", "sim", "--model", "llama-3.1-70b",
-                           "--tp", "4", "--hardware", "h100_sxm", "--max-requests", "40", "--out", str(out), "-q"],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "testbed.cli",
+            "replay",
+            "traces/a.json",
+            "--mode",
+            "sim",
+            "--model",
+            "llama-3.1-70b",
+            "--tp",
+            "4",
+            "--hardware",
+            "h100_sxm",
+            "--max-requests",
+            "40",
+            "--out",
+            str(out),
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     meta = json.loads((out / "run.json").read_text())
     assert meta["options"]["tp"] == 4 and meta["hardware"] == "h100_sxm" and meta["cost_model"].endswith(",tp4")
@@ -102,13 +132,18 @@ def test_replay_a_70b_model_at_tp4_on_a_database_system(tmp_path):
     assert meta["summary"]["kv_tokens"] == kv_capacity_tokens(m, load_hardware("h100_sxm"), fraction, tp=4)
 
 
-@pytest.mark.parametrize("args, needles", [
-    (["--model", "llama-3.1-8b", "--tp", "3"], ["--tp 3", "32 attention heads"]),
-    (["--model", "llama-3.1-70b"], ["does not fit"]),
-    (["--mode", "real", "--tp", "2"], ["--tp 2", "one device"]),
-    (["--hardware", "h100_sxn"], ["h100_sxn", "h100_sxm"]),
-])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--model", "llama-3.1-8b", "--tp", "3"], ["--tp 3", "32 attention heads"]),
+        (["--model", "llama-3.1-70b"], ["does not fit"]),
+        (["--mode", "real", "--tp", "2"], ["--tp 2", "one device"]),
+        (["--hardware", "h100_sxn"], ["h100_sxn", "h100_sxm"]),
+    ],
+)
 def test_replay_bad_tp_or_hardware_is_one_line_exit_2(args, needles):
-    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "replay", "traces/a.json", *args, "-q"],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "testbed.cli", "replay", "traces/a.json", *args, "-q"], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
     assert_clean_error(proc, *needles)

@@ -3,6 +3,7 @@ steps one by one give, from SGLang's start value and from any other (a retractio
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -10,6 +11,7 @@ from scheduler.sglang.config import SchedulerConfig
 from scheduler.sglang.token_ratio import NewTokenRatioDecay
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(
     conservativeness=st.floats(min_value=0.0, max_value=2.0),
@@ -18,8 +20,9 @@ from scheduler.sglang.token_ratio import NewTokenRatioDecay
     steps=st.lists(st.integers(min_value=0, max_value=3000), min_size=1, max_size=6),
 )
 def test_steps_at_once_equal_steps_one_by_one(conservativeness, decay_steps, starts, steps):
-    config = SchedulerConfig(kv_tokens=1000, context_len=100, schedule_conservativeness=conservativeness,
-                             new_token_ratio_decay_steps=decay_steps)
+    config = SchedulerConfig(
+        kv_tokens=1000, context_len=100, schedule_conservativeness=conservativeness, new_token_ratio_decay_steps=decay_steps
+    )
     decay = NewTokenRatioDecay(config.new_token_ratio_decay, config.min_new_token_ratio)
     for start in starts:
         ratio = config.init_new_token_ratio if start is None else start  # (a retraction sets any value)

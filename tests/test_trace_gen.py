@@ -27,8 +27,15 @@ def _cli(argv: list[str]) -> int:
 
 
 MIXED = GenConfig(
-    num_requests=400, rate=10, system_prompts=3, system_prompt_len=256, shared_fraction=0.6,
-    multi_turn_fraction=0.4, turns=3, block_size=64, seed=7,
+    num_requests=400,
+    rate=10,
+    system_prompts=3,
+    system_prompt_len=256,
+    shared_fraction=0.6,
+    multi_turn_fraction=0.4,
+    turns=3,
+    block_size=64,
+    seed=7,
 )
 
 
@@ -96,8 +103,16 @@ def test_system_prompts_share_block_hashes_and_tokens():
 
 
 def test_conversation_turns_extend_the_previous_prompt():
-    cfg = GenConfig(num_requests=120, multi_turn_fraction=1.0, turns=4, system_prompts=2,
-                    system_prompt_len=100, shared_fraction=0.5, block_size=32, seed=5)
+    cfg = GenConfig(
+        num_requests=120,
+        multi_turn_fraction=1.0,
+        turns=4,
+        system_prompts=2,
+        system_prompt_len=100,
+        shared_fraction=0.5,
+        block_size=32,
+        seed=5,
+    )
     t = generate_trace(cfg)
     convs = defaultdict(list)
     for i, r in enumerate(t.requests):

@@ -178,27 +178,48 @@ ERROR_CASES = [
     # (file name, content, line, field, words in the message)
     ("bad.jsonl", OK + '\n{"arrival": 1, "input_len": 5,\n', 2, None, "invalid JSON"),
     ("miss.jsonl", OK + '\n{"arrival": 1, "input_len": 5}\n', 2, "output_len", "missing"),
-    ("neg.jsonl", '\n' + OK + '\n{"arrival": 1, "input_len": 5, "output_len": -3}\n', 3, "output_len", "got -3"),
+    ("neg.jsonl", "\n" + OK + '\n{"arrival": 1, "input_len": 5, "output_len": -3}\n', 3, "output_len", "got -3"),
     ("zero.jsonl", '{"arrival": 0, "input_len": 5, "output_len": 0}\n', 1, "output_len", "got 0"),
     ("nan.jsonl", '{"arrival": "soon", "input_len": 5, "output_len": 1}\n', 1, "arrival", "number"),
     ("negt.jsonl", '{"arrival": -1, "input_len": 5, "output_len": 1}\n', 1, "arrival", "non-negative"),
     ("strlen.jsonl", '{"arrival": 0, "input_len": "5", "output_len": 1}\n', 1, "input_len", "integer"),
     ("noinput.jsonl", '{"arrival": 0, "output_len": 1}\n', 1, "input_len", "missing"),
-    ("sort.jsonl", OK + '\n{"arrival": 2, "input_len": 5, "output_len": 3}\n{"arrival": 1, "input_len": 5, "output_len": 3}\n',
-     3, "arrival", "non-decreasing"),
-    ("hash.jsonl", '{"arrival": 0, "input_len": 100, "block_size": 64, "block_hashes": [1, 2, 3], "output_len": 1}\n',
-     1, "block_hashes", "at most ceil(100/64) = 2"),
+    (
+        "sort.jsonl",
+        OK + '\n{"arrival": 2, "input_len": 5, "output_len": 3}\n{"arrival": 1, "input_len": 5, "output_len": 3}\n',
+        3,
+        "arrival",
+        "non-decreasing",
+    ),
+    (
+        "hash.jsonl",
+        '{"arrival": 0, "input_len": 100, "block_size": 64, "block_hashes": [1, 2, 3], "output_len": 1}\n',
+        1,
+        "block_hashes",
+        "at most ceil(100/64) = 2",
+    ),
     ("ids.jsonl", '{"arrival": 0, "input_ids": [1, 2, 3], "input_len": 4, "output_len": 1}\n', 1, "input_len", "3 tokens"),
     ("hdr.jsonl", '{"format": "testbed-trace", "version": 2}\n' + OK + "\n", 1, "version", "version 1"),
     ("syntax.json", HEADER + OK + ",\n" + OK + ",\n" + '{"arrival": 1 "input_len": 5, "output_len": 3}\n]}\n', 4, None, "invalid JSON"),
     ("elem.json", HEADER + OK + ",\n" + OK + ",\n\n" + '{"arrival": 1, "input_len": 5, "output_len": 0}\n]}\n', 5, "output_len", "got 0"),
     ("sort.json", HEADER + '{"arrival": 5, "input_len": 5, "output_len": 3},\n' + OK + "\n]}\n", 3, "arrival", "non-decreasing"),
     ("list.json", "[\n" + OK + ",\n  " + '{"arrival": 1, "input_len": -5, "output_len": 3}]', 3, "input_len", "got -5"),
-    ("mc_hash.jsonl", MOONCAKE_ROWS + '{"timestamp": 2000, "input_length": 1025, "output_length": 5, "hash_ids": [1, 2]}\n',
-     3, "hash_ids", "ceil(1025/512) = 3"),
+    (
+        "mc_hash.jsonl",
+        MOONCAKE_ROWS + '{"timestamp": 2000, "input_length": 1025, "output_length": 5, "hash_ids": [1, 2]}\n',
+        3,
+        "hash_ids",
+        "ceil(1025/512) = 3",
+    ),
     ("mc_out.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 0, "hash_ids": [1]}\n', 1, "output_length", "got 0"),
-    ("mc_sort.jsonl", '{"timestamp": 10, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n'
-     '{"timestamp": 9, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n', 2, "timestamp", "non-decreasing"),
+    (
+        "mc_sort.jsonl",
+        '{"timestamp": 10, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n'
+        '{"timestamp": 9, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n',
+        2,
+        "timestamp",
+        "non-decreasing",
+    ),
     ("mc_miss.jsonl", '{"timestamp": 0, "output_length": 1, "hash_ids": [1]}\n', 1, "input_length", "missing"),
     ("az_time.csv", AZURE_ROWS + "\r\nyesterday,5,5", 4, "TIMESTAMP", "must be a time"),
     ("az_neg.csv", AZURE_ROWS + "\r\n2023-11-16 18:17:05.0,-5,5", 4, "ContextTokens", "got -5"),
@@ -223,8 +244,9 @@ def test_errors_name_file_line_and_field(tmp_path, name, content, line, field, w
     assert words in str(err)
 
 
-@pytest.mark.parametrize("content", ["", "\n\n", '{"format": "testbed-trace", "version": 1}\n',
-                                     HEADER + "]}\n", "TIMESTAMP,ContextTokens,GeneratedTokens\r\n"])
+@pytest.mark.parametrize(
+    "content", ["", "\n\n", '{"format": "testbed-trace", "version": 1}\n', HEADER + "]}\n", "TIMESTAMP,ContextTokens,GeneratedTokens\r\n"]
+)
 def test_empty_traces_are_errors(tmp_path, content):
     path = tmp_path / "empty.jsonl"
     path.write_text(content)
@@ -371,8 +393,13 @@ def test_materialize_equals_block_by_block(hashes, block_size, input_len, index,
 
 _request_strategy = st.builds(
     lambda hashes, block_size, input_len, explicit: TraceRequest(
-        0.0, input_len, 1, input_ids=[(7 * i) % 97 for i in range(input_len)] if explicit else None,
-        block_hashes=hashes or None, block_size=block_size),
+        0.0,
+        input_len,
+        1,
+        input_ids=[(7 * i) % 97 for i in range(input_len)] if explicit else None,
+        block_hashes=hashes or None,
+        block_size=block_size,
+    ),
     st.lists(st.integers(-1000, 100_000), max_size=8)
     | st.lists(st.one_of(st.integers(-1000, 100_000), st.integers(-(2**70), 2**70)), max_size=8),
     st.integers(1, 700),
@@ -382,8 +409,7 @@ _request_strategy = st.builds(
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(_request_strategy, max_size=6), st.sampled_from([None, 1, 7, 50, 32_000, 1 << 16]), st.randoms(),
-       st.integers(1, 4))
+@given(st.lists(_request_strategy, max_size=6), st.sampled_from([None, 1, 7, 50, 32_000, 1 << 16]), st.randoms(), st.integers(1, 4))
 def test_trace_prompts_equal_materialize_input_ids(requests, vocab, rng, window):
     """A replay's prompts (TracePrompts: a window of requests' block markers in one pass) are
     the requests' materialize_input_ids, whatever order they are asked for in."""
@@ -405,6 +431,7 @@ def test_trace_prompts_of_mooncake_equal_materialize_input_ids(mooncake):
             assert prompts.prompt(i) == materialize_input_ids(reqs[i], i, vocab)
 
 
+@pytest.mark.slow
 def test_materialize_mooncake_equals_block_by_block(mooncake):
     for i, r in enumerate(mooncake.requests[:200]):
         for vocab in (None, 128_256):

@@ -24,8 +24,11 @@ from testbed.validate.simulate import PointSimulator
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "testbed.cli", "validate"]
-SUMMARY = re.compile(r"^validate: (\d+) points, (\d+) skipped, TTFT median \S+ p90 \S+, TPOT median \S+ p90 \S+ "
-                     r"\(AIConfigurator: TTFT median \S+ p90 \S+, TPOT median \S+ p90 \S+\)", re.M)
+SUMMARY = re.compile(
+    r"^validate: (\d+) points, (\d+) skipped, TTFT median \S+ p90 \S+, TPOT median \S+ p90 \S+ "
+    r"\(AIConfigurator: TTFT median \S+ p90 \S+, TPOT median \S+ p90 \S+\)",
+    re.M,
+)
 
 
 def _testbed(*args) -> subprocess.CompletedProcess:
@@ -47,8 +50,17 @@ def _row(rows: list[dict], **match) -> dict:
 def small_file(silicon, tmp_path_factory) -> Path:
     header, rows = silicon
     chosen = [
-        _row(rows, system="h200_sxm", backend="vllm", model_path="meta-llama/Llama-3.1-70B", mode="agg", isl="1024", osl="1024",
-             batch_size="8", tp_size="2"),
+        _row(
+            rows,
+            system="h200_sxm",
+            backend="vllm",
+            model_path="meta-llama/Llama-3.1-70B",
+            mode="agg",
+            isl="1024",
+            osl="1024",
+            batch_size="8",
+            tp_size="2",
+        ),
         _row(rows, backend="trtllm", mode="agg"),
         _row(rows, mode="disagg"),
         _row(rows, model_path="deepseek-ai/DeepSeek-R1", mode="agg", backend="sglang", precision="fp8"),
@@ -76,14 +88,24 @@ def test_every_row_of_the_default_file_is_read_and_each_skip_says_why():
     assert sum(r is None for r in reasons) > 100  # dense vLLM/SGLang agg points it can simulate
     assert any(r and r.startswith("backend trtllm") for r in reasons) and any(r and r.startswith("disagg") for r in reasons)
     # Weight formats are priced from their own GEMM tables: NVFP4 Llama-3.1-70B on B200, block-fp8 Llama-3.1-8B on H200.
-    fp4 = [p for p in points if p.system == "b200_sxm" and p.backend == "vllm" and p.model_path == "meta-llama/Llama-3.1-70B"
-           and p.precision == "fp4"]
-    block = [p for p in points if p.system == "h200_sxm" and p.backend == "sglang" and p.gemm_quant == "fp8_block"
-             and p.model_path == "meta-llama/Llama-3.1-8B-Instruct"]
+    fp4 = [
+        p
+        for p in points
+        if p.system == "b200_sxm" and p.backend == "vllm" and p.model_path == "meta-llama/Llama-3.1-70B" and p.precision == "fp4"
+    ]
+    block = [
+        p
+        for p in points
+        if p.system == "h200_sxm"
+        and p.backend == "sglang"
+        and p.gemm_quant == "fp8_block"
+        and p.model_path == "meta-llama/Llama-3.1-8B-Instruct"
+    ]
     assert len(fp4) == 60 and all(p.skip_reason() is None and p.quantization == "nvfp4" for p in fp4)
     assert len(block) == 46 and all(p.skip_reason() is None and p.group[3] == "fp8_block" for p in block)
 
 
+@pytest.mark.slow
 def test_a_small_file_gives_a_group_row_the_skips_and_the_summary_line(small_file, tmp_path):
     proc = _testbed("--points", small_file, "--out", tmp_path / "out", "-q")
     assert proc.returncode == 0, proc.stderr
@@ -107,6 +129,7 @@ def test_a_small_file_gives_a_group_row_the_skips_and_the_summary_line(small_fil
     assert "plotly" in html.lower() and "Absolute relative error by group" in html
 
 
+@pytest.mark.slow
 def test_the_simulated_point_is_near_what_was_measured(small_file):
     """The 70B fp8 point at 8 clients on two H200s: TPOT is decode-bound and priced from the
     database's kernels, so it lands near the measurement. Its TTFT depends on how the clients'
@@ -127,12 +150,16 @@ def test_the_simulated_point_is_near_what_was_measured(small_file):
     assert alone <= got.ttft_ms <= 1.5 * p.concurrency * alone
 
 
+@pytest.mark.slow
 def test_the_prefix_cache_left_off_for_random_prompts_changes_nothing(small_file):
     """Validate replays points with the prefix cache off (it never hits on prompts that share
     nothing, and costs time): the same figures as with the engines' default, cache on."""
     vllm = next(p for p in load_points(small_file) if p.skip_reason() is None)
-    sglang = next(p for p in load_points(default_points_path()) if p.skip_reason() is None and p.backend == "sglang"
-                  and p.concurrency == 16 and p.tp == 8)
+    sglang = next(
+        p
+        for p in load_points(default_points_path())
+        if p.skip_reason() is None and p.backend == "sglang" and p.concurrency == 16 and p.tp == 8
+    )
     sim = PointSimulator()
     try:
         for p in (vllm, sglang):
@@ -141,14 +168,23 @@ def test_the_prefix_cache_left_off_for_random_prompts_changes_nothing(small_file
         sim.close()
 
 
+@pytest.mark.slow
 def test_a_measured_request_decodes_beside_the_prefills_of_requests_sent_after_it():
     """A prefill-heavy point (Qwen3-32B on two H100s, vLLM, 4,096 tokens in, 128 out, 64 clients):
     while a measured request decodes, the clients whose requests finish send new ones, and their
     prefills share its steps, as in the benchmark's steady state. Its TPOT is then far above a pure
     decode step's and near the measured 140 ms (76 ms when the measured wave was the last)."""
-    p = next(p for p in load_points(default_points_path()) if p.system == "h100_sxm" and p.backend == "vllm"
-             and p.model_path == "Qwen/Qwen3-32B" and p.precision == "unstated" and (p.isl, p.osl) == (4096, 128)
-             and p.concurrency == 64 and p.tp == 2)
+    p = next(
+        p
+        for p in load_points(default_points_path())
+        if p.system == "h100_sxm"
+        and p.backend == "vllm"
+        and p.model_path == "Qwen/Qwen3-32B"
+        and p.precision == "unstated"
+        and (p.isl, p.osl) == (4096, 128)
+        and p.concurrency == 64
+        and p.tp == 2
+    )
     sim = PointSimulator()
     try:
         got = sim.simulate(p)
@@ -159,15 +195,29 @@ def test_a_measured_request_decodes_beside_the_prefills_of_requests_sent_after_i
     assert 0.8 < got.tpot_ms / p.tpot_ms < 1.2
 
 
+@pytest.mark.slow
 def test_a_point_measured_faster_than_its_kernels_allow_is_flagged(silicon, tmp_path):
     """The 70B point on two H200s costs about what its kernels say (its bound lies near, not past, 1);
     the same row with TTFT and TPOT a third of what was measured cannot be run by any schedule of
     those kernels: points.csv gives its kernel_bound, and validate names it on its own line."""
     header, rows = silicon
-    real = _row(rows, system="h200_sxm", backend="vllm", model_path="meta-llama/Llama-3.1-70B", mode="agg", isl="1024",
-                osl="1024", batch_size="8", tp_size="2")
-    too_fast = {**real, "id": "too-fast", "silicon_ttft_ms": str(float(real["silicon_ttft_ms"]) / 3),
-                "silicon_tpot_ms": str(float(real["silicon_tpot_ms"]) / 3)}
+    real = _row(
+        rows,
+        system="h200_sxm",
+        backend="vllm",
+        model_path="meta-llama/Llama-3.1-70B",
+        mode="agg",
+        isl="1024",
+        osl="1024",
+        batch_size="8",
+        tp_size="2",
+    )
+    too_fast = {
+        **real,
+        "id": "too-fast",
+        "silicon_ttft_ms": str(float(real["silicon_ttft_ms"]) / 3),
+        "silicon_tpot_ms": str(float(real["silicon_tpot_ms"]) / 3),
+    }
     points = tmp_path / "points.csv"
     with open(points, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=header)
@@ -183,6 +233,7 @@ def test_a_point_measured_faster_than_its_kernels_allow_is_flagged(silicon, tmp_
     assert "1 point was measured" in line and "h200_sxm vllm meta-llama/Llama-3.1-70B fp8 (1)" in line
 
 
+@pytest.mark.slow
 def test_more_clients_wait_longer(small_file):
     """The same point at 4x the clients: every step carries more decodes, so TPOT grows."""
     p = next(p for p in load_points(small_file) if p.skip_reason() is None)
@@ -194,6 +245,7 @@ def test_more_clients_wait_longer(small_file):
         sim.close()
 
 
+@pytest.mark.slow
 def test_bad_points_files_and_filters_are_one_line(small_file, tmp_path):
     header = small_file.read_text().splitlines()[0].split(",")
     no_isl = tmp_path / "no_isl.csv"
@@ -214,6 +266,7 @@ def test_bad_points_files_and_filters_are_one_line(small_file, tmp_path):
 GROUND_TRUTH = REPO.parent / "shared" / "ground_truth"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (GROUND_TRUTH / "vllm-rtxpro6000-llama-3.1-8b" / "requests.jsonl").is_file(), reason="needs ../shared/ground_truth")
 def test_a_real_run_is_replayed_with_its_settings_and_its_errors_printed(tmp_path):
     proc = _testbed("--points", "none", "--runs", GROUND_TRUTH, "--out", tmp_path)
@@ -233,12 +286,14 @@ def test_a_real_run_is_replayed_with_its_settings_and_its_errors_printed(tmp_pat
     assert abs(float(err.group(4))) < 8, out  # TPOT mean: -9.9% when mixed forwards were priced as their parts
 
 
+@pytest.mark.slow
 def test_runs_alone_or_nothing(tmp_path):
     assert_clean_error(_testbed("--points", "none"), "--points none", "--runs")
     assert_clean_error(_testbed("--points", "none", "--runs", tmp_path / "absent"), "absent", "no such folder")
     assert_clean_error(_testbed("--points", "none", "--runs", tmp_path), "neither a run folder")
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_workers_and_says_so():
     """A long validate stopped with Ctrl-C: exit 130 and one line, no worker left running, no folder left behind."""
     import signal
@@ -246,8 +301,14 @@ def test_ctrl_c_stops_the_workers_and_says_so():
     import time
 
     tmp = tempfile.mkdtemp(prefix="ctrl-c-")
-    proc = subprocess.Popen([*CLI, "--filter", "system=h200_sxm,backend=vllm", "-q", "-j", "2"], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**__import__("os").environ, "TMPDIR": tmp})
+    proc = subprocess.Popen(
+        [*CLI, "--filter", "system=h200_sxm,backend=vllm", "-q", "-j", "2"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**__import__("os").environ, "TMPDIR": tmp},
+    )
     time.sleep(8)  # the workers are simulating points
     children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
     assert children, "no worker processes to stop"

@@ -65,8 +65,9 @@ def test_sglang_llama_8b_point(rows):
 
 def test_keyword_api_matches_the_row_and_caches(rows):
     row = rows[VLLM_70B]
-    a = aiconfigurator_estimate("h200_sxm", "vllm", None, "meta-llama/Llama-3.1-70B", isl=1024, osl=1024,
-                                concurrency=32, tp=4, gemm_quant="fp8")
+    a = aiconfigurator_estimate(
+        "h200_sxm", "vllm", None, "meta-llama/Llama-3.1-70B", isl=1024, osl=1024, concurrency=32, tp=4, gemm_quant="fp8"
+    )
     assert a == estimate_of(row)
     # Concurrency grows -> TTFT and TPOT do not shrink (AIConfigurator's queueing and batch models).
     b = aiconfigurator_estimate("h200_sxm", "vllm", None, "meta-llama/Llama-3.1-70B", 1024, 1024, 64, 4, "fp8")

@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 
-from scheduler.loop.event_loop import CpuWork, EventLoop
-from scheduler.model_config import load_model_config
 from scheduler.core.req import Req
 from scheduler.core.sampling import SamplingParams
+from scheduler.loop.event_loop import CpuWork, EventLoop
+from scheduler.model_config import load_model_config
 from scheduler.vllm.config import VllmSchedulerConfig
 from scheduler.vllm.scheduler import VllmScheduler
 from simulator.hardware import load_hardware
@@ -193,6 +194,7 @@ def test_running_decodes_are_in_every_step_until_they_finish(tmp_path, overlap):
     assert checked > 20
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlap", [True, False], ids=["async", "sync"])
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_preempted_requests_are_recomputed_and_make_exactly_their_outputs(tmp_path, overlap, page_size):
@@ -233,6 +235,7 @@ def test_priority_policy_preempts_the_lowest_priority(tmp_path):
 # --- prefix caching at block granularity ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_prefix_hits_come_in_whole_blocks(tmp_path):
     """Two prompts share 40 tokens: with blocks of 16 the second reuses 32 of them, with
     blocks of 64 none; a prompt equal to a cached one reuses all its full blocks but the
@@ -254,7 +257,9 @@ def test_blocks_cached_by_a_request_scheduled_in_the_same_step_are_hit():
     """vLLM caches a request's full blocks when it allocates them: a request admitted right
     after it in the same step reuses them, instead of computing the prompt twice."""
     shared = list(range(7000, 7256))
-    trace = Trace([TraceRequest(0.0, 266, 3, input_ids=shared + list(range(10))), TraceRequest(0.0, 266, 3, input_ids=shared + list(range(20, 30)))])
+    trace = Trace(
+        [TraceRequest(0.0, 266, 3, input_ids=shared + list(range(10))), TraceRequest(0.0, 266, 3, input_ids=shared + list(range(20, 30)))]
+    )
     sched, loop, reqs = _hand_run(trace, VllmSchedulerConfig(kv_tokens=4096, context_len=131072, page_size=16))
     assert loop.steps.cols["batch_size"][0] == 2, "both were meant to be admitted in the first step"
     assert reqs[1].cached_tokens == 256
@@ -271,6 +276,7 @@ def test_no_prefix_cache_means_no_hits(tmp_path):
 # --- KV bookkeeping at every wait, and fuzzing ----------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlap", [True, False], ids=["async", "sync"])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
@@ -312,7 +318,8 @@ def _case(draw):
     return trace, config
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])  # 15 under ci, 60 under deep
 @given(_case())
 def test_fuzz_every_run_completes_exactly_within_budget_with_kv_consistent(case):
     """Random traces (shared prefixes, bursts, tiny pools) and configs: every request that
@@ -345,6 +352,7 @@ def test_requests_that_can_never_fit_are_rejected_not_dropped(tmp_path):
     assert "KV pool" in df["reason"][1]
 
 
+@pytest.mark.slow
 def test_run_json_records_the_scheduler_and_vllm_defaults(tmp_path):
     trace = _shared_trace(n=5)
     _, run = _replay(trace, tmp_path)
@@ -360,8 +368,14 @@ def test_run_json_records_the_scheduler_and_vllm_defaults(tmp_path):
 @pytest.mark.parametrize(
     "args, needles",
     [
-        (["--scheduler", "vllm", "--chunked-prefill-size", "512"], ["--chunked-prefill-size belongs to --scheduler sglang", "--max-num-batched-tokens"]),
-        (["--scheduler", "vllm", "--max-running-requests", "8"], ["--max-running-requests belongs to --scheduler sglang", "--max-num-seqs"]),
+        (
+            ["--scheduler", "vllm", "--chunked-prefill-size", "512"],
+            ["--chunked-prefill-size belongs to --scheduler sglang", "--max-num-batched-tokens"],
+        ),
+        (
+            ["--scheduler", "vllm", "--max-running-requests", "8"],
+            ["--max-running-requests belongs to --scheduler sglang", "--max-num-seqs"],
+        ),
         (["--scheduler", "vllm", "--policy", "lpm"], ["--policy lpm is SGLang's", "fcfs or priority"]),
         (["--max-num-seqs", "8"], ["--max-num-seqs belongs to --scheduler vllm", "--max-running-requests"]),
         (["--max-num-batched-tokens", "512"], ["--max-num-batched-tokens belongs to --scheduler vllm"]),
@@ -378,6 +392,7 @@ def test_an_option_of_the_other_scheduler_is_one_line_error(tmp_path, capsys, ar
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_both_schedulers_replay_one_trace_and_compare(tmp_path):
     """The same trace, GPU and cost model under both schedulers: both complete, and the
     comparison names the scheduler as what differs."""
