@@ -47,7 +47,7 @@ def _unit(nodeid: str) -> str:
     return BIG_MEMORY if Path(path).name in BIG_MEMORY_FILES else path
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # (optional: the suite runs without xdist too)
 def pytest_xdist_make_scheduler(config, log):
     """--dist loadfile, with the BIG_MEMORY_FILES as one unit, handed out in the order collected
     (pytest_collection_modifyitems below), not largest-first by number of tests. Not
