@@ -89,8 +89,9 @@ class RunWriter:
             write_requests(self.run_dir / REQUESTS_FILE, requests)
             assert self.steps_file.closed, "finish() before finish_steps()"
             self.steps_file.result()  # (raises what the writing raised)
-            write_json(self.run_dir / RUN_FILE, meta)
             created = datetime.now(timezone.utc).isoformat(timespec="seconds")
             write_json(self.run_dir / WALL_FILE, {"created_at": created, "wall_s": round(wall_s, 3)})
+            # run.json last of the tables: once it says complete, every file of the run is there.
+            write_json(self.run_dir / RUN_FILE, meta)
             self.requests.close(remove=True)
             self.steps.close(remove=True)  # last: its lock is the writer's
