@@ -54,29 +54,23 @@ class _Driver(StepClockDriver):
         sched.get_next_batch_to_run = get_next_batch_to_run
         sched._preempt = logged_preempt
         self.kv_error: str | None = None  # the first block freed while free
-        alloc = sched.allocator
-        alloc_free = alloc.free
+        pool = sched.kv.pool
+        pool_free, pool_evict = pool.free_blocks, pool._evict
 
-        def checked_free(locs):
-            if self.kv_error is None and len(locs):
-                pages = [loc // alloc.page_size for loc in locs]
-                twice = set(pages) & set(alloc.free_pages)
-                if alloc.page_size == 1 and len(set(pages)) != len(pages):  # (pages repeat in a call otherwise)
-                    twice |= {p for p in pages if pages.count(p) > 1}
-                if twice:
-                    self.kv_error = f"kv accounting: block {min(twice)} freed while free, before step {len(self.records)}"
-            alloc_free(locs)
+        def checked_free(ordered):
+            ordered = list(ordered)
+            twice = [b for b in ordered if pool.ref_cnt[b] <= 0]
+            if self.kv_error is None and twice:
+                self.kv_error = f"kv accounting: block {min(twice)} freed while free, before step {len(self.records)}"
+            pool_free(ordered)
 
-        alloc.free = checked_free
-        self.evicted = 0  # tokens
-        evict = sched.tree_cache.evict
+        self.evicted = 0  # blocks
 
-        def counted_evict(num_tokens):
-            n = evict(num_tokens)
-            self.evicted += n or 0
-            return n
+        def counted_evict(b):
+            self.evicted += 1
+            pool_evict(b)
 
-        sched.tree_cache.evict = counted_evict
+        pool.free_blocks, pool._evict = checked_free, counted_evict
 
     def _finished_since(self) -> list[str]:
         done = self.scheduler.done
@@ -87,17 +81,16 @@ class _Driver(StepClockDriver):
     def _launch(self, plan: ForwardPlan) -> ForwardResult:
         sched, batch = self.scheduler, self.batch
         assert batch is not None and batch.plan is plan
-        ps = sched.page_size
         self.records.append(
             VllmStep(
                 reqs=[(r.rid, n) for r, n in zip(batch.reqs, plan.extend_lens)],
                 preempted=list(self.preempted),
                 finished=self._finished_since(),
-                free_blocks=sched.allocator.num_free_pages() + sched.tree_cache.evictable_size() // ps,
+                free_blocks=sched.kv.pool.num_free_blocks(),
                 cache_hit_tokens=batch.cache_hit_tokens,
                 num_running=len(sched.running),
                 num_waiting=len(sched.waiting_queue),
-                evicted=self.evicted // ps,
+                evicted=self.evicted,
             )
         )
         self.preempted.clear()
@@ -126,16 +119,7 @@ def run_ours(sc: VllmScenario, max_steps: int = 20_000) -> VllmRun:
 
 
 def kv_accounting_error(sched: VllmScheduler) -> str | None:
-    """At the end of a run every block is free or in the cache, once: a block freed twice
-    shows as more free blocks than the pool holds (vLLM's pool cannot do that)."""
-    alloc, ps = sched.allocator, sched.page_size
-    free = list(alloc.free_pages)
-    free_blocks = alloc.num_free_pages() + sched.tree_cache.evictable_size() // ps
-    if len(set(free)) != len(free) or free_blocks > alloc.num_pages:
-        return (
-            f"kv accounting: {free_blocks} free blocks (cached ones included) in a pool of {alloc.num_pages}, "
-            f"{len(free) - len(set(free))} blocks twice in the free list"
-        )
+    """At the end of a run every block is free, once, and the cache agrees with the blocks."""
     try:
         sched.check_invariants()
     except AssertionError as e:

@@ -265,22 +265,22 @@ class _StretchRecordingVllm(VllmScheduler):
 
     def __init__(self, config: VllmSchedulerConfig) -> None:
         super().__init__(config)
-        self.bulk_evictions = 0  # evictions by bulk steps' schedules
+        self.bulk_evictions = 0  # blocks evicted by bulk steps' schedules
         self.bulk_cached_blocks = 0  # blocks that bulk steps put in the prefix cache
         self.bulk_finishes = 0  # requests finished by bulk processings
         self._in_bulk = False
-        cache_full_blocks, evict = self.kv.cache_full_blocks, self.tree_cache.evict
+        cache_known_blocks, evict = self.kv.cache_known_blocks, self.kv.pool._evict
 
         def counting_cache(req: Req) -> None:
-            have = len(req.prefix_indices)
-            cache_full_blocks(req)
-            self.bulk_cached_blocks += self._in_bulk and len(req.prefix_indices) > have
+            have = self.kv.reqs[req].num_cached
+            cache_known_blocks(req)
+            self.bulk_cached_blocks += self._in_bulk and self.kv.reqs[req].num_cached > have
 
-        def counting_evict(num_tokens: int):
+        def counting_evict(block: int) -> None:
             self.bulk_evictions += self._in_bulk
-            return evict(num_tokens)
+            evict(block)
 
-        self.kv.cache_full_blocks, self.tree_cache.evict = counting_cache, counting_evict
+        self.kv.cache_known_blocks, self.kv.pool._evict = counting_cache, counting_evict
         self.decode_stretches = _BulkMarkingVllmStretches(self)
 
     def get_next_batch_to_run(self):
@@ -330,12 +330,18 @@ def _light_run(
 
 
 def _assert_same_run(ff_loop, ff_sched, step_loop, step_sched) -> None:
-    """Every step row, every request's token and finish times, and the allocator's free list
-    as stepping left them."""
+    """Every step row, every request's token and finish times, and the KV pool's free list and
+    cache as stepping left them."""
     for name, col in step_loop.steps.cols.items():
         assert list(ff_loop.steps.cols[name]) == list(col), name
     assert [list(r.token_times) for r in ff_sched.done] == [list(r.token_times) for r in step_sched.done]
     assert [r.finish_time for r in ff_sched.done] == [r.finish_time for r in step_sched.done]
+    if isinstance(step_sched, VllmScheduler):
+        # The same free queue, in eviction order, and the same blocks cached under the same hashes.
+        ff_pool, step_pool = ff_sched.kv.pool, step_sched.kv.pool
+        assert list(ff_pool.free_queue) == list(step_pool.free_queue)
+        assert ff_pool.block_hash == step_pool.block_hash and ff_pool.cached == step_pool.cached
+        return
     assert ff_sched.allocator.free_pages == step_sched.allocator.free_pages
     # The same cache walks (each match and insert stamps the LRU clock), so the same eviction order
     # from here on: a prefill branch that looked at the queue when stepping's did not shows here.

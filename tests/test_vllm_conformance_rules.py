@@ -7,8 +7,8 @@ so that these run without vLLM. A record: [(rid, tokens scheduled)...], preempte
 finished since the previous step, free blocks (cached-but-unreferenced included), prefix-cache
 tokens of the requests admitted that step, running, waiting.
 
-The xfail cases are core differences the oracle found; each turns into a failure
-(strict) once the core follows vLLM there, and should then lose its mark.
+The eviction cases are where the core once differed (a radix tree in place of vLLM's block
+pool): the oracle found them, and they stay as its record.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-
-import pytest
 
 # conformance/ is not an installed package: import it from the repository root, as
 # `python -m pytest` (make test) does by itself and a bare `pytest` does not.
@@ -114,30 +112,13 @@ def test_async_eos_stop_token_stays_out_of_the_cache():
     _assert_steps("async-eos-stop-token-cached", _ours("async-eos-stop-token-cached"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a difference from vLLM 0.19.0 found by its oracle: eviction order: vLLM pops its LRU free-block queue from the "
-    "front block by block (evicting a cached block even while uncached free blocks wait behind it); "
-    "ours evicts whole radix leaves by last access, only when the free list runs short",
-)
 def test_eviction_follows_vllms_free_block_queue():
     _assert_steps("eviction-order", _ours("eviction-order"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a difference from vLLM 0.19.0 found by its oracle: once a block of a request duplicates one another request cached "
-    "first, our core caches none of the request's later blocks; vLLM caches every full block "
-    "(duplicates included), so a later request extending it hits them",
-)
 def test_blocks_after_a_duplicate_are_cached():
     _assert_steps("duplicate-block-stops-caching", _ours("duplicate-block-stops-caching"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a difference from vLLM 0.19.0 found by its oracle: eviction granularity: for one block our core evicts a whole "
-    "radix leaf (here a preempted request's 3 blocks); vLLM evicts one block, the sequence's tail",
-)
 def test_eviction_takes_one_block_at_a_time():
     _assert_steps("eviction-whole-leaf-after-preemption", _ours("eviction-whole-leaf-after-preemption"))

@@ -23,6 +23,7 @@ from scheduler.core.sampling import SamplingParams
 from scheduler.loop.event_loop import CpuWork, EventLoop
 from scheduler.model_config import load_model_config
 from scheduler.vllm.config import VllmSchedulerConfig
+from scheduler.vllm.kv_blocks import RequestBlocks
 from scheduler.vllm.scheduler import VllmScheduler
 from simulator.hardware import load_hardware
 from simulator.roofline import RooflineCostModel
@@ -104,33 +105,28 @@ class _CheckedLoop(EventLoop):
 
 
 def _check_kv(sched: VllmScheduler) -> None:
-    """No running request computes on a free or evictable page; no private page is shared;
-    a request's cached prefix is what the tree holds for its tokens."""
-    alloc, cache, ps = sched.allocator, sched.tree_cache, sched.page_size
-    free = set(alloc.free_pages)
-    assert len(free) == len(alloc.free_pages), "a KV page is free twice"
-    locked: set[int] = set()
-    unlocked: set[int] = set()
-    if not cache.disabled:
-        stack = [cache.root]
-        while stack:
-            node = stack.pop()
-            stack.extend(node.children.values())
-            (locked if node.lock_ref > 0 else unlocked).update(v // ps for v in node.value)
-    assert not (free & (locked | unlocked)), "a cached page is also free"
-    private: dict[int, str] = {}
+    """Each block is free or held, and held as many times as running requests hold it; a running
+    request's slots lie in its own blocks; its cached blocks hold its own tokens' hashes."""
+    kv, ps = sched.kv, sched.page_size
+    pool = kv.pool
+    holders: dict[int, int] = {}
     for r in sched.running:
+        st = kv.reqs[r]
+        for b in st.blocks:
+            holders[b] = holders.get(b, 0) + 1
         row = sched.req_to_token_pool.req_to_token[r.req_pool_idx]
         assert len(row) == r.seq_len, f"{r.rid}: {len(row)} slots for {r.seq_len} computed tokens"
-        assert row[: len(r.prefix_indices)] == r.prefix_indices
-        pages = {v // ps for v in row}
-        assert not (pages & free), f"{r.rid} computes on a free page"
-        assert not (pages & unlocked), f"{r.rid} computes on an evictable page"
-        for p in {v // ps for v in row[len(r.prefix_indices) :]}:
-            assert p not in private and p not in locked, f"page {p} of {r.rid} is not its own"
-            private[p] = r.rid
+        assert len(st.blocks) == -(-r.seq_len // ps), f"{r.rid}: {len(st.blocks)} blocks for {r.seq_len} tokens"
+        assert all(row[j] // ps == st.blocks[j // ps] for j in range(len(row))), f"{r.rid} computes outside its blocks"
+        hashes = kv._hashes(r, st, st.num_cached)
+        assert [pool.block_hash[b] for b in st.blocks[: st.num_cached]] == hashes[: st.num_cached], (
+            f"{r.rid}: a cached block of another prefix"
+        )
+    for b in range(pool.num_blocks):
+        assert pool.ref_cnt[b] == holders.get(b, 0), f"block {b}: {pool.ref_cnt[b]} references, {holders.get(b, 0)} holders"
+        assert (b in pool.free_queue) == (pool.ref_cnt[b] == 0), f"block {b} is free and held, or neither"
     for r in sched.waiting_queue:
-        assert r.req_pool_idx is None and r.seq_len == 0, f"waiting {r.rid} still holds KV"
+        assert r.req_pool_idx is None and r.seq_len == 0 and not kv.reqs.get(r, RequestBlocks()).blocks, f"waiting {r.rid} still holds KV"
 
 
 def _hand_run(trace: Trace, config: VllmSchedulerConfig) -> tuple[VllmScheduler, _CheckedLoop, list[Req]]:

@@ -29,8 +29,6 @@ def check_end_of_run(
     """Raise InvariantError naming every broken invariant."""
     alloc = allocator
     errors: list[str] = []
-    if not idle:
-        errors.append(f"{len(waiting)} waiting and {num_running} running requests left")
     # O(pages ever used), not O(pool): pages past next_fresh_page were never handed out.
     # Counted with numpy: a long run's cache holds hundreds of thousands of slots.
     used = alloc.next_fresh_page
@@ -54,6 +52,21 @@ def check_end_of_run(
     leaked = used - int(np.count_nonzero(times_free | is_held))
     if leaked:
         errors.append(f"KV leak: {leaked} pages neither free nor cached")
+    errors += end_of_run_errors(
+        idle=idle, waiting=waiting, num_running=num_running, req_to_token_pool=req_to_token_pool, done=done, num_requests=num_requests
+    )
+    if errors:
+        raise InvariantError("; ".join(errors))
+
+
+def end_of_run_errors(
+    *, idle: bool, waiting: Sized, num_running: int, req_to_token_pool: ReqToTokenPool, done: list[Req], num_requests: int
+) -> list[str]:
+    """The checks that do not look at the KV pool: nothing left to run, every request row
+    free, every request done with its length."""
+    errors: list[str] = []
+    if not idle:
+        errors.append(f"{len(waiting)} waiting and {num_running} running requests left")
     if req_to_token_pool.available_size() != req_to_token_pool.size:
         errors.append("request slots leaked")
     if len(done) != num_requests:
@@ -64,5 +77,4 @@ def check_end_of_run(
         if r.sampling_params.ignore_eos and len(r.output_ids) != max(r.max_new_tokens, 1):  # a cut to 0 still samples its prefill token
             errors.append(f"request {r.rid} produced {len(r.output_ids)} tokens, expected {r.max_new_tokens}")
             break
-    if errors:
-        raise InvariantError("; ".join(errors))
+    return errors

@@ -19,10 +19,6 @@ class RunningSet(Protocol):
     def batch_size(self) -> int: ...
 
 
-class PrefixCache(Protocol):
-    def evictable_size(self) -> int: ...
-
-
 class PlannedBatch(Protocol):
     """A scheduled batch: its plan is what the forward runs."""
 
@@ -51,7 +47,6 @@ class DecodeStretches(Protocol):
 class SchedulerCore(Protocol):
     waiting_queue: Collection[Req]
     running_batch: RunningSet
-    tree_cache: PrefixCache
     done: list[Req]  # finished and rejected requests, in finishing order
     # None: the scheduler takes no decode stretches, and the loop steps every step.
     decode_stretches: DecodeStretches | None
@@ -69,5 +64,7 @@ class SchedulerCore(Protocol):
     def is_idle(self) -> bool: ...
 
     def kv_used_tokens(self) -> int: ...
+
+    def kv_cached_tokens(self) -> int: ...
 
     def check_invariants(self) -> None: ...

@@ -211,7 +211,7 @@ class EventLoop:
                 process_start=t3,
                 process_end=t4,
                 kv_used_tokens=sched.kv_used_tokens(),
-                kv_cached_tokens=sched.tree_cache.evictable_size(),
+                kv_cached_tokens=sched.kv_cached_tokens(),
                 num_running=sched.running_batch.batch_size(),
                 num_waiting=len(sched.waiting_queue),
                 num_retracted=f.launched.num_retracted,
@@ -243,7 +243,7 @@ class EventLoop:
         if times is None:
             return None
         m = times.num_steps
-        kv_before, cached_before = sched.kv_used_tokens(), sched.tree_cache.evictable_size()
+        kv_before, cached_before = sched.kv_used_tokens(), sched.kv_cached_tokens()
         launched = stretches.advance_decode_stretch(stretch, m, times.schedule_end, times.process_start, token)
         first_step = self._num_steps + 1
         self._num_steps += m
@@ -264,7 +264,7 @@ class EventLoop:
             stretch.kv_changes,
             cached_before,
             stretch.cached_changes,
-            sched.tree_cache.evictable_size(),
+            sched.kv_cached_tokens(),
             stretch.running_changes,
         )
         assert state.kv_after_last_step() == sched.kv_used_tokens(), "a decode stretch lost count of the KV in use"

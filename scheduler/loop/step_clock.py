@@ -90,7 +90,7 @@ class StepClockDriver:
                 retracted=sorted(retracted),
                 new_token_ratio=round(sched.new_token_ratio, 9),
                 kv_used=sched.kv_used_tokens(),
-                kv_cached=sched.tree_cache.evictable_size(),
+                kv_cached=sched.kv_cached_tokens(),
                 num_waiting=len(sched.waiting_queue),
             )
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from scheduler.core.forward_plan import ForwardMode
 from scheduler.core.future_indices import FUTURE_MAP_SIZE, FutureIndices
-from scheduler.core.invariants import InvariantError
+from scheduler.core.invariants import InvariantError, check_end_of_run
 from scheduler.core.launched_batch import LaunchedBatch
 from scheduler.core.req import Req
 from scheduler.core.scheduler_base import SchedulerBase
@@ -146,6 +146,33 @@ class Scheduler(SchedulerBase):
             and (last is None or last.is_empty())
             and not self.inflight
             and not self.waiting_queue
+        )
+
+    def finish(self, req: Req, now: float) -> None:
+        """A request has its last token: its KV goes to the cache (or is freed), its row too."""
+        if req.req_pool_idx is not None:
+            self.tree_cache.cache_finished_req(req)
+        self._ended(req, now)
+
+    def kv_used_tokens(self) -> int:
+        """Slots held by requests or locked in the cache (not counting evictable cache)."""
+        return self.allocator.size - self.allocator.available_size() - self.tree_cache.evictable_size()
+
+    def kv_cached_tokens(self) -> int:
+        """Slots in the radix cache that no request locks: what eviction can take."""
+        return self.tree_cache.evictable_size()
+
+    def check_invariants(self) -> None:
+        """At the end of a run: every KV slot free or held by the cache, every request done right."""
+        check_end_of_run(
+            idle=self.is_idle(),
+            waiting=self.waiting_queue,
+            num_running=self.num_running(),
+            allocator=self.allocator,
+            cache=self.tree_cache,
+            req_to_token_pool=self.req_to_token_pool,
+            done=self.done,
+            num_requests=self.num_requests,
         )
 
     # -- batch selection --------------------------------------------------------

@@ -5,12 +5,12 @@ with the state changes stepping would make. An object beside the VllmScheduler
 it sees the scheduler through scheduler_state.SchedulerState. docs/fast-forward.md says why the result equals
 stepping.
 
-A vLLM step's schedule evicts cached blocks when the pages it takes are short
-(VllmKVBlocks.evict_for_running), takes its slots, and puts each block that its known
-tokens fill in the prefix cache (cache_full_blocks); its processing gives every request a
-token and finishes those at their length. A stretch does the same, in the same order
-(schedule 0, processing 0, schedule 1, ...), and in bulk between two steps where one of
-those does more than take slots and give tokens."""
+A vLLM step's schedule takes the blocks its requests' next tokens need from the front of the
+free queue (evicting the cached ones among them: block_pool.py), and puts each block that its
+known tokens fill in the prefix cache (VllmKVBlocks.cache_known_blocks); its processing gives
+every request a token and finishes those at their length. A stretch does the same, in the
+same order (schedule 0, processing 0, schedule 1, ...), and in bulk between two steps where
+one of those does more than take blocks and give tokens."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from scheduler.fast_forward.decode_stretch import (
     append_tokens,
     bulk_decode_slots,
     exit_steps,
+    pages_taken,
     steps_finding_their_pages,
     stretch_through_finishes,
 )
@@ -81,12 +82,10 @@ class VllmDecodeStretches:
             exits = [e for e in exits if e > 0] if leaving else exits
         if limit <= 0 or not reqs:
             return None
-        # No preemption: every step finds a page free for each request, or in evictable cache
-        # (each page evicted is a page freed; the blocks the steps cache stay locked). KV that
-        # finishing requests free is not counted: fewer steps, never a wrong one.
-        ps = sched.page_size
-        pages = sched.allocator.num_free_pages() + sched.tree_cache.evictable_size() // ps
-        return stretch_through_finishes(reqs, exits, limit, pages, ps, leaving)
+        # No preemption: every step finds its blocks free (cached free ones included: taking
+        # one evicts it; the blocks the steps cache stay held). KV that finishing requests free
+        # is not counted: fewer steps, never a wrong one.
+        return stretch_through_finishes(reqs, exits, limit, sched.kv.pool.num_free_blocks(), sched.page_size, leaving)
 
     def advance_decode_stretch(
         self, stretch: DecodeStretch, num_steps: int, launch_times: array, token_times: array, token_id: int
@@ -125,11 +124,12 @@ class _StretchRun:
         ps = sched.page_size
         # A request's known tokens at schedule s are those at schedule 0 plus s (it gets a token
         # at every processing until it leaves), and its next step with a block to cache is the
-        # one whose known tokens reach a block past its cached ones (every step, while another
-        # request's copy of that block keeps it out).
+        # one whose known tokens fill the block after its cached ones.
+        kv = sched.kv
         self.known = {id(r): r.input_len + len(r.output_ids) for r in running}
-        disabled = sched.tree_cache.disabled
-        self.due = {id(r): num_steps if disabled else max(0, len(r.prefix_indices) + ps - self.known[id(r)]) for r in running}
+        self.due = {
+            id(r): max(0, (kv.reqs[r].num_cached + 1) * ps - self.known[id(r)]) if kv.enable_caching else num_steps for r in running
+        }
         # Who processing x gives a token: step x's batch, or with overlap step x - 1's (at 0 the
         # batch in flight, the running requests); and who it finishes.
         self.receivers: list[tuple[int, int, list[Req]]] = []
@@ -154,11 +154,10 @@ class _StretchRun:
         return min((f for f in self.finishes if f >= x), default=default)
 
     def schedule_until(self, stop: int) -> None:
-        """Schedule steps up to stop - 1 (processing those before each first): their evictions,
+        """Schedule steps up to stop - 1 (processing those before each first): their blocks,
         slots and cached blocks."""
-        sched, stretch = self.sched, self.stretch
-        alloc, cache, ps = sched.allocator, sched.tree_cache, sched.page_size
-        take = alloc.take_pages_singly  # VllmKVBlocks.allocate's: one page a request, in order
+        sched = self.sched
+        pool, ps = sched.kv.pool, sched.page_size
         next_finish = self._next_finish(self.processed, stop)
         while self.scheduled < stop:
             s = self.scheduled
@@ -167,48 +166,54 @@ class _StretchRun:
             reqs = seg.reqs
             phase = (s - seg.first_step) % ps
             cycle = seg.pages_per_step[phase:] + seg.pages_per_step[:phase]
-            short = cycle[0] - alloc.num_free_pages()
-            if short > 0:  # evict_for_running
-                cache.evict(short * ps)
-                stretch.cached_changes.append((s, cache.evictable_size()))
             if next_finish < s:
                 next_finish = self._next_finish(s, stop)
-            # Steps s .. s + n - 1 take their slots at once: up to the next one whose schedule
-            # evicts, or after the next processing that finishes a request (it frees pages).
-            # The blocks they fill go to the cache after: slots are not what the cache reads.
-            n = steps_finding_their_pages(alloc.num_free_pages(), cycle, min(stop, seg.stop, next_finish + 1) - s)
-            assert n > 0, "a decode stretch ran out of KV pages"
-            bulk_decode_slots(
-                sched.req_to_token_pool,
-                reqs,
-                n,
-                ps,
-                (lambda k, steps: dealt(take(k * steps), k)) if ps == 1 else (lambda k, steps: take(k * steps)),
-            )
+            # Steps s .. s + n - 1 take their blocks at once: up to after the next processing
+            # that finishes a request (it frees blocks). The blocks they fill go to the cache
+            # after: which blocks are taken does not depend on what the held ones hold.
+            n = steps_finding_their_pages(pool.num_free_blocks(), cycle, min(stop, seg.stop, next_finish + 1) - s)
+            assert n > 0, "a decode stretch ran out of KV blocks"
+            cached_before = pool.num_cached_free
+            evicted_at: list[int] = []
+            blocks = pool.get_new_blocks(pages_taken(cycle, n), evicted_at)
+            if evicted_at:
+                self._record_evictions(s, cycle, evicted_at, cached_before)
+            bulk_decode_slots(sched.req_to_token_pool, reqs, n, ps, _handing_out(blocks, ps))
+            sched.kv.blocks_from_rows(reqs)
             if sched.config.overlap:
                 sched.future.skip(len(reqs), n)
             self.scheduled = s + n
             self._cache_filled_blocks(reqs, s + n)
 
+    def _record_evictions(self, first: int, cycle: list[int], evicted_at: list[int], cached_before: int) -> None:
+        """The cache's evictable tokens after each step from `first` on whose blocks included
+        cached ones (evicted_at: their places among the blocks taken, in order)."""
+        ps, changes = self.sched.page_size, self.stretch.cached_changes
+        step, end, k = first, cycle[0], 0  # end: blocks taken through `step`
+        for i, place in enumerate(evicted_at):
+            while place >= end:
+                k += 1
+                step += 1
+                end += cycle[k % len(cycle)]
+            if i + 1 == len(evicted_at) or evicted_at[i + 1] >= end:
+                changes.append((step, (cached_before - i - 1) * ps))
+
     def _cache_filled_blocks(self, reqs: list[Req], stop: int) -> None:
-        """cache_full_blocks of the steps scheduled before `stop` that fill a block, step by
+        """cache_known_blocks of the steps scheduled before `stop` that fill a block, step by
         step (each after the processings before it), for each step's requests in order."""
-        sched, cache, ps, due, known = self.sched, self.sched.tree_cache, self.sched.page_size, self.due, self.known
+        kv, ps, due, known = self.sched.kv, self.sched.page_size, self.due, self.known
         queue = [(due[id(r)], i) for i, r in enumerate(reqs) if due[id(r)] < stop]
         heapq.heapify(queue)
         while queue:
             step = queue[0][0]
             self.process_until(step)
-            evictable = cache.evictable_size()
             while queue and queue[0][0] == step:
                 _, i = heapq.heappop(queue)
                 r = reqs[i]
-                sched.kv.cache_full_blocks(r)
-                due[id(r)] = nxt = max(step + 1, len(r.prefix_indices) + ps - known[id(r)])
+                kv.cache_known_blocks(r)
+                due[id(r)] = nxt = (kv.reqs[r].num_cached + 1) * ps - known[id(r)]
                 if nxt < stop:
                     heapq.heappush(queue, (nxt, i))
-            if cache.evictable_size() != evictable:
-                self.stretch.cached_changes.append((step, cache.evictable_size()))
 
     def process_until(self, stop: int) -> None:
         """Processings up to stop - 1: each receiver gets its token; the finishing ones finish."""
@@ -225,9 +230,20 @@ class _StretchRun:
                 for r in finishing:
                     r.check_finished()
                     assert r.finished_reason is not None, "a decode stretch's request did not finish at its length"
+                    if sched.config.overlap:  # (AsyncScheduler: what its last step computed enters the cache)
+                        sched.kv.cache_blocks(r, r.seq_len)
                     sched.finish(r, times[end - 1])
                 sched.running[:] = [r for r in sched.running if r.finished_reason is None]
                 if not sched.config.overlap:  # (with overlap the next step's batch lacks them already)
                     self.stretch.running_changes.append((end - 1, -len(finishing)))
                 self.stretch.kv_changes.append((end - 1, sched.kv_used_tokens() - kv_before))
-                self.stretch.cached_changes.append((end - 1, sched.tree_cache.evictable_size()))
+                self.stretch.cached_changes.append((end - 1, sched.kv_cached_tokens()))
+
+
+def _handing_out(blocks: list[int], page_size: int):
+    """bulk_decode_slots's take over blocks already taken in step order: with page size 1 one
+    call for every step (dealt out, request by request), else one call a step, in order."""
+    if page_size == 1:
+        return lambda k, steps: dealt(blocks, k)
+    taken = iter(blocks)
+    return lambda k, steps: [next(taken) for _ in range(k)]

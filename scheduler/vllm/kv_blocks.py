@@ -1,29 +1,49 @@
-"""vLLM's KV cache manager (vllm/v1/core/kv_cache_manager.py) on this project's pools: a
-request's KV blocks allocated as its computed tokens grow (evicting cached blocks when
-short), its full blocks put in the prefix cache as they fill, and all of it released on
-finish or preemption. Blocks are pages of the allocator; the prefix cache is the radix
-tree (or ChunkCache without prefix caching)."""
+"""vLLM's KV cache manager (vllm/v1/core/kv_cache_manager.py and single_type_kv_cache_manager.py's
+FullAttentionManager, release 0.19.0) on a BlockPool (block_pool.py): each request's blocks, its
+block hashes, its longest cached prefix, the slots its next tokens take, the full blocks it puts
+in the prefix cache, and freeing it all, tail first.
+
+A block b holds KV slots b * page_size .. b * page_size + page_size - 1; a request's row in the
+ReqToTokenPool lists the slots of its tokens, which is what a forward reads.
+
+Block hashes chain as vLLM's do: a block's hash covers its tokens and its parent block's hash,
+so equal hashes mean equal prefixes. vLLM hashes with sha256 by default; this uses Python's
+64-bit hash of (parent hash, the block's token bytes): two different prefixes would have to
+collide on 64 bits to share a block.
+"""
 
 from __future__ import annotations
 
 from array import array
+from dataclasses import dataclass, field
 
-from scheduler.core.ids import ids
+from scheduler.core.ids import extend_range, ids
 from scheduler.core.req import Req
-from scheduler.memory.chunk_cache import ChunkCache
-from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
-from scheduler.memory.radix_cache import RadixCache
+from scheduler.memory.memory_pool import ReqToTokenPool
+from scheduler.vllm.block_pool import BlockPool
+
+ROOT_HASH = 0x5EED  # the parent hash of a request's first block
+
+
+@dataclass(eq=False, slots=True)
+class RequestBlocks:
+    """What the manager keeps for one request (vLLM: req_to_blocks, num_cached_block, and the
+    request's block_hashes, which outlive a preemption)."""
+
+    blocks: list[int] = field(default_factory=list)
+    num_cached: int = 0  # its first blocks that are in the cache
+    hashes: list[int] = field(default_factory=list)  # of its full blocks of known tokens, so far
 
 
 class VllmKVBlocks:
-    def __init__(
-        self, req_to_token_pool: ReqToTokenPool, allocator: TokenToKVPoolAllocator, tree_cache: RadixCache | ChunkCache, page_size: int
-    ) -> None:
+    def __init__(self, req_to_token_pool: ReqToTokenPool, num_blocks: int, page_size: int, enable_caching: bool) -> None:
         self.req_to_token_pool = req_to_token_pool
-        self.allocator = allocator
-        self.tree_cache = tree_cache
+        self.pool = BlockPool(num_blocks, enable_caching)
         self.page_size = page_size
+        self.enable_caching = enable_caching
+        self.reqs: dict[Req, RequestBlocks] = {}
 
+    # -- tokens and hashes ------------------------------------------------------------
     @staticmethod
     def known_tokens(req: Req) -> array:
         """The request's known tokens: prompt, then outputs."""
@@ -40,77 +60,153 @@ class VllmKVBlocks:
         outs = ids(req.output_ids[max(start - n, 0) : end - n])
         return prompt[start:] + outs if start < n else outs
 
-    def evict_for_running(self, running: list[Req], budget: int) -> None:
-        """Evict, once, the cached blocks the running requests' next tokens will need: one
-        pass over the cache's leaves per step instead of one per request (the same LRU
-        victims, taken together)."""
-        ps, need, left = self.page_size, 0, budget
-        for req in running:
-            if left <= 0:
-                break
-            pending = req.pending_token is not None
-            if pending and len(req.output_ids) + 1 >= req.max_new_tokens:
-                continue  # not scheduled: its last token is in flight
-            n = min(req.input_len + len(req.output_ids) + pending - req.seq_len, left)
-            if n > 0:
-                need += -(-(req.seq_len + n) // ps) - (-(-req.seq_len // ps))
-                left -= n
-        short = need - self.allocator.num_free_pages()
-        if short > 0:
-            self.tree_cache.evict(short * ps)
+    def _state(self, req: Req) -> RequestBlocks:
+        st = self.reqs.get(req)
+        if st is None:
+            st = self.reqs[req] = RequestBlocks()
+        return st
 
-    def allocate(self, req: Req, num_new: int, cache_blocks: bool = True) -> array | None:
-        """KV slots for req's next num_new tokens (evicting cached blocks if short); None if
-        the pool lacks blocks, then nothing is allocated. With cache_blocks, its full blocks
-        enter the prefix cache at once (vLLM caches them when it allocates them)."""
-        alloc, ps, pool = self.allocator, self.page_size, self.req_to_token_pool
-        before = req.seq_len
-        row = pool.req_to_token[req.req_pool_idx]
-        if num_new == 1 and before % ps:  # a decode inside its last page: the next slot
-            locs = ids((row[before - 1] + 1,))
+    def _hashes(self, req: Req, st: RequestBlocks, num_blocks: int) -> list[int]:
+        """The hashes of req's first num_blocks blocks (all full of known tokens), extended as needed."""
+        hashes, ps = st.hashes, self.page_size
+        if len(hashes) < num_blocks:
+            start = len(hashes)
+            tokens = self.known_tokens_between(req, start * ps, num_blocks * ps)
+            parent = hashes[-1] if hashes else ROOT_HASH
+            for i in range(num_blocks - start):
+                parent = hash((parent, tokens[i * ps : (i + 1) * ps].tobytes()))
+                hashes.append(parent)
+        return hashes
+
+    # -- admission ----------------------------------------------------------------------
+    def get_computed_blocks(self, req: Req) -> list[int]:
+        """The cached blocks of req's longest cached prefix, at most all its known tokens but
+        the last (whose position must be computed to sample from)."""
+        if not self.enable_caching:
+            return []
+        known = req.input_len + len(req.output_ids)
+        max_blocks = (known - 1) // self.page_size
+        if not max_blocks:
+            return []
+        pool, hit = self.pool, []
+        for h in self._hashes(req, self._state(req), max_blocks):
+            b = pool.cached_block(h)
+            if b is None:
+                break
+            hit.append(b)
+        return hit
+
+    def _blocks_to_allocate(self, held: int, num_tokens: int, hit: list[int]) -> int:
+        """New blocks for num_tokens slots, beside the held ones and the hits, plus the hits
+        that are free (taking them takes them out of the free queue)."""
+        ref = self.pool.ref_cnt
+        return max(-(-num_tokens // self.page_size) - held - len(hit), 0) + sum(1 for b in hit if ref[b] == 0)
+
+    def can_fit_full_sequence(self, req: Req, hit: list[int]) -> bool:
+        """Whether all of req's known tokens find blocks now (vLLM's scheduler_reserve_full_isl)."""
+        known = req.input_len + len(req.output_ids)
+        return self._blocks_to_allocate(0, known, hit) <= self.pool.num_free_blocks()
+
+    # -- slots ----------------------------------------------------------------------------
+    def _slots(self, blocks: list[int], start: int, end: int) -> array:
+        """The KV slots of positions start .. end - 1 in these blocks."""
+        ps = self.page_size
+        if ps == 1:
+            return ids(blocks[start:end])
+        out = ids()
+        pos = start
+        while pos < end:
+            base = blocks[pos // ps] * ps
+            off = pos % ps
+            n = min(ps - off, end - pos)
+            extend_range(out, base + off, base + off + n)
+            pos += n
+        return out
+
+    def allocate_slots(self, req: Req, num_new: int, hit: list[int] | None = None, cache: bool = True) -> array | None:
+        """Slots for req's next num_new tokens: the KV slots of those tokens, written into its row,
+        or None (nothing changes) when the free blocks are too few. A request being admitted
+        (no row yet) passes its cache hit: it takes those blocks and a row, and its computed
+        tokens start after them. Its full blocks of known tokens then enter the cache (with
+        cache, else at cache_known_blocks)."""
+        pool, ps, rows = self.pool, self.page_size, self.req_to_token_pool
+        st = self._state(req)
+        new_req = req.req_pool_idx is None
+        hit = hit or []
+        before = len(hit) * ps if new_req else req.seq_len
+        need = self._blocks_to_allocate(len(st.blocks), before + num_new, hit)
+        if need > pool.num_free_blocks():
+            return None
+        if new_req:
+            pool.touch(hit)
+            st.blocks = list(hit)
+            st.num_cached = len(hit)
+            req.req_pool_idx = rows.alloc()
+            assert req.req_pool_idx is not None, "max_num_seqs rows serve max_num_seqs running requests"
+            if hit:
+                rows.write(req.req_pool_idx, 0, self._slots(st.blocks, 0, before))
+            req.seq_len = before
+        more = -(-(before + num_new) // ps) - len(st.blocks)
+        if more > 0:
+            st.blocks += pool.get_new_blocks(more)
+        if num_new == 1 and before % ps:  # a decode inside its last block: the next slot
+            locs = ids((rows.req_to_token[req.req_pool_idx][before - 1] + 1,))
         else:
-            need_pages = -(-(before + num_new) // ps) - (-(-before // ps))
-            short = need_pages - alloc.num_free_pages()
-            if short > 0:
-                self.tree_cache.evict(short * ps)
-                if need_pages > alloc.num_free_pages():
-                    return None
-            last = row[before - 1] if before else -1
-            locs = alloc.alloc_extend([last], [before], [num_new])
-            assert locs is not None
-        pool.write(req.req_pool_idx, before, locs)
+            locs = self._slots(st.blocks, before, before + num_new)
+        rows.write(req.req_pool_idx, before, locs)
         req.seq_len = before + num_new
-        if cache_blocks:
-            self.cache_full_blocks(req)
+        if cache:
+            self.cache_known_blocks(req)
         return locs
 
-    def cache_full_blocks(self, req: Req) -> None:
-        """Put req's full blocks of known tokens in the prefix cache; it keeps using them, locked."""
-        if self.tree_cache.disabled:
-            return
-        ps = self.page_size
-        full = min(req.seq_len, req.input_len + len(req.output_ids)) // ps * ps
-        have = len(req.prefix_indices)
-        if full <= have:
-            return
-        # match_prefix and insert of its first `full` known tokens, each from the request's own
-        # cached path (its locked last_node spells the first `have`): the same walks, splits and
-        # stamps, handed only the tokens past `have`.
-        tail = self.known_tokens_between(req, have, full)
-        cache = self.tree_cache
-        if cache.match_len_after(req.last_node, tail) > 0:
-            return  # another request cached some of these blocks first: ours stay private
-        tail_kv = self.req_to_token_pool.get(req.req_pool_idx, have, full)
-        node = cache.insert_after(req.last_node, have, tail, tail_kv)  # the tree takes these slots
-        cache.inc_lock_ref(node)
-        cache.dec_lock_ref(req.last_node)
-        req.prefix_indices, req.last_node = req.prefix_indices + tail_kv, node
+    def blocks_from_rows(self, reqs: list[Req]) -> None:
+        """Each request's blocks extended by those its row's new slots lie in (slots written in
+        bulk, by a decode stretch)."""
+        ps, rows = self.page_size, self.req_to_token_pool.req_to_token
+        for r in reqs:
+            blocks, row = self.reqs[r].blocks, rows[r.req_pool_idx]
+            if ps == 1:
+                blocks.extend(row[len(blocks) :])
+            else:
+                blocks.extend(row[j] // ps for j in range(len(blocks) * ps, r.seq_len, ps))
 
-    def release(self, req: Req) -> None:
-        """Free the request's KV: its private slots, its row, its lock on cached blocks."""
-        pool = self.req_to_token_pool
-        # Cached blocks stay in the cache (unlocked, evictable); the rest is the request's own.
-        self.allocator.free(pool.get(req.req_pool_idx, len(req.prefix_indices), req.seq_len))
-        pool.free(req.req_pool_idx)
-        self.tree_cache.dec_lock_ref(req.last_node)
-        req.req_pool_idx, req.prefix_indices, req.last_node, req.seq_len = None, ids(), None, 0
+    def cache_known_blocks(self, req: Req) -> None:
+        """req's full blocks of known tokens whose KV its steps compute enter the cache."""
+        self.cache_blocks(req, min(req.seq_len, req.input_len + len(req.output_ids)))
+
+    def cache_blocks(self, req: Req, num_tokens: int) -> None:
+        """req's full blocks among its first num_tokens tokens enter the cache (those not in yet)."""
+        if not self.enable_caching:
+            return
+        st = self.reqs[req]
+        full = num_tokens // self.page_size
+        if full <= st.num_cached:
+            return
+        hashes, cache = self._hashes(req, st, full), self.pool.cache_block
+        for i in range(st.num_cached, full):
+            cache(st.blocks[i], hashes[i])
+        st.num_cached = full
+
+    def free(self, req: Req) -> None:
+        """Free req's blocks, its last block first (evicted first), and its row. Its hashes stay
+        (a preempted request looks them up again); forget() drops them."""
+        st = self.reqs.get(req)
+        if st is not None:
+            self.pool.free_blocks(reversed(st.blocks))
+            st.blocks, st.num_cached = [], 0
+        if req.req_pool_idx is not None:
+            self.req_to_token_pool.free(req.req_pool_idx)
+        req.req_pool_idx, req.seq_len = None, 0
+
+    def forget(self, req: Req) -> None:
+        """A request that has ended: nothing of it stays (free it first)."""
+        self.reqs.pop(req, None)
+
+    # -- counts ---------------------------------------------------------------------------
+    def used_tokens(self) -> int:
+        """Slots in blocks that requests hold."""
+        return (self.pool.num_blocks - self.pool.num_free_blocks()) * self.page_size
+
+    def cached_free_tokens(self) -> int:
+        """Slots in free blocks that are cached: what eviction can take."""
+        return self.pool.num_cached_free * self.page_size

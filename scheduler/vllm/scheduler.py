@@ -47,12 +47,11 @@ from dataclasses import dataclass
 from scheduler.core.forward_plan import ForwardMode, ForwardPlan
 from scheduler.core.future_indices import FutureIndices
 from scheduler.core.ids import ids
+from scheduler.core.invariants import InvariantError, end_of_run_errors
 from scheduler.core.launched_batch import LaunchedBatch
 from scheduler.core.req import Req
 from scheduler.core.scheduler_base import SchedulerBase
-from scheduler.memory.chunk_cache import ChunkCache
-from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
-from scheduler.memory.radix_cache import RadixCache
+from scheduler.memory.memory_pool import ReqToTokenPool
 from scheduler.vllm.batch import VllmBatch
 from scheduler.vllm.config import VllmSchedulerConfig
 from scheduler.vllm.decode_stretches import VllmDecodeStretches
@@ -75,10 +74,7 @@ class VllmScheduler(SchedulerBase):
         self.decode_stretches = VllmDecodeStretches(self)  # the simulator's fast-forward
         ps = self.page_size = config.page_size
         self.req_to_token_pool = ReqToTokenPool(config.max_num_seqs, journal=config.journal_row_writes)
-        self.allocator = TokenToKVPoolAllocator(config.kv_tokens, ps)
-        cache_cls = RadixCache if config.enable_prefix_caching else ChunkCache
-        self.tree_cache = cache_cls(self.req_to_token_pool, self.allocator, ps)
-        self.kv = VllmKVBlocks(self.req_to_token_pool, self.allocator, self.tree_cache, ps)
+        self.kv = VllmKVBlocks(self.req_to_token_pool, config.kv_tokens // ps, ps, config.enable_prefix_caching)
         self.waiting_queue = WaitingQueue(config.policy)
         self.running = RunningQueue()
         self.done: list[Req] = []  # finished and rejected requests, in finishing order
@@ -99,10 +95,9 @@ class VllmScheduler(SchedulerBase):
             self._reject(
                 req, f"input {req.input_len} + output {req.max_new_tokens} tokens exceed the context length {self.config.context_len}"
             )
-        elif -(-kv_need // self.page_size) > self.allocator.num_pages:
-            self._reject(
-                req, f"input {req.input_len} + output {req.max_new_tokens} tokens do not fit the KV pool of {self.allocator.size} tokens"
-            )
+        elif -(-kv_need // self.page_size) > self.kv.pool.num_blocks:
+            pool_tokens = self.kv.pool.num_blocks * self.page_size
+            self._reject(req, f"input {req.input_len} + output {req.max_new_tokens} tokens do not fit the KV pool of {pool_tokens} tokens")
         else:
             self.waiting_queue.add(req)
 
@@ -116,16 +111,29 @@ class VllmScheduler(SchedulerBase):
         pass  # vLLM keeps no estimate that an idle engine resets
 
     def finish(self, req: Req, now: float) -> None:
-        """As SchedulerBase.finish, but the stop token's KV stays out of the cache: after an EOS
-        stop under async scheduling the step in flight has computed it, and vLLM's AsyncScheduler
-        caches a request's blocks only up to num_computed_tokens - num_output_placeholders (the
-        stop token's position left out), then frees them all, once."""
-        stop_kv = req.input_len + len(req.output_ids) - 1
-        if req.req_pool_idx is not None and req.seq_len > stop_kv:
-            if stop_kv % self.page_size == 0:  # the stop token's slot opened a page of its own
-                self.allocator.free(self.req_to_token_pool.get(req.req_pool_idx, stop_kv, req.seq_len))
-            req.seq_len = stop_kv
-        super().finish(req, now)
+        """A request has its last token: its blocks are freed, its last block first (their cached
+        ones stay in the cache, evictable), and its row."""
+        self.kv.free(req)
+        self.kv.forget(req)
+        self._ended(req, now)
+
+    def kv_used_tokens(self) -> int:
+        return self.kv.used_tokens()
+
+    def kv_cached_tokens(self) -> int:
+        return self.kv.cached_free_tokens()
+
+    def check_invariants(self) -> None:
+        errors = self.kv.pool.errors_when_idle() + end_of_run_errors(
+            idle=self.is_idle(),
+            waiting=self.waiting_queue,
+            num_running=self.num_running(),
+            req_to_token_pool=self.req_to_token_pool,
+            done=self.done,
+            num_requests=self.num_requests,
+        )
+        if errors:
+            raise InvariantError("; ".join(errors))
 
     # -- one step -----------------------------------------------------------------
     def get_next_batch_to_run(self) -> VllmBatch | None:
@@ -147,7 +155,6 @@ class VllmScheduler(SchedulerBase):
         scheduled: list[_Scheduled] = []
         num_preempted = 0
         running = self.running
-        self.kv.evict_for_running(self.running, budget)
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -161,7 +168,7 @@ class VllmScheduler(SchedulerBase):
                 i += 1
                 continue
             before = req.seq_len
-            locs = self.kv.allocate(req, num_new, cache_blocks=False)
+            locs = self.kv.allocate_slots(req, num_new, cache=False)
             while locs is None:
                 victim = self._pick_victim()
                 num_preempted += 1
@@ -174,7 +181,7 @@ class VllmScheduler(SchedulerBase):
                     budget += done_before.num_new
                     i -= 1
                 self._preempt(victim)
-                locs = self.kv.allocate(req, num_new, cache_blocks=False)
+                locs = self.kv.allocate_slots(req, num_new, cache=False)
             if locs is None:
                 break
             scheduled.append(_Scheduled(req, before, num_new, before + num_new == known, locs))
@@ -183,7 +190,7 @@ class VllmScheduler(SchedulerBase):
         # Their new full blocks enter the cache only now: a request preempted later in this
         # pass (priority) must not leave blocks in the cache whose KV no forward computes.
         for s in scheduled:
-            self.kv.cache_full_blocks(s.req)
+            self.kv.cache_known_blocks(s.req)
 
         hits = 0
         if not num_preempted:
@@ -204,7 +211,7 @@ class VllmScheduler(SchedulerBase):
 
     def _schedule_waiting(self, scheduled: list[_Scheduled], budget: int) -> int:
         """Admit waiting requests into this step; return the prefix tokens they reuse."""
-        waiting, running, cache, ps = self.waiting_queue, self.running, self.tree_cache, self.page_size
+        waiting, running, kv, ps = self.waiting_queue, self.running, self.kv, self.page_size
         hits = 0
         while waiting and budget > 0 and len(running) < self.config.max_num_seqs:
             req = waiting.peek()
@@ -212,24 +219,14 @@ class VllmScheduler(SchedulerBase):
                 # Preempted while its token was in flight, and the loop asks again before that
                 # result is processed (the first ask scheduled nothing): it waits for it.
                 break
-            tokens = self.kv.known_tokens(req)
-            known = len(tokens)
-            prefix, node = cache.match_prefix(tokens, known - 1)
-            computed = len(prefix)
-            cache.inc_lock_ref(node)  # its cached blocks stop counting as evictable
-            if self.config.reserve_full_prompt:
-                need_pages = -(-known // ps) - computed // ps
-                if need_pages > self.allocator.num_free_pages() + cache.evictable_size() // ps:
-                    cache.dec_lock_ref(node)
-                    break
-            slot = self.req_to_token_pool.alloc()
-            assert slot is not None, "max_num_seqs rows serve max_num_seqs running requests"
-            req.req_pool_idx, req.prefix_indices, req.last_node, req.seq_len = slot, prefix, node, computed
-            self.req_to_token_pool.write(slot, 0, prefix)
+            known = req.input_len + len(req.output_ids)
+            hit = kv.get_computed_blocks(req)
+            computed = len(hit) * ps
+            if self.config.reserve_full_prompt and not kv.can_fit_full_sequence(req, hit):
+                break
             num_new = min(known - computed, budget)
-            locs = self.kv.allocate(req, num_new)
-            if locs is None:  # only without the full-prompt reservation
-                self.kv.release(req)
+            locs = kv.allocate_slots(req, num_new, hit)
+            if locs is None:
                 break
             waiting.pop()
             running.append(req)
@@ -243,7 +240,7 @@ class VllmScheduler(SchedulerBase):
     # -- KV ---------------------------------------------------------------------------
     def _preempt(self, req: Req) -> None:
         """vLLM's preemption by recompute: free the KV, back to the front of the waiting queue."""
-        self.kv.release(req)
+        self.kv.free(req)
         req.num_retractions += 1
         self.waiting_queue.prepend(req)
 
@@ -313,6 +310,7 @@ class VllmScheduler(SchedulerBase):
     def process_batch_result(self, launched: LaunchedBatch, next_token_ids: list[int], now: float) -> None:
         plan = launched.plan
         future = plan.future_indices
+        overlap = self.config.overlap
         finished_any = False
         for i, req in enumerate(launched.reqs):
             if not plan.sample[i]:
@@ -322,6 +320,9 @@ class VllmScheduler(SchedulerBase):
             if future is not None and req.pending_token == -future[i]:
                 req.pending_token = None
             req.take_token(next_token_ids[i], now)
+            if overlap and req.req_pool_idx is not None:
+                # AsyncScheduler: the blocks its computed tokens fill, less the one in flight.
+                self.kv.cache_blocks(req, req.seq_len - (req.pending_token is not None))
             if req.finished_reason is None:
                 continue
             if req.req_pool_idx is None:

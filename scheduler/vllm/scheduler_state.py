@@ -12,9 +12,7 @@ from typing import Protocol
 from scheduler.core.future_indices import FutureIndices
 from scheduler.core.launched_batch import LaunchedBatch
 from scheduler.core.req import Req
-from scheduler.memory.chunk_cache import ChunkCache
-from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
-from scheduler.memory.radix_cache import RadixCache
+from scheduler.memory.memory_pool import ReqToTokenPool
 from scheduler.vllm.batch import VllmBatch
 from scheduler.vllm.config import VllmSchedulerConfig
 from scheduler.vllm.kv_blocks import VllmKVBlocks
@@ -25,14 +23,14 @@ class SchedulerState(Protocol):
     config: VllmSchedulerConfig
     page_size: int
     req_to_token_pool: ReqToTokenPool
-    allocator: TokenToKVPoolAllocator
-    tree_cache: RadixCache | ChunkCache
     kv: VllmKVBlocks
     waiting_queue: WaitingQueue
     running: RunningQueue
     future: FutureIndices
 
     def kv_used_tokens(self) -> int: ...
+
+    def kv_cached_tokens(self) -> int: ...
 
     def get_next_batch_to_run(self) -> VllmBatch | None: ...
 
