@@ -55,22 +55,15 @@ class _Driver(StepClockDriver):
         sched._preempt = logged_preempt
         self.kv_error: str | None = None  # the first block freed while free
         pool = sched.kv.pool
-        pool_free, pool_evict = pool.free_blocks, pool._evict
+        pool_free = pool.free_blocks
 
         def checked_free(ordered):
-            ordered = list(ordered)
-            twice = [b for b in ordered if pool.ref_cnt[b] <= 0]
-            if self.kv_error is None and twice:
-                self.kv_error = f"kv accounting: block {min(twice)} freed while free, before step {len(self.records)}"
+            twice = ordered[pool._ref[ordered] <= 0]
+            if self.kv_error is None and len(twice):
+                self.kv_error = f"kv accounting: block {int(twice.min())} freed while free, before step {len(self.records)}"
             pool_free(ordered)
 
-        self.evicted = 0  # blocks
-
-        def counted_evict(b):
-            self.evicted += 1
-            pool_evict(b)
-
-        pool.free_blocks, pool._evict = checked_free, counted_evict
+        pool.free_blocks = checked_free
 
     def _finished_since(self) -> list[str]:
         done = self.scheduler.done
@@ -90,7 +83,7 @@ class _Driver(StepClockDriver):
                 cache_hit_tokens=batch.cache_hit_tokens,
                 num_running=len(sched.running),
                 num_waiting=len(sched.waiting_queue),
-                evicted=self.evicted,
+                evicted=sched.kv.pool.num_evicted,
             )
         )
         self.preempted.clear()

@@ -269,18 +269,20 @@ class _StretchRecordingVllm(VllmScheduler):
         self.bulk_cached_blocks = 0  # blocks that bulk steps put in the prefix cache
         self.bulk_finishes = 0  # requests finished by bulk processings
         self._in_bulk = False
-        cache_known_blocks, evict = self.kv.cache_known_blocks, self.kv.pool._evict
+        cache_known_blocks, get_new_blocks = self.kv.cache_known_blocks, self.kv.pool.get_new_blocks
 
         def counting_cache(req: Req) -> None:
             have = self.kv.reqs[req].num_cached
             cache_known_blocks(req)
             self.bulk_cached_blocks += self._in_bulk and self.kv.reqs[req].num_cached > have
 
-        def counting_evict(block: int) -> None:
-            self.bulk_evictions += self._in_bulk
-            evict(block)
+        def counting_take(n: int, evicted_at=None):
+            before = self.kv.pool.num_evicted
+            blocks = get_new_blocks(n, evicted_at)
+            self.bulk_evictions += self._in_bulk * (self.kv.pool.num_evicted - before)
+            return blocks
 
-        self.kv.cache_known_blocks, self.kv.pool._evict = counting_cache, counting_evict
+        self.kv.cache_known_blocks, self.kv.pool.get_new_blocks = counting_cache, counting_take
         self.decode_stretches = _BulkMarkingVllmStretches(self)
 
     def get_next_batch_to_run(self):
@@ -339,8 +341,8 @@ def _assert_same_run(ff_loop, ff_sched, step_loop, step_sched) -> None:
     if isinstance(step_sched, VllmScheduler):
         # The same free queue, in eviction order, and the same blocks cached under the same hashes.
         ff_pool, step_pool = ff_sched.kv.pool, step_sched.kv.pool
-        assert list(ff_pool.free_queue) == list(step_pool.free_queue)
-        assert ff_pool.block_hash == step_pool.block_hash and ff_pool.cached == step_pool.cached
+        assert list(ff_pool.free_queue.order()) == list(step_pool.free_queue.order())
+        assert ff_pool.is_cached == step_pool.is_cached and ff_pool.cached == step_pool.cached
         return
     assert ff_sched.allocator.free_pages == step_sched.allocator.free_pages
     # The same cache walks (each match and insert stamps the LRU clock), so the same eviction order

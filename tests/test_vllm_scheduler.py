@@ -118,13 +118,14 @@ def _check_kv(sched: VllmScheduler) -> None:
         assert len(row) == r.seq_len, f"{r.rid}: {len(row)} slots for {r.seq_len} computed tokens"
         assert len(st.blocks) == -(-r.seq_len // ps), f"{r.rid}: {len(st.blocks)} blocks for {r.seq_len} tokens"
         assert all(row[j] // ps == st.blocks[j // ps] for j in range(len(row))), f"{r.rid} computes outside its blocks"
-        hashes = kv._hashes(r, st, st.num_cached)
-        assert [pool.block_hash[b] for b in st.blocks[: st.num_cached]] == hashes[: st.num_cached], (
-            f"{r.rid}: a cached block of another prefix"
-        )
+        hashes = kv._hashes(r, st, st.num_cached)[: st.num_cached].tolist()
+        cached = st.blocks[: st.num_cached]
+        assert all(pool.is_cached[b] for b in cached), f"{r.rid}: a block it cached is not in the cache"
+        assert [pool.block_hash[b] for b in cached] == hashes, f"{r.rid}: a cached block of another prefix"
     for b in range(pool.num_blocks):
         assert pool.ref_cnt[b] == holders.get(b, 0), f"block {b}: {pool.ref_cnt[b]} references, {holders.get(b, 0)} holders"
         assert (b in pool.free_queue) == (pool.ref_cnt[b] == 0), f"block {b} is free and held, or neither"
+    assert len(pool.free_queue) == len(pool.free_queue.order()) == pool.num_blocks - len(holders)
     for r in sched.waiting_queue:
         assert r.req_pool_idx is None and r.seq_len == 0 and not kv.reqs.get(r, RequestBlocks()).blocks, f"waiting {r.rid} still holds KV"
 

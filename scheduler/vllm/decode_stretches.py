@@ -31,6 +31,7 @@ from scheduler.fast_forward.decode_stretch import (
     stretch_through_finishes,
 )
 from scheduler.memory.memory_pool import dealt
+from scheduler.vllm.kv_blocks import ids_of
 
 if TYPE_CHECKING:
     from scheduler.core.launched_batch import LaunchedBatch
@@ -178,7 +179,7 @@ class _StretchRun:
             blocks = pool.get_new_blocks(pages_taken(cycle, n), evicted_at)
             if evicted_at:
                 self._record_evictions(s, cycle, evicted_at, cached_before)
-            bulk_decode_slots(sched.req_to_token_pool, reqs, n, ps, _handing_out(blocks, ps))
+            bulk_decode_slots(sched.req_to_token_pool, reqs, n, ps, _handing_out(ids_of(blocks), ps))
             sched.kv.blocks_from_rows(reqs)
             if sched.config.overlap:
                 sched.future.skip(len(reqs), n)
@@ -240,7 +241,7 @@ class _StretchRun:
                 self.stretch.cached_changes.append((end - 1, sched.kv_cached_tokens()))
 
 
-def _handing_out(blocks: list[int], page_size: int):
+def _handing_out(blocks: array, page_size: int):
     """bulk_decode_slots's take over blocks already taken in step order: with page size 1 one
     call for every step (dealt out, request by request), else one call a step, in order."""
     if page_size == 1:

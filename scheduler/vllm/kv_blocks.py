@@ -1,15 +1,10 @@
 """vLLM's KV cache manager (vllm/v1/core/kv_cache_manager.py and single_type_kv_cache_manager.py's
 FullAttentionManager, release 0.19.0) on a BlockPool (block_pool.py): each request's blocks, its
-block hashes, its longest cached prefix, the slots its next tokens take, the full blocks it puts
-in the prefix cache, and freeing it all, tail first.
+block hashes (block_hashes.py), its longest cached prefix, the slots its next tokens take, the
+full blocks it puts in the prefix cache, and freeing it all, tail first.
 
 A block b holds KV slots b * page_size .. b * page_size + page_size - 1; a request's row in the
 ReqToTokenPool lists the slots of its tokens, which is what a forward reads.
-
-Block hashes chain as vLLM's do: a block's hash covers its tokens and its parent block's hash,
-so equal hashes mean equal prefixes. vLLM hashes with sha256 by default; this uses Python's
-64-bit hash of (parent hash, the block's token bytes): two different prefixes would have to
-collide on 64 bits to share a block.
 """
 
 from __future__ import annotations
@@ -17,12 +12,15 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from scheduler.core.ids import extend_range, ids
 from scheduler.core.req import Req
 from scheduler.memory.memory_pool import ReqToTokenPool
+from scheduler.vllm.block_hashes import extend_block_hashes
 from scheduler.vllm.block_pool import BlockPool
 
-ROOT_HASH = 0x5EED  # the parent hash of a request's first block
+_NO_HASHES = np.empty(0, dtype=np.uint64)
 
 
 @dataclass(eq=False, slots=True)
@@ -30,9 +28,16 @@ class RequestBlocks:
     """What the manager keeps for one request (vLLM: req_to_blocks, num_cached_block, and the
     request's block_hashes, which outlive a preemption)."""
 
-    blocks: list[int] = field(default_factory=list)
+    blocks: array = field(default_factory=ids)
     num_cached: int = 0  # its first blocks that are in the cache
-    hashes: list[int] = field(default_factory=list)  # of its full blocks of known tokens, so far
+    hashes: np.ndarray = field(default_factory=lambda: _NO_HASHES)  # of its full blocks of known tokens, so far
+
+
+def ids_of(blocks: np.ndarray) -> array:
+    """A numpy array of block ids or slots as an int64 array."""
+    out = ids()
+    out.frombytes(blocks.astype(np.int64, copy=False).tobytes())
+    return out
 
 
 class VllmKVBlocks:
@@ -66,17 +71,15 @@ class VllmKVBlocks:
             st = self.reqs[req] = RequestBlocks()
         return st
 
-    def _hashes(self, req: Req, st: RequestBlocks, num_blocks: int) -> list[int]:
+    def _hashes(self, req: Req, st: RequestBlocks, num_blocks: int) -> np.ndarray:
         """The hashes of req's first num_blocks blocks (all full of known tokens), extended as needed."""
-        hashes, ps = st.hashes, self.page_size
-        if len(hashes) < num_blocks:
-            start = len(hashes)
-            tokens = self.known_tokens_between(req, start * ps, num_blocks * ps)
-            parent = hashes[-1] if hashes else ROOT_HASH
-            for i in range(num_blocks - start):
-                parent = hash((parent, tokens[i * ps : (i + 1) * ps].tobytes()))
-                hashes.append(parent)
-        return hashes
+        have = len(st.hashes)
+        if have < num_blocks:
+            ps = self.page_size
+            tokens = np.frombuffer(self.known_tokens_between(req, have * ps, num_blocks * ps), dtype=np.int64)
+            more = extend_block_hashes(st.hashes, tokens, have, ps)
+            st.hashes = np.concatenate((st.hashes, more)) if have else more
+        return st.hashes
 
     # -- admission ----------------------------------------------------------------------
     def get_computed_blocks(self, req: Req) -> list[int]:
@@ -88,19 +91,16 @@ class VllmKVBlocks:
         max_blocks = (known - 1) // self.page_size
         if not max_blocks:
             return []
-        pool, hit = self.pool, []
-        for h in self._hashes(req, self._state(req), max_blocks):
-            b = pool.cached_block(h)
-            if b is None:
-                break
-            hit.append(b)
-        return hit
+        return self.pool.longest_hit(self._hashes(req, self._state(req), max_blocks)[:max_blocks].tolist())
 
     def _blocks_to_allocate(self, held: int, num_tokens: int, hit: list[int]) -> int:
         """New blocks for num_tokens slots, beside the held ones and the hits, plus the hits
         that are free (taking them takes them out of the free queue)."""
+        new = max(-(-num_tokens // self.page_size) - held - len(hit), 0)
+        if len(hit) > 16:
+            return new + int(np.count_nonzero(self.pool._ref[hit] == 0))
         ref = self.pool.ref_cnt
-        return max(-(-num_tokens // self.page_size) - held - len(hit), 0) + sum(1 for b in hit if ref[b] == 0)
+        return new + sum(1 for b in hit if ref[b] == 0)
 
     def can_fit_full_sequence(self, req: Req, hit: list[int]) -> bool:
         """Whether all of req's known tokens find blocks now (vLLM's scheduler_reserve_full_isl)."""
@@ -108,20 +108,20 @@ class VllmKVBlocks:
         return self._blocks_to_allocate(0, known, hit) <= self.pool.num_free_blocks()
 
     # -- slots ----------------------------------------------------------------------------
-    def _slots(self, blocks: list[int], start: int, end: int) -> array:
+    def _slots(self, blocks: array, start: int, end: int) -> array:
         """The KV slots of positions start .. end - 1 in these blocks."""
         ps = self.page_size
         if ps == 1:
-            return ids(blocks[start:end])
-        out = ids()
-        pos = start
-        while pos < end:
-            base = blocks[pos // ps] * ps
-            off = pos % ps
-            n = min(ps - off, end - pos)
-            extend_range(out, base + off, base + off + n)
-            pos += n
-        return out
+            return blocks[start:end]
+        first, last = start // ps, (end - 1) // ps
+        if first == last:
+            out = ids()
+            base = blocks[first] * ps
+            extend_range(out, base + start % ps, base + (end - 1) % ps + 1)
+            return out
+        bl = np.frombuffer(blocks, dtype=np.int64)[first : last + 1]
+        slots = (bl[:, None] * ps + np.arange(ps, dtype=np.int64)).ravel()
+        return ids_of(slots[start - first * ps : end - first * ps])
 
     def allocate_slots(self, req: Req, num_new: int, hit: list[int] | None = None, cache: bool = True) -> array | None:
         """Slots for req's next num_new tokens: the KV slots of those tokens, written into its row,
@@ -139,7 +139,7 @@ class VllmKVBlocks:
             return None
         if new_req:
             pool.touch(hit)
-            st.blocks = list(hit)
+            st.blocks = ids(hit)
             st.num_cached = len(hit)
             req.req_pool_idx = rows.alloc()
             assert req.req_pool_idx is not None, "max_num_seqs rows serve max_num_seqs running requests"
@@ -147,8 +147,10 @@ class VllmKVBlocks:
                 rows.write(req.req_pool_idx, 0, self._slots(st.blocks, 0, before))
             req.seq_len = before
         more = -(-(before + num_new) // ps) - len(st.blocks)
-        if more > 0:
-            st.blocks += pool.get_new_blocks(more)
+        if more == 1:
+            st.blocks.append(pool.get_new_block())
+        elif more > 0:
+            st.blocks.frombytes(pool.get_new_blocks(more).tobytes())
         if num_new == 1 and before % ps:  # a decode inside its last block: the next slot
             locs = ids((rows.req_to_token[req.req_pool_idx][before - 1] + 1,))
         else:
@@ -168,7 +170,8 @@ class VllmKVBlocks:
             if ps == 1:
                 blocks.extend(row[len(blocks) :])
             else:
-                blocks.extend(row[j] // ps for j in range(len(blocks) * ps, r.seq_len, ps))
+                firsts = np.frombuffer(row, dtype=np.int64)[len(blocks) * ps : r.seq_len : ps]
+                blocks.frombytes((firsts // ps).tobytes())
 
     def cache_known_blocks(self, req: Req) -> None:
         """req's full blocks of known tokens whose KV its steps compute enter the cache."""
@@ -180,20 +183,23 @@ class VllmKVBlocks:
             return
         st = self.reqs[req]
         full = num_tokens // self.page_size
-        if full <= st.num_cached:
+        have = st.num_cached
+        if full <= have:
             return
-        hashes, cache = self._hashes(req, st, full), self.pool.cache_block
-        for i in range(st.num_cached, full):
-            cache(st.blocks[i], hashes[i])
+        hashes = self._hashes(req, st, full)
+        if full == have + 1:
+            self.pool.cache_block(st.blocks[have], int(hashes[have]))
+        else:
+            self.pool.cache_blocks(np.frombuffer(st.blocks, dtype=np.int64)[have:full], hashes[have:full])
         st.num_cached = full
 
     def free(self, req: Req) -> None:
         """Free req's blocks, its last block first (evicted first), and its row. Its hashes stay
         (a preempted request looks them up again); forget() drops them."""
         st = self.reqs.get(req)
-        if st is not None:
-            self.pool.free_blocks(reversed(st.blocks))
-            st.blocks, st.num_cached = [], 0
+        if st is not None and st.blocks:
+            self.pool.free_blocks(np.frombuffer(st.blocks, dtype=np.int64)[::-1].copy())
+            st.blocks, st.num_cached = ids(), 0
         if req.req_pool_idx is not None:
             self.req_to_token_pool.free(req.req_pool_idx)
         req.req_pool_idx, req.seq_len = None, 0

@@ -1,0 +1,44 @@
+"""Block hashes: the key under which a full KV block sits in vLLM's prefix cache.
+
+vLLM chains them: a block's hash covers its tokens and its parent block's hash, so two blocks
+have the same hash when their whole prefixes are equal. Here a block's hash is the 64-bit sum,
+over every token of its prefix up to its end, of a mixing function of (token, position)
+(splitmix64's finalizer): equal prefixes give equal sums, and two different prefixes would have
+to collide on 64 bits to share a block. vLLM hashes with sha256 by default; what matters here
+is the same rule for which blocks match, and a sum lets numpy hash a prompt's blocks at once
+(a running sum) instead of one block at a time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_K_TOKEN = np.uint64(0x9E3779B97F4A7C15)
+_K_POS = np.uint64(0xD6E8FEB86659FD93)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix(tokens: np.ndarray, start: int) -> np.ndarray:
+    """splitmix64's finalizer of each (token, position), positions from start."""
+    x = (tokens.astype(np.uint64) + np.uint64(1)) * _K_TOKEN
+    x ^= np.arange(start, start + len(tokens), dtype=np.uint64) * _K_POS
+    x ^= x >> np.uint64(30)
+    x *= _M1
+    x ^= x >> np.uint64(27)
+    x *= _M2
+    x ^= x >> np.uint64(31)
+    return x
+
+
+def extend_block_hashes(hashes: np.ndarray, tokens: np.ndarray, first_block: int, page_size: int) -> np.ndarray:
+    """The hashes of blocks first_block .. first_block + len(tokens) // page_size - 1, given the
+    hashes of the blocks before (hashes[-1] is the prefix's sum so far) and those blocks'
+    tokens (a whole number of blocks)."""
+    n = len(tokens) // page_size
+    with np.errstate(over="ignore"):
+        sums = _mix(tokens, first_block * page_size).reshape(n, page_size).sum(axis=1, dtype=np.uint64)
+        out = np.cumsum(sums, dtype=np.uint64)
+        if first_block:
+            out += hashes[first_block - 1]
+    return out
