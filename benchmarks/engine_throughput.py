@@ -63,7 +63,7 @@ def decode_floor(args, tmp: Path) -> None:
     import torch
 
     from scheduler.model_config import load_model_config
-    from simulator.hardware import load_hardware
+    from simulator.hardware.specs import load_hardware
 
     name = torch.cuda.get_device_name().lower()
     hw = load_hardware("h200" if "h200" in name else "h100" if "h100" in name else "a100")

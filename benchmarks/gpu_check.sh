@@ -57,9 +57,9 @@ backends=(torch)
 $PY -c 'import flashinfer' 2>/dev/null && backends+=(flashinfer)
 for backend in "${backends[@]}"; do
   TAIL=6 TESTBED_TEST_DEVICE=$DEVICE TESTBED_TEST_ATTENTION=$backend \
-    step "equivalence-$DEVICE-$backend" 150 $PY -m pytest -q -p no:cacheprovider tests/test_engine_equivalence.py tests/test_engine_sampler.py
+    step "equivalence-$DEVICE-$backend" 150 $PY -m pytest -q -p no:cacheprovider tests/engine/test_engine_equivalence.py tests/engine/test_engine_sampler.py
 done
-TAIL=6 step real-cli 120 $PY -m pytest -q -p no:cacheprovider tests/test_engine_replay.py
+TAIL=6 step real-cli 120 $PY -m pytest -q -p no:cacheprovider tests/engine/test_engine_replay.py
 step calibrate 200 $PY -m testbed calibrate --model "$MODEL" --hardware "$HARDWARE" --out "$OUT/calibrated-$MODEL.json"
 if [ -f "$OUT/calibrated-$MODEL.json" ]; then
   TAIL=4 step profile-compare 60 $PY benchmarks/gpu_profile_compare.py "$OUT/calibrated-$MODEL.json" "$KERNELS" --json "$OUT/profile-compare.json"

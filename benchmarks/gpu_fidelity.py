@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from simulator.hardware import HardwareConfigError  # noqa: E402
+from simulator.hardware.specs import HardwareConfigError  # noqa: E402
 from testbed.errors import USER_ERRORS  # noqa: E402
 from testbed.options import ReplayOptions  # noqa: E402
 from testbed.replay import replay  # noqa: E402

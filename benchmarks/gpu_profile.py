@@ -3,7 +3,7 @@
     python benchmarks/gpu_profile.py [--profiles FILE ...] [--ground-truth DIR] [--trace PATH] [--json OUT]
 
 For every kernel profile (default: the `source: aiconfigurator` profiles in profiles/):
-  1. its error against the database's own measurements it did not use (simulator/kernel_holdout.py:
+  1. its error against the database's own measurements it did not use (simulator/profiles/kernel_holdout.py:
      a whole forward at every measured attention shape off a half grid, against the database
      queried at that shape): median and p90 of the relative error, extend and decode;
   2. decode at batch 1 (context 1024) against the HBM floor: one GPU's weights / memory bandwidth.
@@ -35,11 +35,11 @@ sys.path.insert(0, str(ROOT))
 
 from scheduler.core.forward_plan import ForwardMode  # noqa: E402
 from scheduler.model_config import load_model_config  # noqa: E402
-from simulator.kernel_cost import Curve, KernelProfileCostModel  # noqa: E402
-from simulator.kernel_db import KernelDatabase  # noqa: E402
-from simulator.kernel_holdout import holdout_errors, uniform_plan  # noqa: E402
-from simulator.kernel_profile import GpuShapes  # noqa: E402
-from simulator.profile_cost import read_profile  # noqa: E402
+from simulator.costs.kernel_cost import Curve, KernelProfileCostModel  # noqa: E402
+from simulator.costs.profile_cost import read_profile  # noqa: E402
+from simulator.profiles.kernel_db import KernelDatabase  # noqa: E402
+from simulator.profiles.kernel_holdout import holdout_errors, uniform_plan  # noqa: E402
+from simulator.profiles.kernel_profile import GpuShapes  # noqa: E402
 from testbed.calibrate_kernels import hbm_floor_s  # noqa: E402
 from testbed.options import ReplayOptions  # noqa: E402
 from testbed.replay import replay  # noqa: E402
@@ -162,9 +162,9 @@ def step_plans(steps) -> list:
 
 def hot_path(trace: Path, max_requests: int, repeat: int) -> dict:
     """One roofline replay of the trace (its wall), then the same forwards priced by each cost model."""
-    from simulator.hardware import load_hardware
-    from simulator.profile_cost import ProfileCostModel
-    from simulator.roofline import RooflineCostModel
+    from simulator.costs.profile_cost import ProfileCostModel
+    from simulator.costs.roofline import RooflineCostModel
+    from simulator.hardware.specs import load_hardware
     from testbed.runs.folder import load_run
 
     with tempfile.TemporaryDirectory() as d:

@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from scheduler.core.forward_plan import ForwardMode  # noqa: E402
-from simulator.kernel_holdout import uniform_plan  # noqa: E402
-from simulator.profile_cost import read_profile  # noqa: E402
-from simulator.profiles import load_profile  # noqa: E402
+from simulator.costs.profile_cost import read_profile  # noqa: E402
+from simulator.costs.sources import load_profile  # noqa: E402
+from simulator.profiles.kernel_holdout import uniform_plan  # noqa: E402
 
 
 def measured_points(calibrated: dict) -> list[tuple[ForwardMode, int, int, int, float]]:

@@ -45,7 +45,7 @@ from scheduler.sglang.decode_stretches import SglangDecodeStretches  # noqa: E40
 from scheduler.sglang.scheduler import Scheduler  # noqa: E402
 from scheduler.vllm.decode_stretches import VllmDecodeStretches  # noqa: E402
 from scheduler.vllm.scheduler import VllmScheduler  # noqa: E402
-from simulator.sim_driver import SimDriver  # noqa: E402
+from simulator.driver.sim_driver import SimDriver  # noqa: E402
 from testbed.options import ReplayOptions  # noqa: E402
 from testbed.replay import replay  # noqa: E402
 from testbed.traces.schema import TracePrompts  # noqa: E402

@@ -1,0 +1,1 @@
+"""The simulator: the scheduler's event loop on SimPy's clock, priced by a cost model instead of run on a device. In rooms: `driver/` (the loop on SimPy's clock), `costs/` (the CostModel protocol and each cost source), `profiles/` (making the profiles that cost sources read), `hardware/` (hardware specs and KV sizing)."""

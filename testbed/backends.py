@@ -13,11 +13,11 @@ from typing import Any, Callable
 
 from scheduler.model_config import ModelConfig
 from scheduler.sglang.config import SchedulerConfig
-from simulator.hardware import load_hardware
-from simulator.kv_capacity import kv_capacity_tokens
-from simulator.precision import Precision
-from simulator.roofline import RooflineCostModel
-from simulator.sim_driver import SimDriver
+from simulator.costs.precision import Precision
+from simulator.costs.roofline import RooflineCostModel
+from simulator.driver.sim_driver import SimDriver
+from simulator.hardware.kv_capacity import kv_capacity_tokens
+from simulator.hardware.specs import load_hardware
 from testbed.errors import ConfigError
 from testbed.replay_options import DEFAULT_HARDWARE
 from testbed.schedulers import scheduler_kind
@@ -40,8 +40,8 @@ def build_sim(opts, model: ModelConfig, make_config: Callable[[int], SchedulerCo
         raise ConfigError(str(e)) from None
     profile = None
     if opts.profile is not None:
-        from simulator.profile_cost import ProfileError
-        from simulator.profiles import load_profile
+        from simulator.costs.profile_cost import ProfileError
+        from simulator.costs.sources import load_profile
 
         graphs = scheduler_kind(opts.scheduler).cuda_graphs(opts)
         try:

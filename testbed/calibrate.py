@@ -30,8 +30,8 @@ import numpy as np
 
 from scheduler.core.forward_plan import ForwardMode, ForwardPlan, synthetic_plan
 from scheduler.model_config import load_model_config
-from simulator import profile_fit as pf
-from simulator.profile_cost import PROFILE_FORMAT, PROFILE_VERSION
+from simulator.costs.profile_cost import PROFILE_FORMAT, PROFILE_VERSION
+from simulator.profiles import profile_fit as pf
 from testbed.runs.folder import load_run, versions, write_json
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -371,7 +371,7 @@ def fit_profile(
 
 
 def calibrate(cfg: CalibrationConfig, out: str | Path, progress: Progress | None = None) -> dict:
-    from simulator.hardware import hardware_of_device
+    from simulator.hardware.specs import hardware_of_device
     from testbed.backends import build_real, describe_engine
     from testbed.options import ReplayOptions, default_overlap, resolved_options
     from testbed.replay import scheduler_config
@@ -435,7 +435,7 @@ def calibrate(cfg: CalibrationConfig, out: str | Path, progress: Progress | None
 
 def refit(path: str | Path) -> dict:
     """Fit a profile again from the measurements it holds (after a change to the fit), in place."""
-    from simulator.profile_cost import ProfileError
+    from simulator.costs.profile_cost import ProfileError
 
     path = Path(path)
     try:

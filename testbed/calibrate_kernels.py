@@ -1,7 +1,7 @@
 """testbed calibrate --source aiconfigurator: a profile of a GPU system from AIConfigurator's measured kernels.
 
 No engine runs: the profile is composed from the database's kernel timings for the model's shapes
-over TP GPUs (simulator/kernel_profile.py), in seconds, and written where --out says, in the
+over TP GPUs (simulator/profiles/kernel_profile.py), in seconds, and written where --out says, in the
 profile format `--profile` reads.
 """
 
@@ -13,11 +13,11 @@ from pathlib import Path
 
 from scheduler.core.forward_plan import ForwardMode
 from scheduler.model_config import ModelConfig, load_model_config
-from simulator.kernel_db import KernelDatabaseError, available
-from simulator.kernel_holdout import uniform_plan
-from simulator.kernel_profile import build_kernel_profile
-from simulator.mixed_attention import MixedDecodeFactor
-from simulator.precision import BF16, Precision
+from simulator.costs.mixed_attention import MixedDecodeFactor
+from simulator.costs.precision import BF16, Precision
+from simulator.profiles.kernel_db import KernelDatabaseError, available
+from simulator.profiles.kernel_holdout import uniform_plan
+from simulator.profiles.kernel_profile import build_kernel_profile
 from testbed.errors import ConfigError
 
 DEFAULT_MODEL = "llama-3.1-8b"
@@ -42,7 +42,7 @@ def profile_precision(profile: dict) -> Precision:
 
 
 def decode_at_batch_1_s(profile: dict, context: int = 1024) -> float:
-    from simulator.kernel_cost import KernelProfileCostModel
+    from simulator.costs.kernel_cost import KernelProfileCostModel
 
     return KernelProfileCostModel(profile).forward_time(uniform_plan(ForwardMode.DECODE, 1, 1, context - 1))
 

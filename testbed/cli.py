@@ -83,7 +83,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return cmd_calibrate_kernels(args)
     if args.system or args.backend_version or args.tp != 1 or args.quantization or args.kv_cache_dtype != "auto":
         raise ConfigError("--system, --backend-version, --tp, --quantization and --kv-cache-dtype are for --source aiconfigurator")
-    from simulator.hardware import load_hardware
+    from simulator.hardware.specs import load_hardware
     from testbed.calibrate import CalibrationConfig, calibrate
     from testbed.options import ReplayOptions, default_hardware
 
@@ -107,7 +107,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     cfg = CalibrationConfig(model=model, hardware=hardware, load_format=args.load_format, device=args.device, reps=args.reps)
     if args.refit:
-        from simulator.profile_cost import ProfileError
+        from simulator.costs.profile_cost import ProfileError
         from testbed.calibrate import refit
 
         try:
@@ -204,8 +204,8 @@ def _own_version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from simulator.kernel_db import BACKENDS
-    from simulator.precision import KV_CACHE_DTYPES, QUANTIZATIONS
+    from simulator.costs.precision import KV_CACHE_DTYPES, QUANTIZATIONS
+    from simulator.profiles.kernel_db import BACKENDS
     from testbed import dashboard_cli
     from testbed.runs import cli as runs_cli
     from testbed.runs import import_cli

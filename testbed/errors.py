@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from scheduler.loop.event_loop import DeadlockError
 from scheduler.model_config import ModelConfigError
-from simulator.hardware import HardwareConfigError
+from simulator.hardware.specs import HardwareConfigError
 
 EXIT_USAGE = 2  # bad input or options: the one-line message says which
 EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT

@@ -18,7 +18,7 @@ from typing import Any
 from scheduler.model_config import bundled_model_names
 from scheduler.sglang.policy import POLICIES
 from scheduler.vllm.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, VLLM_RELEASE
-from simulator.precision import KV_CACHE_DTYPES, QUANTIZATIONS
+from simulator.costs.precision import KV_CACHE_DTYPES, QUANTIZATIONS
 from testbed.errors import ConfigError
 
 # ReplayOptions and its machine-dependent defaults live in replay_options.py; every caller

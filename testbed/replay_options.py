@@ -30,7 +30,7 @@ class ReplayOptions:
     disable_radix_cache: bool = False
     max_running_requests: int | None = None
     model: str | None = None  # None: llama-3.1-8b, or tiny-llama for --mode real on a CPU
-    # A hardware spec (simulator/hardware.py). None: h100 (or a profile's own) for the simulator,
+    # A hardware spec (simulator/hardware/specs.py). None: h100 (or a profile's own) for the simulator,
     # the spec of the device it runs on for the real engine (cpu, or the GPU's). See default_hardware.
     hardware: str | None = None
     time_scale: float = 1.0  # arrival times are multiplied by this: 2 = half the load
@@ -49,7 +49,7 @@ class ReplayOptions:
     # Tensor parallelism over this many GPUs (the simulator; the real engine runs on one).
     tp: int = 1
     # The simulator: fp8 weights (--quantization fp8) and KV cache (--kv-cache-dtype auto|bf16|fp8);
-    # None and auto: the model's dtype (simulator/precision.py).
+    # None and auto: the model's dtype (simulator/costs/precision.py).
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
     # Which scheduler runs; the vLLM scheduler's budgets (None: vLLM's defaults).
@@ -90,7 +90,7 @@ def default_overlap(opts: ReplayOptions) -> bool:
     if opts.mode == "real":
         return _real_on_cuda(opts)
     if opts.profile is not None:
-        from simulator.profile_cost import engine_defaults
+        from simulator.costs.profile_cost import engine_defaults
 
         return bool(engine_defaults(opts.profile).get("overlap", True))
     return True
@@ -101,7 +101,7 @@ def default_hardware(opts: ReplayOptions) -> str | None:
     another GPU). The simulator: the spec a profile was calibrated on, else h100."""
     if opts.hardware is not None:
         return opts.hardware
-    from simulator.hardware import bundled_hardware_names, hardware_of_device
+    from simulator.hardware.specs import bundled_hardware_names, hardware_of_device
 
     if opts.mode == "real":
         if not _real_on_cuda(opts):
@@ -110,7 +110,7 @@ def default_hardware(opts: ReplayOptions) -> str | None:
 
         return hardware_of_device(torch.cuda.get_device_name(0))
     if opts.profile is not None:
-        from simulator.profile_cost import engine_defaults
+        from simulator.costs.profile_cost import engine_defaults
 
         calibrated_on = engine_defaults(opts.profile).get("hardware")
         if calibrated_on in bundled_hardware_names() or (isinstance(calibrated_on, str) and Path(calibrated_on).is_file()):
@@ -131,10 +131,10 @@ def device_memory_bytes(opts: ReplayOptions) -> int | None:
     profile's GPU or the hardware spec's (sim), the GPU's, or the host's on a CPU (as SGLang on
     a CPU device)."""
     if opts.mode == "sim":
-        from simulator.hardware import HardwareConfigError, load_hardware
+        from simulator.hardware.specs import HardwareConfigError, load_hardware
 
         if opts.profile is not None:
-            from simulator.profile_cost import engine_defaults
+            from simulator.costs.profile_cost import engine_defaults
 
             memory = engine_defaults(opts.profile).get("memory_bytes")
             if isinstance(memory, int):

@@ -25,9 +25,9 @@ from scheduler.model_config import load_model_config
 from scheduler.vllm.config import VllmSchedulerConfig
 from scheduler.vllm.kv_blocks import RequestBlocks
 from scheduler.vllm.scheduler import VllmScheduler
-from simulator.hardware import load_hardware
-from simulator.roofline import RooflineCostModel
-from simulator.sim_driver import SimDriver
+from simulator.costs.roofline import RooflineCostModel
+from simulator.driver.sim_driver import SimDriver
+from simulator.hardware.specs import load_hardware
 from testbed.cli import main
 from testbed.options import ReplayOptions
 from testbed.replay import replay

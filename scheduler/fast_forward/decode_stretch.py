@@ -18,7 +18,7 @@ in flight). A stretch may also start at the step that merges a whole prefill int
 batch (DecodeStretch.merges_prefill). docs/fast-forward.md says why all this equals stepping.
 
 The loop (loop.py) asks only when its driver knows the tokens (EventLoop.fast_forward_token);
-the driver (simulator/sim_driver.py) prices the steps and cuts the stretch before the
+the driver (simulator/driver/sim_driver.py) prices the steps and cuts the stretch before the
 first step whose schedule start reaches the next arrival.
 """
 

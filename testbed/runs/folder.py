@@ -85,7 +85,7 @@ def unused_path(path: Path) -> Path:
 def holds_only_profiles(folder: Path) -> bool:
     """A folder of cost profiles and nothing else (testbed calibrate writes them under runs/profiles/
     by default): not a run that lost its run.json."""
-    from simulator.profile_cost import PROFILE_FORMAT
+    from simulator.costs.profile_cost import PROFILE_FORMAT
 
     files = [p for p in folder.iterdir() if not p.name.startswith(".")]
     if not files or any(not (p.is_file() and p.suffix == ".json") for p in files):

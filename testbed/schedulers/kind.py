@@ -7,7 +7,7 @@ from typing import Any, Callable, Mapping
 
 from scheduler.core.protocol import SchedulerCore
 from scheduler.model_config import ModelConfig
-from simulator.cuda_graphs import CudaGraphPolicy
+from simulator.costs.cuda_graphs import CudaGraphPolicy
 from testbed.replay_options import ReplayOptions
 
 

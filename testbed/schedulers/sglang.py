@@ -9,7 +9,7 @@ from scheduler.sglang.config import SchedulerConfig
 from scheduler.sglang.policy import POLICIES
 from scheduler.sglang.scheduler import Scheduler
 from scheduler.sglang.server_defaults import default_chunked_prefill_size, default_mem_fraction_static
-from simulator.cuda_graphs import sglang_graphs
+from simulator.costs.cuda_graphs import sglang_graphs
 from testbed.replay_options import ReplayOptions, device_memory_bytes
 from testbed.schedulers.kind import SchedulerKind
 

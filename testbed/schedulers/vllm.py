@@ -14,7 +14,7 @@ from scheduler.vllm.config import (
     VllmSchedulerConfig,
 )
 from scheduler.vllm.scheduler import VllmScheduler
-from simulator.cuda_graphs import vllm_graphs
+from simulator.costs.cuda_graphs import vllm_graphs
 from testbed.replay_options import ReplayOptions
 from testbed.schedulers.kind import SchedulerKind
 

@@ -121,8 +121,8 @@ def check_named_values(axes: Sequence[GridAxis]) -> None:
     """An axis of models, hardware or profiles names things that must load: each value is loaded once
     here, so that a bad one is refused (exit 2) before any point runs, not found by a failed point."""
     from scheduler.model_config import load_model_config
-    from simulator.hardware import load_hardware
-    from simulator.profiles import load_profile
+    from simulator.costs.sources import load_profile
+    from simulator.hardware.specs import load_hardware
     from testbed.errors import USER_ERRORS
 
     loaders = {"model": load_model_config, "hardware": load_hardware, "profile": load_profile}

@@ -24,7 +24,7 @@ BOUND_EXCEEDED, not past 1.
 
 from __future__ import annotations
 
-from simulator.kernel_cost import KernelProfileCostModel
+from simulator.costs.kernel_cost import KernelProfileCostModel
 from testbed.validate.points import MeasuredPoint
 
 BOUND_EXCEEDED = 1.1  # the kernels' least time over the measured, beyond the tables' own scatter

@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from simulator import kernel_db
-from simulator.hardware import bundled_hardware_names
-from simulator.kernel_profile import build_kernel_profile
+from simulator.hardware.specs import bundled_hardware_names
+from simulator.profiles import kernel_db
+from simulator.profiles.kernel_profile import build_kernel_profile
 from testbed.options import ReplayOptions
 from testbed.runs.folder import load_run
 from testbed.validate.points import bundled_model_of
@@ -104,7 +104,7 @@ def settings_of(folder: Path, real: Path, hardware: str | None) -> GroundTruthRu
 def mixed_attention_of(run: GroundTruthRun) -> Path | None:
     """LLMServingSim's kernel timings of the run's GPU under vLLM beside the run (a sibling folder with
     attention.csv and a meta.yaml whose `gpu` names the same GPU, as ../shared/ground_truth/ops-*): its
-    mixed batches price decode rows beside a prefill chunk (simulator/mixed_attention.py). Those of the
+    mixed batches price decode rows beside a prefill chunk (simulator/costs/mixed_attention.py). Those of the
     run's model first."""
     found = []
     for folder in sorted(run.folder.parent.iterdir()):

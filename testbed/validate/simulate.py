@@ -71,8 +71,8 @@ class PointSimulator:
 
     def profile(self, p: MeasuredPoint) -> tuple[str, str]:
         """(path, description) of the kernel profile for p; PointSkipped if the database has no kernels for it."""
-        from simulator import kernel_db
-        from simulator.kernel_profile import build_kernel_profile
+        from simulator.profiles import kernel_db
+        from simulator.profiles.kernel_profile import build_kernel_profile
 
         versions = kernel_db.available().get(p.system, {}).get(p.backend, [])
         version = kernel_db.nearest_version(versions, p.backend_version)
@@ -98,7 +98,7 @@ class PointSimulator:
     def options(self, p: MeasuredPoint, profile: str, prefix_cache: bool = False) -> ReplayOptions:
         """The point's engine with its defaults. The prompts are random tokens that share no prefix (as the
         benchmarks' random datasets), so a prefix cache never hits: the engines' default (on) and off
-        schedule alike (tests/test_validate.py checks it), and off spares the cache's per-block work
+        schedule alike (tests/testbed/validate/test_validate.py checks it), and off spares the cache's per-block work
         (a 128-request, 8,192-token vLLM point: 13.6 s on, 1.3 s off)."""
         return ReplayOptions(
             mode="sim",
@@ -154,7 +154,7 @@ class PointSimulator:
 
     def cost_model(self, profile: str):
         """The KernelProfileCostModel of a profile this simulator built (loaded once)."""
-        from simulator.kernel_cost import KernelProfileCostModel
+        from simulator.costs.kernel_cost import KernelProfileCostModel
 
         if profile not in self._cost_models:
             self._cost_models[profile] = KernelProfileCostModel(json.loads(Path(profile).read_text()), profile)

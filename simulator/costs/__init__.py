@@ -1,0 +1,1 @@
+"""Cost sources side by side: the CostModel protocol and CpuStageCosts, the analytic roofline, the kernel-profile and calibrated-profile cost models, what modifies a price (weight and KV precision, CUDA graphs or eager, decode rows beside a prefill chunk), and COST_SOURCES, which turns a profile file into its cost model."""

@@ -1,0 +1,290 @@
+"""KernelProfileCostModel: a forward's time from a profile of measured kernels (simulator/profiles/kernel_profile.py).
+
+A forward of n new tokens for b requests, on one of the profile's TP GPUs:
+
+    time = dense(n) + lm_head(b) + layers x (prefill_attention(extend part) + decode_attention(decode part))
+
+    dense(n)        every non-attention kernel of every layer (GEMMs, norms, activation, all-reduces)
+                    plus the embedding, at n tokens: piecewise linear over the profile's token grid
+    lm_head(b)      one logits row per request
+    prefill part    EXTEND: every request; MIXED: the requests with more than one new token. Its b'
+                    requests, N new tokens and A causal query-key pairs (ForwardPlan.attention_pairs)
+                    are priced as b' equal requests with the same N and A: N / b' new tokens each over
+                    a prefix of A / N - (N / b' + 1) / 2 (>= 0 always), interpolated in the profile's
+                    (batch x new tokens x prefix) table: linearly in batch and prefix, and along new
+                    tokens linearly in the pairs they make (exact where the kernel's time is affine in
+                    its work, as it is once compute bound)
+    decode part     DECODE: every request; MIXED: those with one new token (times the profile's
+                    `mixed_decode_factor` where it has one: what decode rows cost beside a prefill
+                    chunk on that GPU, simulator/costs/mixed_attention.py). b requests of mean
+                    context S / b (S: their summed sequence lengths), bilinear in the (batch x
+                    context) table. Decode attention reads every request's KV once, so its time is
+                    affine in b and S at a given batch: the mean prices a ragged batch as the
+                    uniform batch of the same total KV, which is what a memory-bound kernel reads
+                    (the database measures uniform batches only, so the ragged case is not checked)
+
+Outside the grids (more tokens, requests, batch, prefix or context than the largest grid point)
+every table extrapolates linearly from its last two points along that axis: a constant time per
+token (GEMMs, compute bound), per request, per query-key pair (prefill attention, compute bound)
+or per KV token (decode attention, memory bound). Below the first point (n < 1) it holds the
+first value.
+
+Every table is made monotone at load (a grid value is lowered to the smallest at a larger shape:
+the database's timings have noise spikes, e.g. a 1-token GEMM measured slower than a 2-token one),
+so more work never costs less. A forward is a sum of kernel times: no gaps between kernels (CUDA
+graphs in decode make them small; eager prefill has some). CPU stages use the profile hardware's
+default costs (roughly SGLang on a fast host), as the roofline does.
+
+The profile's precision (`precision`: weights and KV cache; simulator/profiles/kernel_profile.py) is in its
+tables; a replay asking for another (`check_precision`) is refused, naming both.
+
+A forward the serving engine runs outside a CUDA graph (simulator/costs/cuda_graphs.py: vLLM's
+forwards of more tokens than its largest graph, SGLang's extends) is dispatched kernel by kernel
+from the host: the profile's `eager_overhead_s` is that dispatch time (AIConfigurator's own
+per-forward term for the backend; vLLM: 0.8 ms a layer, SGLang none). Kernel launches are
+asynchronous: the host queues layer k+1 while the GPU runs layer k, so an eager forward takes
+the longer of its kernels and its dispatch, not their sum. A small forward waits for the host;
+a large prefill hides it entirely. (Adding the two made every vLLM step that carried a prefill
+chunk 25.6 ms slower for an 8B model: 2-4x the measured TPOT of the H200 points in
+`testbed validate`.) Without a policy every forward is priced as its kernels alone.
+
+Load-time work is all of the above; forward_time is a handful of bisections and multiply-adds
+(O(1) per plan; MIXED plans loop once over their requests to split decode from extend). The
+tables interpolated at a batch size are kept per batch size (a replay sees a few hundred).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+
+import numpy as np
+
+from scheduler.core.forward_plan import ForwardMode, ForwardPlan
+from scheduler.model_config import ModelConfig
+from simulator.costs.cuda_graphs import CudaGraphPolicy
+from simulator.costs.mixed_attention import MixedDecodeFactor
+from simulator.costs.precision import BF16, Precision
+from simulator.costs.profile_cost import ProfileError, check_header
+from simulator.hardware.specs import HardwareConfigError, HardwareSpec
+
+# The model dimensions a kernel profile was built for (its "model_shapes"): a model with other
+# values needs another profile.
+SHAPE_KEYS = (
+    "architecture",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "qk_norm",
+)
+
+
+def model_shapes(model: ModelConfig) -> dict:
+    return {k: getattr(model, k) for k in SHAPE_KEYS}
+
+
+def monotone(table: np.ndarray) -> np.ndarray:
+    """Each value lowered to the smallest at a larger-or-equal shape along every axis."""
+    t = np.asarray(table, dtype=float)
+    for axis in range(t.ndim):
+        t = np.flip(np.minimum.accumulate(np.flip(t, axis), axis=axis), axis)
+    return t
+
+
+def _locate(xs: list[float], x: float) -> tuple[int, float]:
+    """Segment i (0 .. len - 2) and weight w of x between xs[i] and xs[i + 1]; w > 1 past the end
+    (linear extrapolation from the last two points), clamped to 0 before the start."""
+    i = bisect_right(xs, x) - 1
+    if i < 0:
+        return 0, 0.0
+    last = len(xs) - 2
+    if i > last:
+        i = last
+    return i, (x - xs[i]) / (xs[i + 1] - xs[i])
+
+
+class Curve:
+    """y(x) piecewise linear over sorted xs; linear extrapolation past the last point."""
+
+    __slots__ = ("xs", "ys", "slopes", "last")
+
+    def __init__(self, xs, ys) -> None:
+        self.xs, self.ys = [float(x) for x in xs], [float(y) for y in ys]
+        self.slopes = [(self.ys[i + 1] - self.ys[i]) / (self.xs[i + 1] - self.xs[i]) for i in range(len(xs) - 1)]
+        self.last = len(xs) - 2
+
+    def __call__(self, x: float) -> float:
+        i = bisect_right(self.xs, x) - 1
+        if i < 0:
+            return self.ys[0]
+        if i > self.last:
+            i = self.last
+        return self.ys[i] + (x - self.xs[i]) * self.slopes[i]
+
+
+class DecodeTable:
+    """Decode attention of all layers: bilinear in (batch, context per request)."""
+
+    def __init__(self, batch, context, seconds: np.ndarray) -> None:
+        self.batch, self.context = [float(b) for b in batch], [float(c) for c in context]
+        self.t = monotone(seconds)
+        self.curves: dict[int, Curve] = {}  # per batch size
+
+    def at_batch(self, b: int) -> Curve:
+        """Seconds against context for a batch of b: the table interpolated along batch."""
+        c = self.curves.get(b)
+        if c is None:
+            i, w = _locate(self.batch, b)
+            c = self.curves[b] = Curve(self.context, self.t[i] + w * (self.t[i + 1] - self.t[i]))
+        return c
+
+    def __call__(self, b: int, context: float) -> float:
+        return self.at_batch(b)(context)
+
+
+class PrefillTable:
+    """Prefill attention of all layers for b equal requests: (batch, new tokens each, prefix) ->
+    seconds; linear in batch and prefix, linear in causal pairs along new tokens."""
+
+    def __init__(self, batch, tokens, prefix, seconds: np.ndarray) -> None:
+        self.batch, self.tokens, self.prefix = ([float(v) for v in axis] for axis in (batch, tokens, prefix))
+        self.t = monotone(seconds)
+        self.planes: dict[int, list[list[float]]] = {}  # per batch size: the table interpolated along batch
+
+    def plane(self, b: int) -> list[list[float]]:
+        p = self.planes.get(b)
+        if p is None:
+            i, w = _locate(self.batch, b)
+            p = self.planes[b] = (self.t[i] + w * (self.t[i + 1] - self.t[i])).tolist()
+        return p
+
+    def __call__(self, b: int, num_tokens: float, pairs: float) -> float:
+        s = num_tokens / b
+        p = pairs / num_tokens - (s + 1) / 2
+        if p < 0:
+            p = 0.0
+        k, wp = _locate(self.prefix, p)
+        j = bisect_right(self.tokens, s) - 1
+        j = 0 if j < 0 else min(j, len(self.tokens) - 2)
+        s0, s1 = self.tokens[j], self.tokens[j + 1]
+        # Pairs of one request of x new tokens over prefix p: the coordinate along new tokens.
+        c0 = s0 * (p + (s0 + 1) / 2)
+        ws = (s * (p + (s + 1) / 2) - c0) / (s1 * (p + (s1 + 1) / 2) - c0)
+        plane = self.plane(b)
+        r0, r1 = plane[j], plane[j + 1]
+        a = r0[k] + wp * (r0[k + 1] - r0[k])
+        return a + ws * (r1[k] + wp * (r1[k + 1] - r1[k]) - a)
+
+
+class KernelProfileCostModel:
+    """CostModel of a kernel profile (testbed calibrate --source aiconfigurator)."""
+
+    def __init__(self, profile: dict, path: str | None = None, graphs: CudaGraphPolicy | None = None) -> None:
+        where = path or "profile"
+        check_header(profile, path)
+        try:
+            k = profile["kernels"]
+            layers = int(k["layers"])
+            tokens = k["tokens"]
+            dense = np.sum([k["per_layer"][op] for op in k["per_layer"]], axis=0) * layers
+            dense = dense + np.sum([k["per_forward"][op] for op in k["per_forward"]], axis=0)
+            self.dense = Curve(tokens, monotone(dense))
+            self.lm_head = Curve(k["requests"], monotone(k["lm_head"]))
+
+            pa, da = k["prefill_attention"], k["decode_attention"]
+            self.prefill = PrefillTable(pa["batch"], pa["new_tokens"], pa["prefix"], np.asarray(pa["seconds"]) * layers)
+            self.decode = DecodeTable(da["batch"], da["context"], np.asarray(da["seconds"]) * layers)
+            self.hardware_spec = HardwareSpec.from_dict(profile["hardware_spec"])
+            self.tp = int(profile["tp"])
+            self.model = profile["model"]
+            self.model_shapes = profile["model_shapes"]
+            self.eager_overhead = float(k.get("eager_overhead_s", 0.0))  # profiles made before it: none
+            # Decode rows beside a prefill chunk, where the GPU's mixed batches were measured (mixed_attention.py).
+            mixed = k.get("mixed_decode_factor")
+            self.mixed_decode = MixedDecodeFactor.from_dict(mixed) if mixed else None
+            # Profiles made before --quantization and --kv-cache-dtype: the model's dtype for both.
+            kept = profile.get("precision") or {}
+            self.precision = Precision(str(kept.get("weights", BF16)), str(kept.get("kv_cache", BF16)))
+        except (KeyError, TypeError, ValueError, HardwareConfigError) as e:
+            raise ProfileError(
+                f"{where}: not a readable kernel profile ({type(e).__name__}: {e}); make it again with "
+                f"testbed calibrate --source aiconfigurator"
+            ) from None
+        self.profile = profile
+        self.path = where
+        self.graphs = graphs
+        self.engine_kv_tokens = None  # the KV pool follows from hardware_spec's memory
+        self.cpu = self.hardware_spec.cpu
+        name = path.rsplit("/", 1)[-1] if path else "inline"
+        self.name = f"profile:{name}"
+        # Per decode batch size: the whole forward against mean context, one curve (made on first use).
+        self.decode_curves: dict[int, Curve] = {}
+
+    def decode_curve(self, b: int) -> Curve:
+        """A decode forward of b requests against their mean context: dense(b) + lm_head(b) +
+        the decode table interpolated at batch b (the same as pricing each part on its own)."""
+        c = self.decode.at_batch(b)
+        base = self.dense(b) + self.lm_head(b)
+        curve = self.decode_curves[b] = Curve(c.xs, [base + y for y in c.ys])
+        return curve
+
+    def check_model(self, model: ModelConfig, tp: int) -> None:
+        """Refuse a model or TP the profile was not built for, naming both."""
+        built = f"{self.model} at TP {self.tp}"
+        if model.name != self.model or tp != self.tp:
+            raise ProfileError(f"--profile {self.path} was built for {built}, not {model.name} at TP {tp}")
+        if model_shapes(model) != self.model_shapes:
+            differ = sorted(key for key, v in model_shapes(model).items() if self.model_shapes.get(key) != v)
+            raise ProfileError(
+                f"--profile {self.path} was built for {self.model} with other shapes than this {model.name} ({', '.join(differ)} differ)"
+            )
+
+    def check_precision(self, asked: Precision) -> None:
+        """Refuse a replay asking for other weights or KV than the profile was priced for, naming both."""
+        if not self.precision.same_bytes(asked):
+            raise ProfileError(
+                f"--profile {self.path} was built for {self.precision.describe()}, not "
+                f"{asked.describe()} (--quantization, --kv-cache-dtype); make one with testbed calibrate "
+                f"--source aiconfigurator and the same options"
+            )
+
+    # ------------------------------------------------------------------ hot path
+    def forward_time(self, plan: ForwardPlan) -> float:
+        t = self.kernel_time(plan)
+        if self.eager_overhead and self.graphs is not None and t and not self.graphs.captured(plan):
+            t = max(t, self.eager_overhead)  # the host dispatches while the GPU runs: the longer of the two
+        return t
+
+    def kernel_time(self, plan: ForwardPlan) -> float:
+        """The sum of the forward's kernels (no eager overhead)."""
+        b = len(plan.req_pool_indices)
+        if b == 0:
+            return 0.0
+        mode = plan.mode
+        if mode is ForwardMode.DECODE:
+            curve = self.decode_curves.get(b) or self.decode_curve(b)
+            return curve(plan.sum_seq_len / b)
+        n = plan.num_tokens
+        t = self.dense(n) + self.lm_head(b)
+        if mode is ForwardMode.EXTEND:
+            return t + self.prefill(b, n, plan.attention_pairs)
+        # MIXED: requests with one new token decode; a decode request's pairs are its sequence length.
+        decodes = decode_len = 0
+        for e, s in zip(plan.extend_lens, plan.seq_lens):
+            if e == 1:
+                decodes += 1
+                decode_len += s
+        if decodes:
+            d = self.decode(decodes, decode_len / decodes)
+            if self.mixed_decode is not None and decodes < b:  # a prefill chunk shares the forward
+                d *= self.mixed_decode(decodes, decode_len / decodes)
+            t += d
+        if decodes < b:
+            t += self.prefill(b - decodes, n - decodes, plan.attention_pairs - decode_len)
+        return t
+
+    def cpu_time(self, stage: str, num_reqs: int, num_tokens: int) -> float:
+        return self.cpu.time(stage, num_reqs, num_tokens)

@@ -1,0 +1,1 @@
+"""The driver: SimDriver, which runs the one event loop on SimPy's clock (CPU stages and forwards charged by a cost model), and the clock of a decode stretch, which gives the same step times in bulk when fast-forward takes one."""

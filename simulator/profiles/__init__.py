@@ -1,0 +1,1 @@
+"""Making cost profiles: kernel profiles composed from AIConfigurator's measured-kernel database (`testbed calibrate --source aiconfigurator`) with their held-out error, and the fit of a calibrated profile of this project's engine (`testbed calibrate`). costs/ prices forwards from either."""

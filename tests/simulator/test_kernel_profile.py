@@ -1,0 +1,284 @@
+"""Kernel profiles from AIConfigurator's database: real queries, profiles built here, priced and replayed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cli_helpers import assert_clean_error
+
+from scheduler.core.forward_plan import ForwardMode, ForwardPlan
+from scheduler.model_config import load_model_config
+from scheduler.sglang.server_defaults import default_chunked_prefill_size, default_mem_fraction_static
+from simulator.costs.cuda_graphs import sglang_graphs, vllm_graphs
+from simulator.costs.kernel_cost import KernelProfileCostModel
+from simulator.costs.sources import load_profile
+from simulator.hardware.kv_capacity import kv_capacity_tokens
+from simulator.hardware.specs import load_hardware
+from simulator.profiles.kernel_db import system_spec
+from simulator.profiles.kernel_holdout import uniform_plan
+from testbed.calibrate_kernels import calibrate_kernels, hbm_floor_s
+from testbed.errors import ConfigError
+from testbed.options import ReplayOptions
+from testbed.replay import replay
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "qwen3-0.6b"  # small, and with Qwen3's q/k norm and tied embeddings
+BUILDS = {"h100-tp1": ("h100_sxm", "sglang", 1), "h100-tp2": ("h100_sxm", "sglang", 2), "rtx-tp1": ("rtx_pro_6000_server", "vllm", 1)}
+
+
+@pytest.fixture(scope="module")
+def profiles(tmp_path_factory) -> dict[str, Path]:
+    out = {}
+    for key, (system, backend, tp) in BUILDS.items():
+        path = tmp_path_factory.mktemp("kernels") / f"{key}.json"
+        phases = []
+        calibrate_kernels(system, backend, None, MODEL, tp, path, progress=lambda phase, done, total: phases.append(phase))
+        assert {"dense", "prefill attention", "decode attention"} <= set(phases), "progress is reported for every phase"
+        out[key] = path
+    return out
+
+
+def cost(profiles, key) -> KernelProfileCostModel:
+    model = load_profile(profiles[key])
+    assert isinstance(model, KernelProfileCostModel)
+    return model
+
+
+def decode(cost_model, batch: int, context: int) -> float:
+    return cost_model.forward_time(uniform_plan(ForwardMode.DECODE, batch, 1, context - 1))
+
+
+def extend(cost_model, batch: int, new_tokens: int, prefix: int = 0) -> float:
+    return cost_model.forward_time(uniform_plan(ForwardMode.EXTEND, batch, new_tokens, prefix))
+
+
+def test_a_profile_records_its_source_and_is_small(profiles):
+    p = json.loads(profiles["h100-tp2"].read_text())
+    assert (p["source"], p["model"], p["tp"], p["hardware"]) == ("aiconfigurator", MODEL, 2, "h100_sxm")
+    db = p["database"]
+    assert db["system"] == "h100_sxm" and db["backend"] == "sglang" and db["backend_version"] and db["package_version"]
+    assert p["hardware_spec"]["memory_bytes"] == system_spec("h100_sxm")["gpu"]["mem_capacity"]
+    assert profiles["h100-tp2"].stat().st_size < 60_000
+    # Every forward kind's table is there, for one layer, in seconds.
+    k = p["kernels"]
+    assert k["layers"] == load_model_config(MODEL).num_hidden_layers
+    assert set(k["per_layer"]) >= {"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "all_reduce"}
+    assert min(k["per_layer"]["all_reduce"]) > 0, "TP 2 pays for its all-reduces"
+    assert max(json.loads(profiles["h100-tp1"].read_text())["kernels"]["per_layer"]["all_reduce"]) == 0
+
+
+def test_held_out_measurements_are_close(profiles):
+    """At measured shapes the (half-grid) profile did not use, a forward is within a few percent of the database."""
+    for key in BUILDS:
+        h = json.loads(profiles[key].read_text())["holdout"]
+        for kind in ("extend", "decode"):
+            assert h[kind]["points"] >= 20, (key, kind)
+            assert h[kind]["median_rel_err"] < 0.05 and h[kind]["p90_rel_err"] < 0.15, (key, kind, h[kind])
+
+
+def test_decode_at_batch_1_is_not_faster_than_reading_the_weights(profiles):
+    model = load_model_config(MODEL)
+    for key, (system, _, tp) in BUILDS.items():
+        floor = hbm_floor_s(model, tp, system_spec(system)["gpu"]["mem_bw"])
+        t = decode(cost(profiles, key), 1, 256)
+        assert floor <= t < 20 * floor, (key, t, floor)
+
+
+def test_times_grow_with_tokens_batch_prefix_and_context(profiles):
+    for key in BUILDS:
+        c = cost(profiles, key)
+        tokens = [extend(c, 1, n) for n in (1, 16, 100, 512, 2000, 4096, 10000, 50000)]
+        assert tokens == sorted(tokens) and tokens[-1] > 20 * tokens[0]
+        prefix = [extend(c, 1, 512, p) for p in (0, 100, 1000, 5000, 30000)]
+        assert prefix == sorted(prefix) and prefix[-1] > prefix[0]
+        batch = [extend(c, b, 256) for b in (1, 3, 8, 30)]
+        assert batch == sorted(batch) and batch[-1] > batch[0]
+        by_batch = [decode(c, b, 1000) for b in (1, 8, 33, 100, 256, 1000)]
+        assert by_batch == sorted(by_batch) and by_batch[-1] > by_batch[0]
+        by_context = [decode(c, 64, s) for s in (10, 300, 2000, 9000, 40000)]
+        assert by_context == sorted(by_context) and by_context[-1] > 2 * by_context[0]
+
+
+def test_a_ragged_decode_batch_is_priced_by_its_mean_context(profiles):
+    c = cost(profiles, "h100-tp1")
+    lens = [100, 300, 2000, 5000]
+    ragged = mixed_plan(ForwardMode.DECODE, [s - 1 for s in lens], [1] * 4)
+    assert c.forward_time(ragged) == pytest.approx(decode(c, 4, sum(lens) / 4))
+
+
+def mixed_plan(mode: ForwardMode, prefix_lens: list[int], extend_lens: list[int]) -> ForwardPlan:
+    n, sum_seq, sum_prefix, pairs, longest = ForwardPlan.summarize(prefix_lens, extend_lens)
+    b = len(prefix_lens)
+    return ForwardPlan(
+        mode=mode,
+        req_pool_indices=list(range(b)),
+        prefix_lens=prefix_lens,
+        extend_lens=extend_lens,
+        seq_lens=[p + e for p, e in zip(prefix_lens, extend_lens)],
+        sampling=[],
+        sample=[True] * b,
+        out_cache_loc=None,
+        num_tokens=n,
+        sum_seq_len=sum_seq,
+        sum_prefix_len=sum_prefix,
+        attention_pairs=pairs,
+        max_seq_len=longest,
+    )
+
+
+def test_a_mixed_batch_prices_its_chunk_and_its_decodes(profiles):
+    """GEMMs over all tokens once; prefill attention for the chunk, decode attention for the rest."""
+    c = cost(profiles, "rtx-tp1")
+    chunk, decodes = (1024, 512), [(700, 1)] * 20  # a chunk of 512 over 1024 cached, 20 decodes at 701
+    mixed = c.forward_time(mixed_plan(ForwardMode.MIXED, [chunk[0]] + [p for p, _ in decodes], [chunk[1]] + [e for _, e in decodes]))
+    chunk_alone = extend(c, 1, 512, 1024)
+    decodes_alone = decode(c, 20, 701)
+    assert max(chunk_alone, decodes_alone) < mixed < chunk_alone + decodes_alone
+    # Its parts are exactly the tables' prices.
+    parts = c.dense(532) + c.lm_head(21) + c.prefill(1, 512, 512 * (1024 + 513 / 2)) + c.decode(20, 701)
+    assert mixed == pytest.approx(parts)
+
+
+def test_a_forward_outside_a_cuda_graph_waits_for_the_hosts_dispatch(profiles):
+    """vLLM runs forwards of more tokens than its largest CUDA graph eagerly (its AIConfigurator model:
+    0.8 ms a layer of dispatch); SGLang runs every extend eagerly, but its backend has no such term.
+    The host dispatches while the GPU computes: an eager forward takes the longer of the two."""
+    layers = load_model_config(MODEL).num_hidden_layers
+    vllm = json.loads(profiles["rtx-tp1"].read_text())
+    assert vllm["kernels"]["eager_overhead_s"] == pytest.approx(0.8e-3 * layers)
+    assert json.loads(profiles["h100-tp1"].read_text())["kernels"]["eager_overhead_s"] == 0
+    graphs = vllm_graphs(max_num_seqs=128)  # graphs up to 256 tokens
+    model = load_profile(profiles["rtx-tp1"], graphs=graphs)
+    small, large = uniform_plan(ForwardMode.EXTEND, 1, 256, 0), uniform_plan(ForwardMode.EXTEND, 1, 257, 0)
+    assert model.forward_time(small) == model.kernel_time(small)
+    dispatch = 0.8e-3 * layers
+    assert model.kernel_time(large) < dispatch  # a 257-token forward: the host is the bottleneck
+    assert model.forward_time(large) == pytest.approx(dispatch)
+    huge = uniform_plan(ForwardMode.EXTEND, 1, 16384, 0)
+    assert model.kernel_time(huge) > dispatch  # a long prefill hides the dispatch entirely
+    assert model.forward_time(huge) == model.kernel_time(huge)
+    decode_batch = uniform_plan(ForwardMode.DECODE, 200, 1, 1000)
+    assert model.forward_time(decode_batch) == model.kernel_time(decode_batch)
+    # SGLang's rule on the same kernels: every extend is eager, decodes are captured.
+    sglang = load_profile(profiles["rtx-tp1"], graphs=sglang_graphs())
+    assert sglang.forward_time(small) > sglang.kernel_time(small)
+    assert sglang.forward_time(decode_batch) == sglang.kernel_time(decode_batch)
+    # Without a rule (pricing kernels alone) nothing is added.
+    assert load_profile(profiles["rtx-tp1"]).forward_time(large) == model.kernel_time(large)
+
+
+def test_tp2_is_faster_per_step_than_tp1_but_slower_than_half(profiles):
+    one, two = cost(profiles, "h100-tp1"), cost(profiles, "h100-tp2")
+    for price in (
+        lambda c: decode(c, 32, 2000),
+        lambda c: decode(c, 1, 100),
+        lambda c: extend(c, 1, 4096),
+        lambda c: extend(c, 4, 1000, 3000),
+    ):
+        t1, t2 = price(one), price(two)
+        assert t1 / 2 < t2 < t1
+
+
+def test_past_the_grids_prices_extrapolate_linearly(profiles):
+    c = cost(profiles, "h100-tp1")
+    k = json.loads(profiles["h100-tp1"].read_text())["kernels"]
+    top_b, top_c = k["decode_attention"]["batch"][-1], k["decode_attention"]["context"][-1]
+    # Decode attention past the largest batch: the last two batches' line, at any context.
+    for ctx in (1000, 50000):
+        t1, t2, beyond = c.decode(top_b // 2, ctx), c.decode(top_b, ctx), c.decode(2 * top_b, ctx)
+        assert beyond == pytest.approx(t2 + 2 * (t2 - t1))
+    # ... and past the longest context: a constant time per KV token.
+    t1, t2, beyond = c.decode(8, top_c // 2), c.decode(8, top_c), c.decode(8, 3 * top_c)
+    assert beyond == pytest.approx(t2 + 4 * (t2 - t1))
+    # Dense kernels past the largest token count: a constant time per token.
+    top_n = k["tokens"][-1]
+    d1, d2 = c.dense(k["tokens"][-2]), c.dense(top_n)
+    assert c.dense(2 * top_n) == pytest.approx(d2 + top_n * (d2 - d1) / (top_n - k["tokens"][-2]))
+    # Prefill attention past the longest request: a constant time per causal query-key pair.
+    top_s = k["prefill_attention"]["new_tokens"][-1]
+    pairs = lambda s: s * (s + 1) / 2  # noqa: E731
+    a1, a2 = c.prefill(1, top_s // 2, pairs(top_s // 2)), c.prefill(1, top_s, pairs(top_s))
+    beyond = c.prefill(1, 2 * top_s, pairs(2 * top_s))
+    assert beyond == pytest.approx(a2 + (a2 - a1) * (pairs(2 * top_s) - pairs(top_s)) / (pairs(top_s) - pairs(top_s // 2)))
+
+
+@pytest.mark.slow
+def test_a_replay_with_a_kernel_profile_sizes_kv_from_the_profiles_gpu(profiles, tmp_path):
+    model = load_model_config(MODEL)
+    for key, tp in (("rtx-tp1", 1), ("h100-tp2", 2)):
+        out = tmp_path / key
+        result = replay(
+            str(REPO / "traces" / "a.json"), ReplayOptions(model=MODEL, tp=tp, profile=str(profiles[key]), max_requests=40), out=out
+        )
+        meta = json.loads((out / "run.json").read_text())
+        system = BUILDS[key][0]
+        assert result.status == "complete" and meta["hardware"] == system and meta["cost_model"] == f"profile:{key}.json"
+        # SGLang's memory fraction and chunk for that GPU's memory, not the default --hardware's.
+        spec = load_hardware(system)
+        chunk = default_chunked_prefill_size(spec.memory_bytes)
+        fraction = default_mem_fraction_static(spec.memory_bytes, chunk, ReplayOptions().max_prefill_tokens, None, tp)
+        assert meta["options"]["chunked_prefill_size"] == chunk and meta["options"]["mem_fraction_static"] == fraction
+        assert meta["summary"]["kv_tokens"] == kv_capacity_tokens(model, spec, fraction, tp=tp)
+        assert meta["summary"]["mean_tpot_ms"] > 0
+
+
+def test_a_profile_refuses_another_model_or_tp(profiles, tmp_path):
+    trace = str(REPO / "traces" / "a.json")
+    with pytest.raises(ConfigError, match=f"built for {MODEL} at TP 1, not llama-3.2-1b at TP 1"):
+        replay(trace, ReplayOptions(model="llama-3.2-1b", profile=str(profiles["h100-tp1"])), out=tmp_path / "a")
+    with pytest.raises(ConfigError, match=f"built for {MODEL} at TP 2, not {MODEL} at TP 1"):
+        replay(trace, ReplayOptions(model=MODEL, profile=str(profiles["h100-tp2"])), out=tmp_path / "b")
+    # A config of the same name with other shapes (a local folder named like the bundled model).
+    folder = tmp_path / MODEL
+    folder.mkdir()
+    raw = load_model_config(MODEL).raw | {"intermediate_size": 4096}
+    (folder / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match="other shapes.*intermediate_size"):
+        replay(trace, ReplayOptions(model=str(folder), profile=str(profiles["h100-tp1"])), out=tmp_path / "c")
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "testbed.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--system", "h100_sxmm"], ["h100_sxmm", "h100_sxm", "rtx_pro_6000_server"]),
+        (["--system", "b60", "--backend", "sglang"], ["b60", "no 'sglang' kernels", "vllm"]),
+        (["--system", "h100_sxm", "--backend-version", "0.0.1"], ["no version '0.0.1'", "0.5.14"]),
+        (["--system", "h100_sxm", "--model", "no-such-model"], ["no-such-model", "bundled"]),
+        (["--system", "h100_sxm", "--model", MODEL, "--tp", "3"], ["--tp 3", "16 attention heads"]),
+        (["--system", "h100_sxm", "--model", MODEL, "--tp", "16"], ["--tp 16"]),
+        ([], ["needs --system", "h100_sxm"]),
+    ],
+)
+def test_calibrate_bad_input_is_one_line_exit_2(tmp_path, args, needles):
+    assert_clean_error(run_cli("calibrate", "--source", "aiconfigurator", *args, "--out", str(tmp_path / "p.json"), "-q"), *needles)
+    assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.slow
+def test_without_the_package_the_error_names_the_extra(tmp_path):
+    # Imports of the package fail, as where it is not installed.
+    code = (
+        "import sys; sys.modules['aiconfigurator_core'] = None; from testbed.cli import main; "
+        f"sys.exit(main(['calibrate', '--source', 'aiconfigurator', '--system', 'h100_sxm', '--out', {str(tmp_path / 'p.json')!r}, '-q']))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert_clean_error(proc, "pip install -e '.[aiconfigurator]'")
+    code = (
+        "import sys; sys.modules['aiconfigurator_core'] = None; from testbed.cli import main; "
+        "sys.exit(main(['replay', 'traces/a.json', '--hardware', 'h100_sxm', '-q']))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert_clean_error(proc, "h100_sxm", "[aiconfigurator]")
+
+
+def test_kernel_options_without_source_aiconfigurator_are_refused(tmp_path):
+    assert_clean_error(run_cli("calibrate", "--tp", "2", "--out", str(tmp_path / "p.json")), "--source aiconfigurator")
