@@ -7,9 +7,12 @@ PY := $(VENV)/bin/python
 # CPU machines take torch from the pinned CPU build, never a CUDA one.
 PIP_INSTALL := $(PY) -m pip install -q -c constraints-cpu.txt
 
-# `make conformance`: SGLang's own scheduler as the oracle (conformance/), in its own venv.
+# `make conformance`: SGLang's and vLLM's own schedulers as the oracles (conformance/), each in its
+# own venv, with the same arguments; conformance/both.py prints one line per oracle and the total.
 CONF_VENV ?= .conformance-venv
 CONF_PY := $(CONF_VENV)/bin/python
+CONF_VLLM_VENV ?= .conformance-vllm-venv
+CONF_VLLM_PY := $(CONF_VLLM_VENV)/bin/python
 CONFORMANCE_ARGS ?= --seed 0 --scenarios 500
 
 # Two xdist workers; a file's tests on one worker (its module fixtures built once), the files that take
@@ -53,8 +56,11 @@ $(CONF_VENV)/.installed: conformance/requirements.txt constraints-cpu.txt
 	$(CONF_PY) -m pip install -q --no-deps -c constraints-cpu.txt -r conformance/requirements.txt
 	touch $@
 
-conformance: $(CONF_VENV)/.installed
-	$(CONF_PY) -m conformance $(CONFORMANCE_ARGS)
+$(CONF_VLLM_VENV)/.installed: conformance/vllm_requirements.txt conformance/vllm_recipe.sh constraints-cpu.txt
+	bash conformance/vllm_recipe.sh $(CONF_VLLM_VENV)
+
+conformance: $(CONF_VENV)/.installed $(CONF_VLLM_VENV)/.installed
+	python3 -m conformance.both --sglang-python $(CONF_PY) --vllm-python $(CONF_VLLM_PY) -- $(CONFORMANCE_ARGS)
 
 clean:
-	rm -rf $(VENV) $(CONF_VENV) runs
+	rm -rf $(VENV) $(CONF_VENV) $(CONF_VLLM_VENV) runs

@@ -3,7 +3,8 @@
 Runs in the oracle environment (`make conformance` builds it). Draws --scenarios random
 scenarios from --seed, runs each through both schedulers, compares every step, prints each
 divergent scenario (the first in full: its JSON, the step, both decisions) and ends with
-`conformance: N scenarios, S steps, D divergences`. Exit code 1 when D > 0.
+`conformance sglang 0.5.23: N scenarios, S steps, D divergences`. Exit code 1 when D > 0.
+`make conformance` runs this and vLLM's oracle (conformance/both.py), and prints their total.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ninterrupted after {tally.done} of {tally.total} scenarios: {tally.divergent} divergences so far", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(f"({time.perf_counter() - tally.start:.1f} s; {tally.expected} scenarios end in an expected difference, see --list-expected)")
-    print(f"conformance: {len(scenarios)} scenarios, {tally.steps} steps, {tally.divergent} divergences")
+    print(f"conformance sglang {SGLANG_VERSION}: {len(scenarios)} scenarios, {tally.steps} steps, {tally.divergent} divergences")
     return 1 if tally.divergent else 0
 
 

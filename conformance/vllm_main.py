@@ -28,7 +28,7 @@ import time  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from conformance.vllm_compare import classify, first_divergence  # noqa: E402
+from conformance.vllm_compare import EXPECTED_DIFFERENCES, classify, first_divergence  # noqa: E402
 from conformance.vllm_ours import run_ours  # noqa: E402
 from conformance.vllm_scenario import VLLM_VERSION, VllmScenario, random_scenario  # noqa: E402
 
@@ -52,7 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--show-all", action="store_true", help="print every divergence in full, not only the first")
     p.add_argument("--trace", action="store_true", help="print both runs step by step (with --scenario)")
     p.add_argument("--save-divergences", type=Path, default=None, help="write each divergent scenario's JSON into this folder")
+    p.add_argument("--list-expected", action="store_true", help="print the differences kept on purpose, and exit")
     args = p.parse_args(argv)
+    if args.list_expected:
+        for d in EXPECTED_DIFFERENCES:
+            print(f"- {d}")
+        return 0
 
     if args.scenario is not None:
         try:
