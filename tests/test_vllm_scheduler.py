@@ -108,6 +108,7 @@ def _check_kv(sched: VllmScheduler) -> None:
     """Each block is free or held, and held as many times as running requests hold it; a running
     request's slots lie in its own blocks; its cached blocks hold its own tokens' hashes."""
     kv, ps = sched.kv, sched.page_size
+    kv.flush_cache()  # (the blocks logged to cache go in the map)
     pool = kv.pool
     holders: dict[int, int] = {}
     for r in sched.running:

@@ -19,10 +19,10 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
 
-def _mix(tokens: np.ndarray, start: int) -> np.ndarray:
-    """splitmix64's finalizer of each (token, position), positions from start."""
+def _mix(tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer of each (token, position)."""
     x = (tokens.astype(np.uint64) + np.uint64(1)) * _K_TOKEN
-    x ^= np.arange(start, start + len(tokens), dtype=np.uint64) * _K_POS
+    x ^= positions.astype(np.uint64) * _K_POS
     x ^= x >> np.uint64(30)
     x *= _M1
     x ^= x >> np.uint64(27)
@@ -37,8 +37,31 @@ def extend_block_hashes(hashes: np.ndarray, tokens: np.ndarray, first_block: int
     tokens (a whole number of blocks)."""
     n = len(tokens) // page_size
     with np.errstate(over="ignore"):
-        sums = _mix(tokens, first_block * page_size).reshape(n, page_size).sum(axis=1, dtype=np.uint64)
+        start = first_block * page_size
+        sums = _mix(tokens, np.arange(start, start + len(tokens), dtype=np.uint64)).reshape(n, page_size).sum(axis=1, dtype=np.uint64)
         out = np.cumsum(sums, dtype=np.uint64)
         if first_block:
             out += hashes[first_block - 1]
     return out
+
+
+def hashes_of_runs(token_runs: list[np.ndarray], first_blocks: list[int], parents: list[int], page_size: int) -> list[np.ndarray]:
+    """extend_block_hashes for several requests at once (one vector pass, not one per request):
+    run k holds whole blocks from block first_blocks[k] on, whose prefix before sums to
+    parents[k] (0 for a first block)."""
+    counts = np.fromiter((len(t) // page_size for t in token_runs), dtype=np.int64, count=len(token_runs))
+    tokens = np.concatenate(token_runs)
+    # Each token's position: its run's first position plus its place in the run.
+    lens = counts * page_size
+    run_start = np.repeat(np.cumsum(lens) - lens, lens)
+    firsts = np.asarray(first_blocks, dtype=np.int64) * page_size
+    positions = np.arange(len(tokens), dtype=np.int64) - run_start + np.repeat(firsts, lens)
+    with np.errstate(over="ignore"):
+        sums = _mix(tokens, positions).reshape(-1, page_size).sum(axis=1, dtype=np.uint64)
+        total = np.cumsum(sums, dtype=np.uint64)
+        # A run's hashes: its parent plus the running sum since its first block.
+        ends = np.cumsum(counts)
+        before = np.concatenate((np.zeros(1, dtype=np.uint64), total[ends[:-1] - 1])) if len(ends) > 1 else np.zeros(1, dtype=np.uint64)
+        base = np.asarray(parents, dtype=np.uint64) - before
+        hashes = total + np.repeat(base, counts)
+    return np.split(hashes, ends[:-1])

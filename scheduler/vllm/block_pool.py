@@ -153,7 +153,7 @@ class BlockPool:
         self._is_cached[blocks] = 1
         keys = hashes.tolist()
         cached = self.cached
-        if any(map(cached.__contains__, keys)):
+        if any(map(cached.__contains__, keys)) or len(set(keys)) != len(keys):
             for b, h in zip(blocks.tolist(), keys):
                 self.cache_block(b, h)
         else:

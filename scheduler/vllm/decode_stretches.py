@@ -208,10 +208,12 @@ class _StretchRun:
         while queue:
             step = queue[0][0]
             self.process_until(step)
+            filling = []
             while queue and queue[0][0] == step:
-                _, i = heapq.heappop(queue)
+                filling.append(heapq.heappop(queue)[1])
+            kv.cache_known_blocks_of([reqs[i] for i in filling])
+            for i in filling:
                 r = reqs[i]
-                kv.cache_known_blocks(r)
                 due[id(r)] = nxt = (kv.reqs[r].num_cached + 1) * ps - known[id(r)]
                 if nxt < stop:
                     heapq.heappush(queue, (nxt, i))

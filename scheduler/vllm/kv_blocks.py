@@ -17,7 +17,7 @@ import numpy as np
 from scheduler.core.ids import extend_range, ids
 from scheduler.core.req import Req
 from scheduler.memory.memory_pool import ReqToTokenPool
-from scheduler.vllm.block_hashes import extend_block_hashes
+from scheduler.vllm.block_hashes import extend_block_hashes, hashes_of_runs
 from scheduler.vllm.block_pool import BlockPool
 
 _NO_HASHES = np.empty(0, dtype=np.uint64)
@@ -47,6 +47,9 @@ class VllmKVBlocks:
         self.page_size = page_size
         self.enable_caching = enable_caching
         self.reqs: dict[Req, RequestBlocks] = {}
+        # Blocks to cache, not yet in the pool's map, in caching order: (request, its state,
+        # first block, end block) (cache_blocks says why).
+        self.pending: list[tuple[Req, RequestBlocks, int, int]] = []
 
     # -- tokens and hashes ------------------------------------------------------------
     @staticmethod
@@ -91,6 +94,7 @@ class VllmKVBlocks:
         max_blocks = (known - 1) // self.page_size
         if not max_blocks:
             return []
+        self.flush_cache()
         return self.pool.longest_hit(self._hashes(req, self._state(req), max_blocks)[:max_blocks].tolist())
 
     def _blocks_to_allocate(self, held: int, num_tokens: int, hit: list[int]) -> int:
@@ -177,27 +181,62 @@ class VllmKVBlocks:
         """req's full blocks of known tokens whose KV its steps compute enter the cache."""
         self.cache_blocks(req, min(req.seq_len, req.input_len + len(req.output_ids)))
 
+    def cache_known_blocks_of(self, reqs: list[Req]) -> None:
+        """cache_known_blocks of each request in turn."""
+        for r in reqs:
+            self.cache_blocks(r, min(r.seq_len, r.input_len + len(r.output_ids)))
+
     def cache_blocks(self, req: Req, num_tokens: int) -> None:
-        """req's full blocks among its first num_tokens tokens enter the cache (those not in yet)."""
+        """req's full blocks among its first num_tokens tokens enter the cache (those not in yet).
+
+        They are logged, and hashed and put in the pool's map in the logged order when the map
+        is next read (flush_cache): a lookup, or the request freeing them (only then can they
+        be evicted). Until then nothing reads which blocks are cached: the blocks are held, so
+        neither the free queue nor the evictable count sees them. One vector pass then hashes
+        many steps' blocks instead of one pass a step."""
         if not self.enable_caching:
             return
         st = self.reqs[req]
         full = num_tokens // self.page_size
-        have = st.num_cached
-        if full <= have:
+        if full > st.num_cached:
+            self.pending.append((req, st, st.num_cached, full))
+            st.num_cached = full
+
+    def flush_cache(self) -> None:
+        """Put the logged blocks in the cache, in the order they were logged."""
+        pending = self.pending
+        if not pending:
             return
-        hashes = self._hashes(req, st, full)
-        if full == have + 1:
-            self.pool.cache_block(st.blocks[have], int(hashes[have]))
+        self.pending = []
+        ps, ends = self.page_size, {}
+        for req, st, _, end in pending:
+            ends[req] = (st, max(end, ends[req][1]) if req in ends else end)
+        runs, firsts, parents, hashed = [], [], [], []
+        for req, (st, end) in ends.items():
+            have = len(st.hashes)
+            if have < end:
+                runs.append(np.frombuffer(self.known_tokens_between(req, have * ps, end * ps), dtype=np.int64))
+                firsts.append(have)
+                parents.append(int(st.hashes[have - 1]) if have else 0)
+                hashed.append(st)
+        if runs:
+            for st, more in zip(hashed, hashes_of_runs(runs, firsts, parents, ps)):
+                st.hashes = np.concatenate((st.hashes, more)) if len(st.hashes) else more
+        if len(pending) == 1:
+            _, st, start, end = pending[0]
+            blocks, hashes = np.frombuffer(st.blocks, dtype=np.int64)[start:end], st.hashes[start:end]
         else:
-            self.pool.cache_blocks(np.frombuffer(st.blocks, dtype=np.int64)[have:full], hashes[have:full])
-        st.num_cached = full
+            blocks = np.concatenate([np.frombuffer(st.blocks, dtype=np.int64)[start:end] for _, st, start, end in pending])
+            hashes = np.concatenate([st.hashes[start:end] for _, st, start, end in pending])
+        self.pool.cache_blocks(blocks, hashes)
 
     def free(self, req: Req) -> None:
         """Free req's blocks, its last block first (evicted first), and its row. Its hashes stay
         (a preempted request looks them up again); forget() drops them."""
         st = self.reqs.get(req)
         if st is not None and st.blocks:
+            if self.pending:
+                self.flush_cache()
             self.pool.free_blocks(np.frombuffer(st.blocks, dtype=np.int64)[::-1].copy())
             st.blocks, st.num_cached = ids(), 0
         if req.req_pool_idx is not None:

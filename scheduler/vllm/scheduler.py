@@ -124,6 +124,7 @@ class VllmScheduler(SchedulerBase):
         return self.kv.cached_free_tokens()
 
     def check_invariants(self) -> None:
+        self.kv.flush_cache()
         errors = self.kv.pool.errors_when_idle() + end_of_run_errors(
             idle=self.is_idle(),
             waiting=self.waiting_queue,
@@ -189,8 +190,7 @@ class VllmScheduler(SchedulerBase):
             i += 1
         # Their new full blocks enter the cache only now: a request preempted later in this
         # pass (priority) must not leave blocks in the cache whose KV no forward computes.
-        for s in scheduled:
-            self.kv.cache_known_blocks(s.req)
+        self.kv.cache_known_blocks_of([s.req for s in scheduled])
 
         hits = 0
         if not num_preempted:

@@ -269,12 +269,12 @@ class _StretchRecordingVllm(VllmScheduler):
         self.bulk_cached_blocks = 0  # blocks that bulk steps put in the prefix cache
         self.bulk_finishes = 0  # requests finished by bulk processings
         self._in_bulk = False
-        cache_known_blocks, get_new_blocks = self.kv.cache_known_blocks, self.kv.pool.get_new_blocks
+        cache_known_blocks_of, get_new_blocks = self.kv.cache_known_blocks_of, self.kv.pool.get_new_blocks
 
-        def counting_cache(req: Req) -> None:
-            have = self.kv.reqs[req].num_cached
-            cache_known_blocks(req)
-            self.bulk_cached_blocks += self._in_bulk and self.kv.reqs[req].num_cached > have
+        def counting_cache(reqs: list[Req]) -> None:
+            have = sum(self.kv.reqs[r].num_cached for r in reqs)
+            cache_known_blocks_of(reqs)
+            self.bulk_cached_blocks += self._in_bulk * (sum(self.kv.reqs[r].num_cached for r in reqs) - have)
 
         def counting_take(n: int, evicted_at=None):
             before = self.kv.pool.num_evicted
@@ -282,7 +282,7 @@ class _StretchRecordingVllm(VllmScheduler):
             self.bulk_evictions += self._in_bulk * (self.kv.pool.num_evicted - before)
             return blocks
 
-        self.kv.cache_known_blocks, self.kv.pool.get_new_blocks = counting_cache, counting_take
+        self.kv.cache_known_blocks_of, self.kv.pool.get_new_blocks = counting_cache, counting_take
         self.decode_stretches = _BulkMarkingVllmStretches(self)
 
     def get_next_batch_to_run(self):
@@ -340,6 +340,7 @@ def _assert_same_run(ff_loop, ff_sched, step_loop, step_sched) -> None:
     assert [r.finish_time for r in ff_sched.done] == [r.finish_time for r in step_sched.done]
     if isinstance(step_sched, VllmScheduler):
         # The same free queue, in eviction order, and the same blocks cached under the same hashes.
+        ff_sched.kv.flush_cache(), step_sched.kv.flush_cache()
         ff_pool, step_pool = ff_sched.kv.pool, step_sched.kv.pool
         assert list(ff_pool.free_queue.order()) == list(step_pool.free_queue.order())
         assert ff_pool.is_cached == step_pool.is_cached and ff_pool.cached == step_pool.cached
