@@ -20,23 +20,24 @@ Scheduler.schedule):
    min(uncomputed tokens, budget): a long prompt becomes a chunked prefill that the
    running pass continues next step.
 
-Scheduled requests' full blocks enter the prefix cache in the step that allocates them,
-as vLLM caches them: a request admitted later in the same step can hit them (running
+KV memory is vLLM's own block pool (kv_blocks.py, block_pool.py): blocks come from the front
+of one LRU queue of free blocks, a cached one among them is evicted then, a request frees its
+blocks tail first, and full blocks are cached under a hash of their whole prefix, duplicates
+included. Scheduled requests' full blocks enter the prefix cache in the step that allocates
+them, as vLLM caches them: a request admitted later in the same step can hit them (running
 requests' blocks after the running pass, so that a request preempted in that pass leaves
-no block in the cache whose KV no forward computes). A step mixes decodes and prefill
-chunks in one ForwardPlan (ForwardMode.MIXED).
+no block in the cache whose KV no forward computes: conformance/vllm_compare.py lists this).
+A step mixes decodes and prefill chunks in one ForwardPlan (ForwardMode.MIXED).
 
 Async scheduling is the loop's overlap mode (AsyncScheduler): a step is scheduled while
 the previous one runs; a request whose in-flight token is its last is not scheduled
-again, and a request preempted while its token was in flight keeps that token.
+again, a request preempted while its token was in flight keeps that token, and each
+output's processing caches the blocks its computed tokens fill, less the one in flight.
 
-Deliberate simplifications against vLLM 0.19: no speculative decoding, encoder inputs,
-LoRA, KV connectors, structured output, sliding windows, long_prefill_token_threshold
-or partial-prefill limits; prefix hits are the radix tree's page-granular match (vLLM
-hashes full blocks: the same hits); eviction is LRU over unreferenced leaves (vLLM: LRU
-over freed blocks, a sequence's tail first); a request whose next blocks another
-request cached first keeps its own copies uncached until it finishes (vLLM keeps such
-duplicate blocks too); no null block is set aside.
+`python -m conformance.vllm_main` (make conformance) checks all of this step by step against
+vLLM 0.19.0's own Scheduler and AsyncScheduler. Left out of vLLM 0.19: speculative decoding,
+encoder inputs, LoRA, KV connectors, structured output, sliding windows (and with them the
+null block), long_prefill_token_threshold and partial-prefill limits.
 """
 
 from __future__ import annotations
