@@ -14,15 +14,9 @@ pool): the oracle found them, and they stay as its record.
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-# conformance/ is not an installed package: import it from the repository root, as
-# `python -m pytest` (make test) does by itself and a bare `pytest` does not.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from conformance.vllm_ours import run_ours  # noqa: E402
-from conformance.vllm_scenario import VllmScenario  # noqa: E402
+from conformance.vllm_ours import run_ours
+from conformance.vllm_scenario import VllmScenario
 
 # name: (scenario JSON, vLLM's steps, vLLM's output tokens per request)
 GOLDEN = {
