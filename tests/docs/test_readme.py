@@ -93,10 +93,13 @@ WAYS: dict[str, Way] = {
     # SGLang's oracle lives in its own venv (SGLang's wheel, ~3 min to build): CI runs `make conformance`
     # before this suite (.ci/run); tests/scheduler/sglang/test_sglang_rules.py states the rules it found as our own tests.
     "make conformance": Way(skip="CI runs it before this suite, in its own venv (.ci/run)"),
-    'make conformance CONFORMANCE_ARGS="--seed 3 --scenarios 2000"': Way(
-        skip="2,000 scenarios: about 10 minutes; CI runs the 500 of make conformance"
+    'make conformance CONFORMANCE_ARGS="--seed 1 --scenarios 3000"': Way(
+        skip="3,000 scenarios on each oracle: about 5 minutes; CI runs the 500 of make conformance"
     ),
     ".conformance-venv/bin/python -m conformance --scenario s.json": Way(skip="s.json is a scenario a divergence printed; there is none"),
+    ".conformance-vllm-venv/bin/python -m conformance.vllm_main --scenario s.json": Way(
+        skip="s.json is a scenario a divergence printed; there is none"
+    ),
     ".conformance-venv/bin/python -m conformance --list-expected": Way(skip="needs .conformance-venv, which make conformance builds"),
 }
 # What the command's output must show beyond exit code 0 (the command as written -> text).
