@@ -198,7 +198,7 @@ SAME_WORKLOAD = (
 # What two runs must share for their comparison to mean something at all: the same requests at the
 # same load on the same model (the options may differ: that is a what-if).
 SAME_LOAD = ("trace_sha256", "model", "time_scale", "max_requests")
-MEASURED_MODES = ("real", "imported")
+MEASURED_MODES = ("real", "imported", "server")
 
 
 def _same(rows: pd.DataFrame, run: pd.Series, columns: tuple[str, ...]) -> pd.Series:
@@ -209,7 +209,7 @@ def _same(rows: pd.DataFrame, run: pd.Series, columns: tuple[str, ...]) -> pd.Se
 
 
 def comparable_pair(index: pd.DataFrame) -> list[str]:
-    """What the Compare page opens on: the newest complete measured run (real or imported) and
+    """What the Compare page opens on: the newest complete measured run (real, server or imported) and
     the newest complete sim of the same trace, model and options; else the newest two complete
     runs of the same trace, model and load (a measured one first); else nothing: the page asks
     (two runs of different traces compare nothing). The index is newest first."""

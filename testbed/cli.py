@@ -36,6 +36,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
             if (note := busy_cpu_note(meta)) is not None:
                 print(note, file=sys.stderr, flush=True)
             time_left.append(TimeLeft(meta["trace"]["arrival_span_s"]))
+        if meta.get("mode") == "server":
+            srv = meta["server"]
+            print(
+                f"server {srv['url']}: {srv['model']}"
+                + (f", {srv['version']}" if srv.get("version") else "")
+                + ("" if srv.get("metrics") else " (no /metrics: the steps table stays empty)"),
+                flush=True,
+            )
         if meta.get("arrivals"):  # a closed loop (--concurrency): said once, before the progress
             print(meta["arrivals"], file=sys.stderr, flush=True)
 
@@ -67,6 +75,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print(format_summary(s, title=run_title(args.trace, result.meta)))
     if result.rejections:
         print(f"rejected: {format_rejections(result.rejections)}")
+    if s.get("failed"):
+        print(f"failed: {format_rejections(result.failures)}")
+    if s.get("send_lag_p50_ms") is not None:
+        print(f"send lag (sent - trace time): p50 {s['send_lag_p50_ms']:.2f} ms, p99 {s['send_lag_p99_ms']:.2f} ms")
     print(f"run folder: {result.run_dir}   (wall {result.wall_s:.1f} s)")
     return 0
 
@@ -207,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     from simulator.costs.precision import KV_CACHE_DTYPES, QUANTIZATIONS
     from simulator.profiles.kernel_db import BACKENDS
     from testbed import dashboard_cli
+    from testbed.live import serve_cli
     from testbed.runs import cli as runs_cli
     from testbed.runs import import_cli
     from testbed.studies import cli as studies_cli
@@ -228,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     dashboard_cli.register(sub)
     studies_cli.register(sub)
     validate_cli.register(sub)
+    serve_cli.register(sub)
     p = sub.add_parser(
         "calibrate", help="measure the real engine here (or take AIConfigurator's GPU kernels) and make a profile for the simulator"
     )

@@ -20,6 +20,7 @@ from scheduler.sglang.policy import POLICIES
 from scheduler.vllm.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, VLLM_RELEASE
 from simulator.costs.precision import KV_CACHE_DTYPES, QUANTIZATIONS
 from testbed.errors import ConfigError
+from testbed.live.endpoints import ENDPOINTS, check_server_options
 
 # ReplayOptions and its machine-dependent defaults live in replay_options.py; every caller
 # imports them from here, with the flags and checks.
@@ -96,6 +97,7 @@ def check_options(opts: ReplayOptions) -> None:
     if not opts.schedule_conservativeness > 0:
         raise ConfigError(f"--schedule-conservativeness must be positive, got {opts.schedule_conservativeness}")
     _check_concurrency(opts)
+    check_server_options(opts)
 
 
 def _check_precision(opts: ReplayOptions) -> None:
@@ -157,7 +159,9 @@ def positive_float(text: str) -> float:
 def add_replay_options(p: argparse.ArgumentParser) -> None:
     """The options every replay takes (also the axes of a sweep)."""
     d = ReplayOptions()
-    p.add_argument("--mode", choices=MODES, default=d.mode, help="simulate, or run the real engine")
+    p.add_argument(
+        "--mode", choices=MODES, default=d.mode, help="simulate, run the real engine, or send the trace to a live server (--url)"
+    )
     p.add_argument("--policy", choices=POLICIES, default=d.policy, help="waiting-queue order (default %(default)s)")
     p.add_argument(
         "--chunked-prefill-size",
@@ -303,6 +307,15 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
         type=positive_float,
         default=d.kv_memory_gb,
         help="CPU: KV cache budget when --kv-tokens is not given (default %(default)s)",
+    )
+    g = p.add_argument_group("a live server (--mode server)")
+    g.add_argument("--url", default=None, help="the OpenAI-compatible server to send the trace to, e.g. http://127.0.0.1:8000")
+    g.add_argument(
+        "--endpoint", choices=tuple(ENDPOINTS), default=d.endpoint, help="/v1/completions or /v1/chat/completions (default %(default)s)"
+    )
+    g.add_argument("--served-model", default=None, help="the model name requests give (default: the server's first in /v1/models)")
+    g.add_argument(
+        "--request-timeout", type=positive_float, default=None, help="seconds a request may take before it counts as failed (default: none)"
     )
 
 

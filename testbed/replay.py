@@ -1,5 +1,5 @@
 """replay: one trace through the scheduler core, on the simulator's clock (--mode sim) or the real engine's
-(--mode real), into a run folder."""
+(--mode real), or sent to a live server (--mode server, testbed/live/), into a run folder."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ class ReplayResult:
     wall_s: float
     meta: dict = field(default_factory=dict)  # run.json
     rejections: dict[str, int] = field(default_factory=dict)  # reason -> requests (metrics.rejection_counts)
+    failures: dict[str, int] = field(default_factory=dict)  # kind -> requests that failed on the way (metrics.failure_counts)
 
 
 def finished_run_meta(run_dir: Path, trace_sha256: str, opts: ReplayOptions) -> dict | None:
@@ -131,6 +132,13 @@ def replay(
 def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
     check_options(opts)
     wall_start = time.perf_counter()
+    if opts.mode == "server":  # the server schedules: no scheduler or clock of ours (testbed/live/)
+        from testbed.live.server_replay import replay_server
+
+        trace = load_replay_trace(trace_path, opts)
+        if opts.max_requests is not None:
+            trace.requests = trace.requests[: opts.max_requests]
+        return replay_server(trace, opts, trace_path, out, progress, started, wall_start)
     opts = resolved_options(opts)  # run.json records what ran
     model = load_model_config(opts.model)
     trace = load_replay_trace(trace_path, opts)

@@ -12,7 +12,7 @@ from pathlib import Path
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_CPU_MODEL = "tiny-llama"  # what --mode real runs without a GPU
 DEFAULT_HARDWARE = "h100"
-MODES = ("sim", "real")
+MODES = ("sim", "real", "server")
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,12 @@ class ReplayOptions:
     # Closed loop: this many clients, each sending its next request (in trace order) when its last
     # one is done; the trace's arrival times are not used (scheduler/loop/arrivals.py). None: open loop.
     concurrency: int | None = None
+    # A live OpenAI-compatible server (--mode server, testbed/live/): its address, the endpoint the
+    # requests go to, the model name they give (None: the server's first), a request's time limit.
+    url: str | None = None
+    endpoint: str = "completions"
+    served_model: str | None = None
+    request_timeout: float | None = None
 
 
 OPTION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ReplayOptions))

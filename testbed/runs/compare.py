@@ -44,6 +44,9 @@ WORKLOAD_OPTIONS = (
 # What a run folder written before an option existed ran with.
 OPTION_DEFAULTS = {"scheduler": "sglang"}
 IMPORTED_MODE = "imported"
+SERVER_MODE = "server"
+# What a server run's options say about its load (the rest are the server's own settings).
+SERVER_LOAD_OPTIONS = ("time_scale", "max_requests", "rate", "concurrency")
 # Formats without arrival times: only for these does --rate shape the workload.
 FORMATS_WITHOUT_ARRIVALS = ("sharegpt",)
 
@@ -84,13 +87,17 @@ def _opt(run: Run, name: str):
 
 
 def _imported_options(a: Run, b: Run) -> set[str] | None:
-    """The options an imported run (of another system) states; None when neither is imported.
+    """The options an imported run (of another system) or a server run states; None when neither is one.
     Only those can be compared: the rest of its engine is not this testbed's options."""
     stated: set[str] | None = None
     for run in (a, b):
         if run.meta.get("mode") == IMPORTED_MODE:
             known = {k for k, v in (run.meta.get("options") or {}).items() if v is not None}
-            stated = known if stated is None else stated & known
+        elif run.meta.get("mode") == SERVER_MODE:  # the server's own settings are not this testbed's options
+            known = set(SERVER_LOAD_OPTIONS)
+        else:
+            continue
+        stated = known if stated is None else stated & known
     return stated
 
 

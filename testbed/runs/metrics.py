@@ -118,6 +118,9 @@ def summarize(requests: Mapping[str, Any]) -> dict:
         "unfinished": int((status == "unfinished").sum()),
         # Outputs cut at admission to fit the context or the KV pool (SGLang's rule).
         "truncated": sum(1 for reason in requests["reason"] if reason.startswith("output truncated")),
+        # Requests that failed on the way (a live server's error, a reset, a timeout; an imported
+        # run's failures): unfinished, with the reason "failed: ...".
+        "failed": sum(1 for reason in requests["reason"] if reason.startswith(FAILED)),
     }
     arrival, first_token, finish = col("arrival")[done], col("first_token")[done], col("finish")[done]
     input_tokens, output_tokens = col("input_tokens", np.int64)[done], col("output_tokens", np.int64)[done]
@@ -141,6 +144,17 @@ def summarize(requests: Mapping[str, Any]) -> dict:
     out["cache_hit_rate"] = float(col("cached_tokens", np.int64).sum() / prefill) if prefill else 0.0
     out["num_retractions"] = int(col("num_retractions", np.int64).sum())
     return out
+
+
+FAILED = "failed: "  # the reason of a request that failed on the way: "failed: <kind>: <words>"
+
+
+def failure_counts(requests: Mapping[str, Any]) -> dict[str, int]:
+    """How many requests failed of each kind ("http 503", "timeout", "connection", ...), most frequent first."""
+    kinds = [reason[len(FAILED) :].split(":")[0] for reason in requests["reason"] if reason.startswith(FAILED)]
+    if not kinds:
+        return {}
+    return {str(k): int(v) for k, v in pd.Series(kinds).value_counts().items()}
 
 
 def rejection_reason(reason: str) -> str:

@@ -16,6 +16,12 @@ def _fmt(v) -> str:
 def run_title(trace: str, meta: dict) -> str:
     """trace (mode, model on hardware, policy, overlap): what ran, from run.json."""
     opts = meta.get("options") or {}
+    if meta.get("mode") == "server":
+        srv = meta.get("server") or {}
+        clients = opts.get("concurrency")
+        load = f"closed loop of {clients} client{'s' if clients != 1 else ''}" if clients else "open loop"
+        version = f", {srv['version']}" if srv.get("version") else ""
+        return f"{trace} (server {srv.get('url')}{srv.get('endpoint', '')}, {meta.get('model')}{version}, {load})"
     overlap = "on" if opts.get("overlap") else "off"
     clients = opts.get("concurrency")
     closed = f", closed loop of {clients} client{'s' if clients != 1 else ''}" if clients else ""
@@ -35,13 +41,14 @@ def format_summary(s: dict, title: str = "") -> str:
     cut = f" ({truncated} with the output cut to fit)" if truncated else ""
     lines.append(
         f"requests: {s['completed']} completed{cut}, {s.get('rejected', 0)} rejected, {s.get('unfinished', 0)} unfinished"
-        f"   duration {s['duration_s']:.2f} s"
+        + (f" ({s['failed']} of them failed)" if s.get("failed") else "")
+        + f"   duration {s['duration_s']:.2f} s"
     )
     hit = s.get("cache_hit_rate")  # None: not known (an imported run)
     lines.append(
         f"throughput: {s['request_throughput']:.2f} req/s, {s['output_throughput']:,.0f} output tok/s, "
         f"{s.get('input_throughput', 0):,.0f} input tok/s   cache hit rate {'-' if hit is None else f'{hit * 100:.1f}%'}"
-        f"   retractions {s.get('num_retractions', 0)}"
+        f"   retractions {_fmt(s.get('num_retractions', 0))}"
     )
     stats = ("mean", "p50", "p90", "p99")
     cells = {name: [_fmt(s.get(f"{k}_{name}_ms")) for k in stats] for name in LATENCIES}
