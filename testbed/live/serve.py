@@ -1,9 +1,9 @@
 """testbed serve: the real engine behind an OpenAI-compatible streaming server (aiohttp).
 
-The scheduler loop runs as in `replay --mode real` (same scheduler, options and engine), on a
-thread of its own, with the server's requests as its arrivals (live_arrivals.py). After every
-step the loop hands each open stream the tokens its request got since the last step; the HTTP
-side (an asyncio loop on the main thread) writes them out as server-sent events.
+The scheduler loop runs as in `replay --mode real` (same scheduler, options and engine), in a
+process of its own (engine_process.py), with the server's requests as its arrivals. After every
+step the engine sends each open request's new tokens; the HTTP side (an asyncio loop in this
+process) writes them out to their streams as server-sent events.
 
 Endpoints: /v1/completions and /v1/chat/completions (prompts as token ids; text where the model
 folder has a tokenizer; a chat message without one is read as space-separated token ids),
@@ -17,19 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
+import signal
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from scheduler.core.req import Req
 from scheduler.core.sampling import SamplingParams
-from scheduler.loop.event_loop import EventLoop
-from scheduler.model_config import ModelConfig
-from testbed.live.live_arrivals import LiveArrivals
+from testbed.errors import ConfigError
+from testbed.live.engine_process import EngineClient
 
 SERVER_VERSION = "testbed-serve"
 
@@ -40,100 +38,87 @@ class BadRequest(ValueError):
 
 @dataclass
 class _Stream:
-    """One request's way back to its client: the tokens not yet handed over, and its end."""
+    """One request's way back to its client: the engine's messages for it, in order."""
 
-    req: Req
+    rid: str
     queue: asyncio.Queue
-    loop: asyncio.AbstractEventLoop
-    handed: int = 0  # output tokens handed to the queue so far
-    ended: bool = False
 
 
-@dataclass
 class Engine:
-    """The scheduler loop on its thread, and the streams of its open requests."""
+    """The engine (in its own process: engine_process.py) as the HTTP side sees it: requests in,
+    each open request's tokens out to its stream, the gauges for /metrics."""
 
-    model: ModelConfig
-    served_name: str
-    context_len: int
-    kv_tokens: int
-    scheduler: Any
-    loop: EventLoop | None = None
-    arrivals: LiveArrivals | None = None
-    streams: dict[str, _Stream] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    error: str | None = None
-    thread: threading.Thread | None = None
+    def __init__(self, opts, served_name: str | None, aio_loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = aio_loop
+        self.streams: dict[str, _Stream] = {}
+        self.client = EngineClient(opts, served_name, self._on_step, self._on_error)
+        info = self.client.info
+        self.served_name, self.context_len, self.kv_tokens, self.vocab_size = (
+            info.served_name,
+            info.context_len,
+            info.kv_tokens,
+            info.vocab_size,
+        )
+        self.model_folder = info.model_folder
 
-    # -- engine thread --------------------------------------------------------------------
-    def after_step(self, done: int) -> None:
-        """After every step: each open stream gets its request's new tokens (and its end)."""
-        with self.lock:
-            streams = list(self.streams.values())
-        for st in streams:
-            self._hand_over(st)
+    @property
+    def error(self) -> str | None:
+        return self.client.error
 
-    def _hand_over(self, st: _Stream) -> None:
-        req = st.req
-        n = len(req.output_ids)
-        if n > st.handed:
-            tokens = list(req.output_ids[st.handed : n])
-            st.handed = n
-            st.loop.call_soon_threadsafe(st.queue.put_nowait, ("tokens", tokens))
-        if req.finished() and not st.ended:
-            st.ended = True
-            st.loop.call_soon_threadsafe(st.queue.put_nowait, ("end", req.finished_reason.value))
+    # -- the engine's messages (on the client's reader thread) -------------------------------
+    def _on_step(self, updates: list) -> None:
+        items = []
+        for rid, tokens, finish in updates:
+            st = self.streams.get(rid)
+            if st is None:
+                continue
+            if tokens:
+                items.append((st, ("tokens", tokens)))
+            if finish is not None:
+                items.append((st, ("end", finish)))
+        if items:
+            self.loop.call_soon_threadsafe(_deliver, items)  # one wake-up of the HTTP loop a step
 
-    def on_done(self, req: Req) -> None:
-        st = self.streams.get(req.rid)
-        if st is not None:
-            self._hand_over(st)
+    def _on_error(self, message: str) -> None:
+        items = [(st, ("error", message)) for st in list(self.streams.values())]
+        if items:
+            self.loop.call_soon_threadsafe(_deliver, items)
 
-    def run(self, driver) -> None:
-        try:
-            driver.run(self.loop)
-        except BaseException as e:  # the server answers 503 from now on, and says why
-            self.error = f"{type(e).__name__}: {e}"
-            with self.lock:
-                streams = list(self.streams.values())
-            for st in streams:
-                st.loop.call_soon_threadsafe(st.queue.put_nowait, ("error", self.error))
-
-    # -- HTTP side ------------------------------------------------------------------------
-    def submit(self, prompt: list[int], params: SamplingParams, aio_loop: asyncio.AbstractEventLoop) -> _Stream:
-        rid = uuid.uuid4().hex
-        req = Req(rid=rid, input_len=len(prompt), input_ids_fn=lambda: prompt, sampling_params=params, arrival_time=0.0)
-        st = _Stream(req, asyncio.Queue(), aio_loop)
-        with self.lock:
-            self.streams[rid] = st
-        self.arrivals.put(req)
+    # -- HTTP side ---------------------------------------------------------------------------
+    def submit(self, prompt: list[int], params: SamplingParams) -> _Stream:
+        st = _Stream(uuid.uuid4().hex, asyncio.Queue())
+        self.streams[st.rid] = st
+        self.client.add(st.rid, prompt, params)
         return st
 
     def forget(self, st: _Stream) -> None:
-        with self.lock:
-            self.streams.pop(st.req.rid, None)
+        self.streams.pop(st.rid, None)
 
     def cut(self, st: _Stream) -> None:
         """The client went away: its request ends at its next token (its KV is freed then)."""
-        req = st.req
-        if not req.finished():
-            req.max_new_tokens = min(req.max_new_tokens, len(req.output_ids) + 1)
+        if not self.client.exited.is_set():
+            self.client.cut(st.rid)
 
     def metrics_text(self) -> str:
-        sched = self.scheduler
-        running, waiting = sched.num_running(), len(sched.waiting_queue)
-        usage = sched.kv_used_tokens() / self.kv_tokens if self.kv_tokens else 0.0
+        g = self.client.gauges
+        usage = g.kv_used / self.kv_tokens if self.kv_tokens else 0.0
         labels = f'{{model_name="{self.served_name}"}}'
         return (
             "# TYPE sglang:num_running_reqs gauge\n"
-            f"sglang:num_running_reqs{labels} {running}\n"
+            f"sglang:num_running_reqs{labels} {g.running}\n"
             "# TYPE sglang:num_queue_reqs gauge\n"
-            f"sglang:num_queue_reqs{labels} {waiting}\n"
+            f"sglang:num_queue_reqs{labels} {g.waiting}\n"
             "# TYPE sglang:token_usage gauge\n"
             f"sglang:token_usage{labels} {usage:.6f}\n"
             "# TYPE sglang:max_total_num_tokens gauge\n"
             f"sglang:max_total_num_tokens{labels} {self.kv_tokens}\n"
         )
+
+
+def _deliver(items: list[tuple[_Stream, tuple]]) -> None:
+    """(On the HTTP side's loop) each item to its stream's queue."""
+    for st, item in items:
+        st.queue.put_nowait(item)
 
 
 def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
@@ -166,7 +151,7 @@ class Server:
 
     # -- prompts ---------------------------------------------------------------------------
     def _ids(self, prompt: Any) -> list[int]:
-        vocab = self.engine.model.vocab_size
+        vocab = self.engine.vocab_size
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
             prompt = prompt[0]  # a batch of one
         if isinstance(prompt, str):
@@ -261,7 +246,7 @@ class Server:
             params = self._params(body, len(prompt))
         except BadRequest as e:
             return _error(400, str(e))
-        st = self.engine.submit(prompt, params, asyncio.get_running_loop())
+        st = self.engine.submit(prompt, params)
         try:
             if body.get("stream"):
                 return await self._stream(request, st, body, chat, len(prompt))
@@ -289,7 +274,7 @@ class Server:
                 return _error(503, f"the engine stopped: {value}", "ServiceUnavailable")
         return web.json_response(
             {
-                "id": st.req.rid,
+                "id": st.rid,
                 "object": "chat.completion" if chat else "text_completion",
                 "model": self.engine.served_name,
                 "choices": [self._choice(tokens, chat, finish, stream=False)],
@@ -320,7 +305,7 @@ class Server:
                 count += len(tokens)
                 if tokens or finish:
                     chunk = {
-                        "id": st.req.rid,
+                        "id": st.rid,
                         "object": obj,
                         "model": self.engine.served_name,
                         "choices": [self._choice(tokens, chat, finish, True)],
@@ -331,7 +316,7 @@ class Server:
                 if finish:
                     if usage_last:
                         usage = {"prompt_tokens": prompt_len, "completion_tokens": count, "total_tokens": prompt_len + count}
-                        await send({"id": st.req.rid, "object": obj, "model": self.engine.served_name, "choices": [], "usage": usage})
+                        await send({"id": st.rid, "object": obj, "model": self.engine.served_name, "choices": [], "usage": usage})
                     await resp.write(b"data: [DONE]\n\n")
                     break
         except (ConnectionResetError, ConnectionError, asyncio.CancelledError):
@@ -347,59 +332,57 @@ class Server:
         app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat)
-        app.on_shutdown.append(self._drain)
         return app
 
-    async def _drain(self, app: web.Application) -> None:
-        """Ctrl-C: no new requests; the engine finishes the ones it has, then stops."""
-        self.draining = True
-        self.engine.arrivals.close()
-        thread = self.engine.thread
-        if thread is not None:
-            await asyncio.get_running_loop().run_in_executor(None, thread.join)
 
-
-def start_engine(opts, served_name: str | None = None) -> tuple[Engine, Any]:
-    """The real engine and its scheduler, built as `replay --mode real` builds them, running on a
-    thread of its own with an open arrival source. Returns (engine, tokenizer or None)."""
-    from scheduler.model_config import load_model_config
-    from testbed.backends import build_real
-    from testbed.options import check_options, resolved_options
-    from testbed.replay import new_scheduler, scheduler_config
-
-    check_options(opts)
-    opts = resolved_options(opts)
-    model = load_model_config(opts.model)
-    backend, config = build_real(opts, model, lambda kv_tokens: scheduler_config(opts, model, kv_tokens))
-    scheduler = new_scheduler(opts, config)
-    engine = Engine(model, served_name or model.name, config.context_len, backend.kv_tokens, scheduler)
-    driver = backend.driver
-    engine.arrivals = LiveArrivals(driver.clock, engine.on_done)
-    driver.sleep = engine.arrivals.wait
-    engine.loop = EventLoop(scheduler, engine.arrivals, driver.clock, opts.overlap, engine.after_step)
-    engine.thread = threading.Thread(target=engine.run, args=(driver,), name="engine", daemon=True)
-    engine.thread.start()
-    return engine, _tokenizer(model)
-
-
-def _tokenizer(model: ModelConfig):
-    if not model.folder:
+def _tokenizer(folder: str | None):
+    if not folder:
         return None
     try:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(model.folder)
+        return AutoTokenizer.from_pretrained(folder)
     except Exception:  # no tokenizer files in the folder: token ids only
         return None
 
 
+# The engine thread holds the GIL for most of a step (the scheduler, and torch's Python between
+# kernels); the HTTP thread waits for it to write a token out. Python hands the GIL over every
+# switch interval (5 ms by default): a token then waited up to 5 ms to leave (tiny-llama's TPOT at
+# the client: 3 ms against 0.5 ms in --mode real). Handing it over every 0.5 ms costs the step
+# little and keeps the stream close to the engine.
+GIL_SWITCH_INTERVAL_S = 0.0005
+
+
 def serve(opts, host: str, port: int, served_name: str | None = None) -> None:
+    asyncio.run(_serve(opts, host, port, served_name))
+
+
+async def _serve(opts, host: str, port: int, served_name: str | None) -> None:
     started = time.perf_counter()
-    engine, tokenizer = start_engine(opts, served_name)
-    server = Server(engine, tokenizer)
+    loop = asyncio.get_running_loop()
+    engine = Engine(opts, served_name, loop)
+    server = Server(engine, _tokenizer(engine.model_folder))
+    runner = web.AppRunner(server.app(), access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as e:
+        await loop.run_in_executor(None, engine.client.close)
+        raise ConfigError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})") from None
     print(
-        f"testbed serve: {engine.served_name} on http://{host}:{port} (context {engine.context_len}, KV pool {engine.kv_tokens:,} tokens, "
-        f"{'text and token ids' if tokenizer else 'token ids only'}; ready in {time.perf_counter() - started:.1f} s; Ctrl-C drains and stops)",
+        f"testbed serve: {engine.served_name} on http://{host}:{port} (context {engine.context_len}, "
+        f"KV pool {engine.kv_tokens:,} tokens, {'text and token ids' if server.tokenizer else 'token ids only'}; "
+        f"ready in {time.perf_counter() - started:.1f} s; Ctrl-C drains and stops)",
         flush=True,
     )
-    web.run_app(server.app(), host=host, port=port, print=None, access_log=None)
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    # Ctrl-C: no new requests (503); the engine finishes the ones it has, their streams end, then it stops.
+    print("testbed serve: draining", flush=True)
+    server.draining = True
+    await loop.run_in_executor(None, engine.client.close)
+    await asyncio.sleep(0.1)  # (the last tokens to their streams)
+    await runner.cleanup()

@@ -75,6 +75,15 @@ def _running(url: str) -> int:
     return int(float(next(line.split()[-1] for line in text.splitlines() if line.startswith("sglang:num_running_reqs"))))
 
 
+def _eventually(check, within_s: float = 20.0) -> bool:
+    deadline = time.time() + within_s
+    while not check():
+        if time.time() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def test_the_endpoints_answer_as_an_openai_server_does(server):
     status, text = _get(server + "/v1/models")
     assert status == 200 and json.loads(text)["data"][0]["id"] == "tiny-llama"
@@ -119,11 +128,8 @@ def test_a_client_that_goes_away_frees_its_request(server):
             chunk = s.recv(4096)
             assert chunk, "the server closed the stream"
             got += chunk
-        assert _running(server) == 1
-    deadline = time.time() + 20
-    while _running(server) and time.time() < deadline:
-        time.sleep(0.2)
-    assert _running(server) == 0, "the request of a client that went away still runs"
+        assert _eventually(lambda: _running(server) == 1), "/metrics never showed the request running"
+    assert _eventually(lambda: _running(server) == 0), "the request of a client that went away still runs"
 
 
 def test_a_trace_sent_to_it_finishes_as_in_real_mode(server, tmp_path):
@@ -159,6 +165,17 @@ def test_ctrl_c_lets_the_requests_in_flight_finish(tmp_path):
     t.join(60)
     assert proc.wait(60) == 0
     assert answers and answers[0]["usage"]["completion_tokens"] == 60
+
+
+def test_a_port_in_use_is_one_line():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "testbed", "serve", "--port", str(port), *SERVE], capture_output=True, text=True, timeout=120
+        )
+    assert_clean_error(proc, f"--port {port}", "cannot listen there")
 
 
 def test_trace_options_are_refused_by_serve():
