@@ -7,7 +7,9 @@
 #   3. `testbed calibrate` of this GPU (llama-3.1-8b, dummy weights) and that profile against
 #      the AIConfigurator profile of the same GPU, shape by shape (benchmarks/gpu_profile_compare.py);
 #   4. the simulator with that profile against the real engine on traces it was not made from
-#      (benchmarks/fidelity.py).
+#      (benchmarks/fidelity.py);
+#   5. `testbed serve` on this GPU and `replay --mode server` against it, beside `--mode real` on the
+#      same trace (tests/testbed/live/; needs aiohttp, from .whl/ where the machine has none).
 #
 #     bash benchmarks/gpu_check.sh            # results in $OUT (default runs/gpu-check)
 #     DEVICE=cpu MODEL=tiny-llama HARDWARE=cpu bash benchmarks/gpu_check.sh    # a dry run of the script here
@@ -60,6 +62,7 @@ for backend in "${backends[@]}"; do
     step "equivalence-$DEVICE-$backend" 150 $PY -m pytest -q -p no:cacheprovider tests/engine/test_engine_equivalence.py tests/engine/test_engine_sampler.py
 done
 TAIL=6 step real-cli 120 $PY -m pytest -q -p no:cacheprovider tests/engine/test_engine_replay.py
+TAIL=6 step serve 240 $PY -m pytest -q -p no:cacheprovider -rA tests/testbed/live/test_serve.py
 step calibrate 200 $PY -m testbed calibrate --model "$MODEL" --hardware "$HARDWARE" --out "$OUT/calibrated-$MODEL.json"
 if [ -f "$OUT/calibrated-$MODEL.json" ]; then
   TAIL=4 step profile-compare 60 $PY benchmarks/gpu_profile_compare.py "$OUT/calibrated-$MODEL.json" "$KERNELS" --json "$OUT/profile-compare.json"

@@ -4,8 +4,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -21,33 +20,13 @@ from scheduler.vllm.config import VllmSchedulerConfig
 from testbed.backends import build_real, build_sim
 from testbed.interrupts import deferred_interrupts, interrupt_once
 from testbed.options import ReplayOptions, check_options, closed_loop_note, resolved_options, with_scheduler_defaults
+from testbed.replay_result import ReplayProgress, ReplayResult, default_run_dir  # noqa: F401 - re-exported
 from testbed.runs import metrics
-from testbed.runs.folder import REQUESTS_FILE, STEPS_FILE, RunLoadError, check_out_folder, read_run_meta, unused_path, versions
+from testbed.runs.folder import REQUESTS_FILE, STEPS_FILE, RunLoadError, check_out_folder, read_run_meta, versions
 from testbed.runs.writer import RunWriter
 from testbed.schedulers import scheduler_kind
 from testbed.traces.formats import detect_format, load_trace
 from testbed.traces.schema import Trace, TracePrompts
-
-
-@dataclass(frozen=True)
-class ReplayProgress:
-    """How far a replay is, after a step: what its progress callback is given."""
-
-    done: int  # requests finished or rejected
-    total: int  # requests in the trace (after --max-requests)
-    tokens_done: int  # prompt + output tokens of those requests: the work behind them
-    tokens_total: int  # prompt + output tokens of every request
-
-
-@dataclass
-class ReplayResult:
-    run_dir: Path
-    status: str
-    summary: dict
-    wall_s: float
-    meta: dict = field(default_factory=dict)  # run.json
-    rejections: dict[str, int] = field(default_factory=dict)  # reason -> requests (metrics.rejection_counts)
-    failures: dict[str, int] = field(default_factory=dict)  # kind -> requests that failed on the way (metrics.failure_counts)
 
 
 def finished_run_meta(run_dir: Path, trace_sha256: str, opts: ReplayOptions) -> dict | None:
@@ -60,11 +39,6 @@ def finished_run_meta(run_dir: Path, trace_sha256: str, opts: ReplayOptions) -> 
     same = (meta.get("trace") or {}).get("sha256") == trace_sha256 and meta.get("options") == asdict(resolved_options(opts))
     tables = all((Path(run_dir) / f).is_file() for f in (REQUESTS_FILE, STEPS_FILE))
     return meta if meta.get("status") == "complete" and same and tables else None
-
-
-def default_run_dir(trace_path: str, opts: ReplayOptions) -> Path:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return unused_path(Path("runs") / f"{Path(trace_path).stem}-{opts.mode}-{opts.policy}-{stamp}")
 
 
 # The rate a closed loop reads a trace without arrival times at (sharegpt): its arrivals are not used.

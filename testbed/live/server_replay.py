@@ -31,6 +31,7 @@ from testbed.live.endpoints import ENDPOINTS
 from testbed.live.openai_stream import chat_body, completion_body
 from testbed.live.sender import LiveRequest, LiveRun, send_all
 from testbed.live.server_info import ServerInfo, probe_server
+from testbed.replay_result import ReplayProgress, ReplayResult, default_run_dir
 from testbed.runs import metrics
 from testbed.runs.folder import check_out_folder, versions
 from testbed.runs.importers.imported import failed_req, finished_req
@@ -91,8 +92,6 @@ def scrape_steps(run: LiveRun) -> StepLog:
 
 def replay_server(trace, opts, trace_path: str, out, progress: Callable | None, started: Callable | None, wall_start: float):
     """The server half of testbed.replay.replay (it has loaded the trace and checked the options)."""
-    from testbed.replay import ReplayProgress, ReplayResult, default_run_dir
-
     info = probe_server(opts.url, opts.served_model)
     vocab = _vocab_size(opts.model, info)
     prompts = TracePrompts(trace.requests, vocab)

@@ -87,6 +87,14 @@ WAYS: dict[str, Way] = {
         replace=(("backend=vllm", "backend=vllm,model_path=nvidia/Llama-3.1-8B-Instruct-FP8"),)
     ),
     "testbed validate --points none --runs ../shared/ground_truth": Way(),
+    # testbed serve runs in the background (as the README's "in another terminal") for the commands after it.
+    "testbed serve --port 8000": Way(replace=(("8000", "{serve_port}"),)),
+    "testbed replay traces/a.json --mode server --url http://127.0.0.1:8000 --out runs/a-server": Way(
+        append=FEWER, replace=(("8000", "{serve_port}"),)
+    ),
+    "testbed replay traces/a.json --mode server --url http://my-vllm-host:8000 --concurrency 16 --out runs/a-vllm": Way(
+        skip="needs a vLLM server (tests/testbed/live/ check the client against testbed serve and a stub server)"
+    ),
     "bash benchmarks/gpu_check.sh": Way(
         skip="a CUDA machine's checks (docs/gpu-check.md); on a CPU it would repeat engine tests this suite runs"
     ),
@@ -161,6 +169,14 @@ def _run_dashboard(args: list[str], cwd: Path, env: dict, port: int) -> None:
     assert f"http://localhost:{port}" in out
 
 
+def _start_server(args: list[str], cwd: Path, env: dict) -> subprocess.Popen:
+    """Start `testbed serve` and wait until it listens (its first line)."""
+    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("testbed serve:"), f"testbed serve did not start: {line}{proc.stderr.read()[-3000:]}"
+    return proc
+
+
 @pytest.mark.slow
 def test_readme_commands_run_as_written(tmp_path):
     if not SHARED.is_dir():
@@ -175,6 +191,8 @@ def test_readme_commands_run_as_written(tmp_path):
     save_hf_model("llama", hf, max_position_embeddings=4096)  # the example trace's prompts fit
     env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     failures = []
+    servers: list[subprocess.Popen] = []  # `testbed serve`, left running for the commands after it
+    serve_port = _free_port()
     for command in readme_commands():
         way = WAYS.get(command, Way())
         if way.skip:
@@ -186,12 +204,20 @@ def test_readme_commands_run_as_written(tmp_path):
         line = command
         for old, new in way.replace:
             line = line.replace(old, new)
-        args = [a.format(hf=hf, port=port) for a in [*line.split(), *way.append]]
+        args = [a.format(hf=hf, port=port, serve_port=serve_port) for a in [*line.split(), *way.append]]
         if args[:2] == ["testbed", "dashboard"]:
             _run_dashboard(args, root, env, port)
+            continue
+        if args[:2] == ["testbed", "serve"]:
+            servers.append(_start_server(args, root, env))
             continue
         proc = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=600)
         output = proc.stdout + proc.stderr
         if proc.returncode != 0 or "Traceback" in output or EXPECT.get(command, "") not in output:
             failures.append(f"$ {' '.join(args)}\nexit {proc.returncode}\n{output[-3000:]}")
+    for server in servers:  # Ctrl-C: it drains and ends with 0
+        server.send_signal(signal.SIGINT)
+        out, err = server.communicate(timeout=60)
+        if server.returncode != 0:
+            failures.append(f"testbed serve ended with {server.returncode}\n{err[-3000:]}")
     assert not failures, "\n\n".join(failures)

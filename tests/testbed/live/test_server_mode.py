@@ -3,8 +3,10 @@ run folder a user reads, the faults a server has, and the bad input a user gives
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from cli_helpers import assert_clean_error
@@ -157,3 +159,37 @@ def test_a_server_run_compares_with_a_sim_of_the_same_trace(tmp_path):
     assert [d for d in differences(a, b) if not d.startswith("model:")] == []
     rows = {r.name: r for r in compare_runs(a, b)}
     assert rows["completed"].a == rows["completed"].b == 12
+
+
+VLLM_PYTHON = Path(__file__).resolve().parents[3] / ".conformance-vllm-venv" / "bin" / "python"
+_CHECK_WITH_VLLM = """
+import json, sys
+from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+for line in sys.stdin:
+    body = json.loads(line)
+    kind = ChatCompletionRequest if "messages" in body else CompletionRequest
+    req = kind.model_validate(body)
+    params = req.to_sampling_params(max_tokens=body["max_tokens"], default_sampling_params={}) if kind is CompletionRequest else None
+    print(kind.__name__, req.max_tokens, req.min_tokens, req.ignore_eos, req.stream_options.continuous_usage_stats,
+          None if params is None else (params.max_tokens, params.min_tokens, params.ignore_eos))
+"""
+
+
+@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="the vLLM oracle's venv (make conformance builds it) is absent")
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_the_request_body_is_one_vllms_own_request_model_takes(tmp_path, endpoint):
+    with BackgroundServer(make_app()) as srv:
+        replay(_trace(tmp_path, n=3), ReplayOptions(mode="server", url=srv.url, endpoint=endpoint), out=tmp_path / "run")
+        bodies = srv.app[STATE].bodies
+    lines = "".join(json.dumps(b) + "\n" for b in bodies)
+    proc = subprocess.run([str(VLLM_PYTHON), "-c", _CHECK_WITH_VLLM], input=lines, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = proc.stdout.split("\n")[:-1]
+    assert len(rows) == 3
+    for row in rows:
+        kind, max_tokens, min_tokens, ignore_eos, continuous, params = row.split(" ", 5)
+        assert kind == ("ChatCompletionRequest" if endpoint == "chat" else "CompletionRequest")
+        assert max_tokens == min_tokens == "6" and ignore_eos == "True" and continuous == "True"
+        if endpoint == "completions":
+            assert params == "(6, 6, True)", params

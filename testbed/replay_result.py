@@ -1,0 +1,38 @@
+"""What a replay reports: its progress after each step, its result, and the folder it writes by
+default. Apart from replay.py so that each way of replaying (testbed/live/server_replay.py too)
+reports the same way without importing the others."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from testbed.replay_options import ReplayOptions
+from testbed.runs.folder import unused_path
+
+
+@dataclass(frozen=True)
+class ReplayProgress:
+    """How far a replay is, after a step: what its progress callback is given."""
+
+    done: int  # requests finished or rejected
+    total: int  # requests in the trace (after --max-requests)
+    tokens_done: int  # prompt + output tokens of those requests: the work behind them
+    tokens_total: int  # prompt + output tokens of every request
+
+
+@dataclass
+class ReplayResult:
+    run_dir: Path
+    status: str
+    summary: dict
+    wall_s: float
+    meta: dict = field(default_factory=dict)  # run.json
+    rejections: dict[str, int] = field(default_factory=dict)  # reason -> requests (metrics.rejection_counts)
+    failures: dict[str, int] = field(default_factory=dict)  # kind -> requests that failed on the way (metrics.failure_counts)
+
+
+def default_run_dir(trace_path: str, opts: ReplayOptions) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return unused_path(Path("runs") / f"{Path(trace_path).stem}-{opts.mode}-{opts.policy}-{stamp}")
