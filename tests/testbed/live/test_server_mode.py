@@ -193,3 +193,38 @@ def test_the_request_body_is_one_vllms_own_request_model_takes(tmp_path, endpoin
         assert max_tokens == min_tokens == "6" and ignore_eos == "True" and continuous == "True"
         if endpoint == "completions":
             assert params == "(6, 6, True)", params
+
+
+def test_ctrl_c_leaves_a_readable_folder_marked_incomplete(tmp_path):
+    import signal
+    import time
+
+    with BackgroundServer(make_app(Faults(stall_every=2))) as srv:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "testbed",
+                "replay",
+                _trace(tmp_path),
+                "--mode",
+                "server",
+                "--url",
+                srv.url,
+                "--out",
+                str(tmp_path / "run"),
+                "-q",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(3)  # every other request stalls: the run cannot end by itself
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    run = load_run(tmp_path / "run")
+    assert run.status == "incomplete"
+    assert (run.requests["status"] == "finished").sum() == 6  # the ones that did not stall
+    assert (run.requests["status"] == "unfinished").sum() == 6
