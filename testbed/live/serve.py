@@ -168,7 +168,10 @@ class Server:
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise BadRequest("messages must be a non-empty list of {role, content} objects")
         if self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None):
-            return self._ids(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            if hasattr(ids, "keys"):  # (transformers 5 gives the encoding, 4 the ids)
+                ids = ids["input_ids"]
+            return self._ids(list(ids))
         content = messages[-1].get("content")
         try:
             ids = [int(w) for w in str(content).split()]

@@ -181,3 +181,37 @@ def test_a_port_in_use_is_one_line():
 def test_trace_options_are_refused_by_serve():
     proc = subprocess.run([sys.executable, "-m", "testbed", "serve", "--time-scale", "2"], capture_output=True, text=True, timeout=60)
     assert_clean_error(proc, "--time-scale", "not for testbed serve")
+
+
+def _folder_with_tokenizer(folder) -> None:
+    """A model folder (tiny Llama, vocabulary 512) with a word-level tokenizer of 512 words and a chat template."""
+    from engine_helpers import save_hf_model
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    save_hf_model("llama", folder)
+    words = {f"w{i}": i for i in range(512)}
+    tok = Tokenizer(models.WordLevel(words, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0")
+    fast.chat_template = "{% for m in messages %}w1 {{ m['content'] }} w2 {% endfor %}w3"
+    fast.save_pretrained(folder)
+
+
+def test_text_prompts_where_the_model_folder_has_a_tokenizer(tmp_path):
+    folder = tmp_path / "model"
+    _folder_with_tokenizer(folder)
+    port = _port()
+    proc = _start(port, "--model", str(folder))
+    try:
+        url = f"http://127.0.0.1:{port}"
+        name = json.loads(_get(url + "/v1/models")[1])["data"][0]["id"]
+        status, body = _post(url + "/v1/completions", {"model": name, "prompt": "w5 w6 w7", "max_tokens": 4, "ignore_eos": True})
+        assert status == 200 and body["usage"]["prompt_tokens"] == 3, body
+        text = body["choices"][0]["text"]
+        assert len(text.split()) == 4 and all(w.startswith("w") for w in text.split()), text  # decoded by the tokenizer
+        status, body = _post(url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "w9 w10"}], "max_tokens": 2})
+        assert status == 200 and body["usage"]["prompt_tokens"] == 5, body  # w1 w9 w10 w2 w3: the template's
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
