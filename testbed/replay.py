@@ -20,7 +20,7 @@ from scheduler.vllm.config import VllmSchedulerConfig
 from testbed.backends import build_real, build_sim
 from testbed.interrupts import deferred_interrupts, interrupt_once
 from testbed.options import ReplayOptions, check_options, closed_loop_note, resolved_options, with_scheduler_defaults
-from testbed.replay_result import ReplayProgress, ReplayResult, default_run_dir  # noqa: F401 - re-exported
+from testbed.replay_result import ReplayProgress, ReplayResult, default_run_dir, trace_record  # noqa: F401 - re-exported
 from testbed.runs import metrics
 from testbed.runs.folder import REQUESTS_FILE, STEPS_FILE, RunLoadError, check_out_folder, read_run_meta, versions
 from testbed.runs.writer import RunWriter
@@ -126,16 +126,7 @@ def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
     meta = {
         "status": "running",
         "mode": opts.mode,
-        "trace": {
-            "path": str(trace_path),
-            "sha256": trace.sha256(),
-            "format": trace.format,
-            "num_requests": len(trace),
-            "prompt_tokens": sum(r.input_len for r in trace.requests),
-            "output_tokens": sum(r.output_len for r in trace.requests),
-            # how long the arrivals last on the replay's clock (a closed loop has no arrival times)
-            "arrival_span_s": trace.duration_s * opts.time_scale if opts.concurrency is None else None,
-        },
+        "trace": trace_record(trace, trace_path, opts),
         "options": asdict(opts),
         **({"arrivals": note} if (note := closed_loop_note(opts)) is not None else {}),
         "model": model.name,

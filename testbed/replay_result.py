@@ -36,3 +36,17 @@ class ReplayResult:
 def default_run_dir(trace_path: str, opts: ReplayOptions) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     return unused_path(Path("runs") / f"{Path(trace_path).stem}-{opts.mode}-{opts.policy}-{stamp}")
+
+
+def trace_record(trace, trace_path: str, opts: ReplayOptions) -> dict:
+    """run.json's "trace": which trace, and the work it asks for."""
+    return {
+        "path": str(trace_path),
+        "sha256": trace.sha256(),
+        "format": trace.format,
+        "num_requests": len(trace),
+        "prompt_tokens": sum(r.input_len for r in trace.requests),
+        "output_tokens": sum(r.output_len for r in trace.requests),
+        # how long the arrivals last on the replay's clock (a closed loop has no arrival times)
+        "arrival_span_s": trace.duration_s * opts.time_scale if opts.concurrency is None else None,
+    }

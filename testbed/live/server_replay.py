@@ -24,14 +24,14 @@ from typing import Callable
 import numpy as np
 
 from scheduler.loop.step_log import StepLog, StepRow
-from scheduler.model_config import load_model_config
+from scheduler.model_config import ModelConfigError, load_model_config
 from testbed.errors import ConfigError
 from testbed.interrupts import deferred_interrupts
 from testbed.live.endpoints import ENDPOINTS
 from testbed.live.openai_stream import chat_body, completion_body
 from testbed.live.sender import LiveRequest, LiveRun, send_all
 from testbed.live.server_info import ServerInfo, probe_server
-from testbed.replay_result import ReplayProgress, ReplayResult, default_run_dir
+from testbed.replay_result import ReplayProgress, ReplayResult, default_run_dir, trace_record
 from testbed.runs import metrics
 from testbed.runs.folder import check_out_folder, versions
 from testbed.runs.importers.imported import failed_req, finished_req
@@ -42,14 +42,17 @@ SAFE_VOCAB = 32000  # token ids below this exist in every tokenizer served today
 
 
 def _vocab_size(model_name: str | None, info: ServerInfo) -> int:
-    for name in (model_name, info.model):
-        if name is None:
-            continue
+    """The vocabulary prompts are drawn from: --model's (a bundled config or a folder; refused if
+    it loads nothing), else the served model's where its name is a bundled config, else SAFE_VOCAB."""
+    if model_name is not None:
         try:
-            return load_model_config(name).vocab_size
-        except Exception:  # not a bundled config: the next guess
-            continue
-    return SAFE_VOCAB
+            return load_model_config(model_name).vocab_size
+        except (ModelConfigError, OSError) as e:
+            raise ConfigError(f"--model {model_name}: {e}") from None
+    try:
+        return load_model_config(info.model).vocab_size
+    except (ModelConfigError, OSError):
+        return SAFE_VOCAB
 
 
 def _record_row(req: LiveRequest, rid: str, input_len: int, output_len: int):
@@ -110,15 +113,7 @@ def replay_server(trace, opts, trace_path: str, out, progress: Callable | None, 
     meta = {
         "status": "running",
         "mode": "server",
-        "trace": {
-            "path": str(trace_path),
-            "sha256": trace.sha256(),
-            "format": trace.format,
-            "num_requests": len(trace),
-            "prompt_tokens": sum(r.input_len for r in trace.requests),
-            "output_tokens": sum(r.output_len for r in trace.requests),
-            "arrival_span_s": trace.duration_s * opts.time_scale if opts.concurrency is None else None,
-        },
+        "trace": trace_record(trace, trace_path, opts),
         "options": asdict(opts),
         "model": info.model,
         "server": {

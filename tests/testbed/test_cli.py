@@ -251,7 +251,7 @@ def test_default_folders_named_in_one_second_do_not_collide(tmp_path, monkeypatc
     quick replay, then another; two small capacity studies) get two folders, not one."""
     from datetime import datetime
 
-    import testbed.replay as replay_mod
+    import testbed.replay_result as replay_mod  # (where default_run_dir lives)
     import testbed.studies.cli as studies_cli
     from testbed.options import ReplayOptions
 
