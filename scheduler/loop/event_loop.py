@@ -144,6 +144,19 @@ class EventLoop:
         self.fast_forward_token: int | None = None
         self.num_stretches = 0  # decode stretches taken (each counts its steps in the step log)
 
+    def forget_history(self) -> None:
+        """Drop what a replay keeps for its run folder: the step log, the requests received, and
+        the scheduler's finished requests already reported to the arrival source. A loop that runs
+        for as long as a server does calls this now and then, or its memory grows with every
+        step and request."""
+        self._report_done()
+        self.steps = StepLog()
+        self.received.clear()
+        done = self.scheduler.done
+        # Those the arrival source has been told of (all, where it asks for none).
+        del done[: self._done_reported if self.arrivals.sends_on_finish else len(done)]
+        self._done_reported = 0
+
     # -- arrivals -------------------------------------------------------------------
     def recv_requests(self, now: float) -> None:
         arrivals, sched = self.arrivals, self.scheduler

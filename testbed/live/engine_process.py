@@ -21,6 +21,7 @@ from typing import Any, Callable
 from scheduler.core.sampling import SamplingParams
 
 READY_TIMEOUT_S = 600.0  # building the engine: loading weights, warming up
+FORGET_EVERY_STEPS = 4096  # the loop's step log and finished requests are dropped this often
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,8 @@ def _child(conn, opts, served_name: str | None) -> None:
 
     def after_step(_done: int) -> None:
         conn.send(("step", updates(), gauges()))
+        if len(loop.steps) >= FORGET_EVERY_STEPS:  # a server runs for hours: no run folder to keep them for
+            loop.forget_history()
 
     def on_done(_req) -> None:
         got = updates()
