@@ -95,6 +95,8 @@ WAYS: dict[str, Way] = {
     "testbed replay traces/a.json --mode server --url http://my-vllm-host:8000 --concurrency 16 --out runs/a-vllm": Way(
         skip="needs a vLLM server (tests/testbed/live/ check the client against testbed serve and a stub server)"
     ),
+    # Two rates for a second each against the instant server only (testbed serve's own run is the README's above).
+    ".venv/bin/python benchmarks/server_send_lag.py": Way(append=("--seconds", "1", "--rates", "10,100", "--no-serve")),
     "bash benchmarks/gpu_check.sh": Way(
         skip="a CUDA machine's checks (docs/gpu-check.md); on a CPU it would repeat engine tests this suite runs"
     ),
@@ -103,10 +105,6 @@ WAYS: dict[str, Way] = {
     "make conformance": Way(skip="CI runs it before this suite, in its own venv (.ci/run)"),
     'make conformance CONFORMANCE_ARGS="--seed 1 --scenarios 3000"': Way(
         skip="3,000 scenarios on each oracle: about 5 minutes; CI runs the 500 of make conformance"
-    ),
-    ".conformance-venv/bin/python -m conformance --scenario s.json": Way(skip="s.json is a scenario a divergence printed; there is none"),
-    ".conformance-vllm-venv/bin/python -m conformance.vllm_main --scenario s.json": Way(
-        skip="s.json is a scenario a divergence printed; there is none"
     ),
     ".conformance-venv/bin/python -m conformance --list-expected": Way(skip="needs .conformance-venv, which make conformance builds"),
 }
