@@ -33,6 +33,7 @@ class LiveRequest:
 class Scrape:
     t: float
     gauges: ServerGauges
+    received: int  # output tokens the client had received by then, over every request
 
 
 @dataclass
@@ -54,7 +55,8 @@ async def _scrape_once(session: aiohttp.ClientSession, url: str, clock, run: Liv
         text = None
     if text is None:
         return False
-    run.scrapes.append(Scrape(clock(), gauges(text)))
+    received = sum(len(req.record.token_times) for req in run.requests)
+    run.scrapes.append(Scrape(clock(), gauges(text), received))
     return True
 
 

@@ -21,8 +21,6 @@ import time
 from dataclasses import asdict
 from typing import Callable
 
-import numpy as np
-
 from scheduler.loop.step_log import StepLog, StepRow
 from scheduler.model_config import ModelConfigError, load_model_config
 from testbed.errors import ConfigError
@@ -73,24 +71,19 @@ def _kv_tokens(run: LiveRun) -> int | None:
     return next((sc.gauges.kv_tokens for sc in run.scrapes if sc.gauges.kv_tokens), None)
 
 
-def scrape_steps(run: LiveRun) -> StepLog:
-    """The steps table of a server run: a row a scrape (mode "scrape"; every time column its
-    time), with the server's running and waiting requests and KV in use (its usage fraction
+def append_scrape_steps(steps: StepLog, run: LiveRun) -> None:
+    """The scrapes not in steps yet, as its rows: a row a scrape (mode "scrape"; every time column
+    its time) with the server's running and waiting requests and KV in use (its usage fraction
     times its pool, where it says), and as num_tokens the output tokens the client received since
     the scrape before, so that throughput over time reads as for the other modes."""
-    steps = StepLog()
-    if not run.scrapes:
-        return steps
-    times = np.array([sc.t for sc in run.scrapes])
-    arrived = [t for req in run.requests for t in req.record.token_times]
-    tokens = np.histogram(arrived, bins=np.concatenate(([-np.inf], times)))[0] if arrived else np.zeros(len(times), dtype=int)
     kv_tokens = _kv_tokens(run)
-    for i, (sc, n) in enumerate(zip(run.scrapes, tokens)):
+    for i in range(len(steps), len(run.scrapes)):
+        sc = run.scrapes[i]
         g, t = sc.gauges, sc.t
+        received = sc.received - (run.scrapes[i - 1].received if i else 0)
         used = int(round(g.kv_usage * kv_tokens)) if g.kv_usage is not None and kv_tokens else 0
         running, waiting = g.running or 0, g.waiting or 0
-        steps.append(StepRow(i, "scrape", running, int(n), 0, 0, t, t, t, t, t, t, t, t, used, 0, running, waiting, 0, 0, 0.0))
-    return steps
+        steps.append(StepRow(i, "scrape", running, received, 0, 0, t, t, t, t, t, t, t, t, used, 0, running, waiting, 0, 0, 0.0))
 
 
 def replay_server(trace, opts, trace_path: str, out, progress: Callable | None, started: Callable | None, wall_start: float):
@@ -135,12 +128,11 @@ def replay_server(trace, opts, trace_path: str, out, progress: Callable | None, 
     steps = StepLog()
     state = {"tokens_done": 0}
 
-    journal_steps = StepLog()  # (the scrapes become steps at the end: the journal keeps the requests)
-
     def on_done(req: LiveRequest) -> None:
         tr = trace.requests[req.index]
         done_rows.append(_record_row(req, tr.rid if tr.rid is not None else str(req.index), tr.input_len, tr.output_len))
-        writer.after_step(journal_steps, done_rows)
+        append_scrape_steps(steps, run)
+        writer.after_step(steps, done_rows)  # (journaled about once a second: a kill loses at most that)
         state["tokens_done"] += tokens[req.index]
         if progress is not None:
             progress(ReplayProgress(len(done_rows), total, state["tokens_done"], tokens_total))
@@ -165,7 +157,7 @@ def replay_server(trace, opts, trace_path: str, out, progress: Callable | None, 
                 )
             )
         finally:
-            steps = scrape_steps(run)
+            append_scrape_steps(steps, run)
             with deferred_interrupts():
                 writer.finish_steps(steps)
         failed = sum(1 for r in done_rows if r.reject_reason)
