@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 
 from testbed.errors import ConfigError
 
@@ -17,8 +16,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from testbed.replay_options import ReplayOptions
 
     opts = options_from_args(args)
-    if opts.mode == "sim" and args.mode_given is None:
-        opts = replace(opts, mode="real")
     if opts.mode != "real":
         raise ConfigError(f"--mode {opts.mode}: testbed serve runs the real engine (--mode real)")
     defaults = ReplayOptions()
@@ -40,7 +37,7 @@ def register(sub) -> None:
         help="the real engine behind an OpenAI-compatible streaming server (/v1/completions, /v1/chat/completions, /metrics)",
     )
     add_replay_options(p)
-    p.set_defaults(mode_given=None)
+    p.set_defaults(mode="real")  # (the only mode a server runs)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
     p.add_argument("--port", type=int, default=8000, help="port (default %(default)s)")
     p.add_argument("--served-model-name", default=None, help="the model name clients give (default: --model's name)")
