@@ -322,8 +322,10 @@ class Server:
                         await send({"id": st.rid, "object": obj, "model": self.engine.served_name, "choices": [], "usage": usage})
                     await resp.write(b"data: [DONE]\n\n")
                     break
-        except (ConnectionResetError, ConnectionError, asyncio.CancelledError):
-            self.engine.cut(st)  # the client went away
+        except ConnectionError:  # the client went away (a write to its closed connection)
+            self.engine.cut(st)
+        except asyncio.CancelledError:  # (the server stopping the handler)
+            self.engine.cut(st)
             raise
         return resp
 
