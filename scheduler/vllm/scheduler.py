@@ -81,6 +81,8 @@ class VllmScheduler(SchedulerBase):
         self.done: list[Req] = []  # finished and rejected requests, in finishing order
         self.num_requests = 0
         self.num_preemptions = 0
+        self._carried_preemptions = 0  # preemptions of passes that launched nothing, for the next batch
+        self._in_flight: LaunchedBatch | None = None  # the batch launched last, until its result is processed
         self.future = FutureIndices()
 
     @property
@@ -140,16 +142,20 @@ class VllmScheduler(SchedulerBase):
     # -- one step -----------------------------------------------------------------
     def get_next_batch_to_run(self) -> VllmBatch | None:
         """One step's batch. A pass that only preempts schedules nothing (vLLM admits no
-        waiting request in a step that preempted); vLLM's engine then just schedules again,
-        with no forward between, and so does this."""
-        num_preempted = 0
+        waiting request in a step that preempted). vLLM's engine then schedules again, and so
+        does this: at once, or, under async scheduling with a step in flight, after that step's
+        output is processed (the engine waits for it when it has nothing new to launch), so this
+        returns None then and the loop processes it first. Preemptions count toward the next
+        batch that is launched."""
+        num_preempted, self._carried_preemptions = self._carried_preemptions, 0
         while True:
             batch, preempted = self._schedule_once()
             num_preempted += preempted
             if batch is not None:
                 batch.num_preempted = num_preempted
                 return batch
-            if not preempted:
+            if not preempted or (self.config.overlap and self._in_flight is not None):
+                self._carried_preemptions = num_preempted
                 return None
 
     def _schedule_once(self) -> tuple[VllmBatch | None, int]:
@@ -306,9 +312,13 @@ class VllmScheduler(SchedulerBase):
                 r.scheduled_time = now
         # num_extend_reqs is SGLang's row split of a mixed batch; this scheduler's results
         # tell prefill from decode rows by the request's own progress, not by position.
-        return LaunchedBatch(reqs, plan, None, batch.num_preempted, batch.cache_hit_tokens, num_extend_reqs=0)
+        launched = LaunchedBatch(reqs, plan, None, batch.num_preempted, batch.cache_hit_tokens, num_extend_reqs=0)
+        self._in_flight = launched
+        return launched
 
     def process_batch_result(self, launched: LaunchedBatch, next_token_ids: list[int], now: float) -> None:
+        if launched is self._in_flight:
+            self._in_flight = None
         plan = launched.plan
         future = plan.future_indices
         overlap = self.config.overlap
