@@ -17,7 +17,7 @@ from testbed.progress import progress_bar
 from testbed.replay import ReplayProgress, default_run_dir, replay
 from testbed.run_estimate import TimeLeft, busy_cpu_note, describe_work
 from testbed.runs.folder import check_out_folder, interrupted_message
-from testbed.runs.summary_table import format_rejections, format_summary, run_title
+from testbed.runs.summary_table import format_instances, format_rejections, format_summary, run_title
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -73,6 +73,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     print(format_summary(s, title=run_title(args.trace, result.meta)))
+    if s.get("instances"):
+        print(format_instances(s))
     if result.rejections:
         print(f"rejected: {format_rejections(result.rejections)}")
     if s.get("failed"):

@@ -18,6 +18,7 @@ from typing import Any
 from scheduler.model_config import bundled_model_names
 from scheduler.sglang.policy import POLICIES
 from scheduler.vllm.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, VLLM_RELEASE
+from simulator.cluster.routing import ROUTERS, parse_weights
 from simulator.costs.precision import KV_CACHE_DTYPES, QUANTIZATIONS
 from testbed.errors import ConfigError
 from testbed.live.endpoints import ENDPOINTS, check_server_options
@@ -98,6 +99,31 @@ def check_options(opts: ReplayOptions) -> None:
         raise ConfigError(f"--schedule-conservativeness must be positive, got {opts.schedule_conservativeness}")
     _check_concurrency(opts)
     check_server_options(opts)
+    _check_cluster(opts)
+
+
+def _check_cluster(opts: ReplayOptions) -> None:
+    """--replicas and the router's options: a cluster is simulated, open loop."""
+    if isinstance(opts.replicas, bool) or not isinstance(opts.replicas, int) or opts.replicas < 1:
+        raise ConfigError(f"--replicas must be a positive integer (instances), got {opts.replicas!r}")
+    if opts.router not in ROUTERS:
+        raise ConfigError(f"--router {opts.router}: choose one of {', '.join(ROUTERS)}")
+    for name in ("router_refresh_ms", "router_latency_ms"):
+        value = getattr(opts, name)
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise ConfigError(f"--{name.replace('_', '-')} must be a number of ms >= 0, got {value!r}")
+    if opts.router_weights is not None:
+        try:
+            parse_weights(opts.router_weights)
+        except ValueError as e:
+            raise ConfigError(f"--router-weights {opts.router_weights}: {e}") from None
+    if not 0 <= opts.cache_threshold <= 1:
+        raise ConfigError(f"--cache-threshold must be from 0 to 1, got {opts.cache_threshold}")
+    if opts.replicas > 1:
+        if opts.mode != "sim":
+            raise ConfigError(f"--replicas {opts.replicas}: a cluster is simulated (--mode sim), not --mode {opts.mode}")
+        if opts.concurrency is not None:
+            raise ConfigError(f"--replicas {opts.replicas} and --concurrency: a cluster replays the trace's arrivals (open loop)")
 
 
 def _check_precision(opts: ReplayOptions) -> None:
@@ -307,6 +333,41 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
         type=positive_float,
         default=d.kv_memory_gb,
         help="CPU: KV cache budget when --kv-tokens is not given (default %(default)s)",
+    )
+    g = p.add_argument_group("a cluster (--mode sim): replicas behind a router")
+    g.add_argument(
+        "--replicas", type=positive_int, default=d.replicas, help="instances, each a whole scheduler with its own KV pool (default 1)"
+    )
+    g.add_argument("--router", choices=ROUTERS, default=d.router, help="how the router picks an instance (default %(default)s)")
+    g.add_argument(
+        "--router-refresh-ms",
+        type=float,
+        default=d.router_refresh_ms,
+        help="how stale the router's view of each instance's load is, in ms (default 0: exact at every decision)",
+    )
+    g.add_argument(
+        "--router-latency-ms", type=float, default=d.router_latency_ms, help="added to every request on its way to an instance (default 0)"
+    )
+    g.add_argument(
+        "--router-weights", default=None, help="weighted router: NAME=WEIGHT,... of prefix, queue, kv (default prefix=2,queue=1,kv=1)"
+    )
+    g.add_argument(
+        "--cache-threshold",
+        type=float,
+        default=d.cache_threshold,
+        help="cache-aware: the match rate that picks the best-matching instance (default %(default)s)",
+    )
+    g.add_argument(
+        "--balance-abs-threshold",
+        type=int,
+        default=d.balance_abs_threshold,
+        help="cache-aware: load imbalance, max - min requests above this (default %(default)s)",
+    )
+    g.add_argument(
+        "--balance-rel-threshold",
+        type=float,
+        default=d.balance_rel_threshold,
+        help="cache-aware: and max above this times min (default %(default)s)",
     )
     g = p.add_argument_group("a live server (--mode server)")
     g.add_argument("--url", default=None, help="the OpenAI-compatible server to send the trace to, e.g. http://127.0.0.1:8000")

@@ -121,6 +121,23 @@ def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
     build = build_sim if opts.mode == "sim" else build_real
     backend, config = build(opts, model, lambda kv_tokens: scheduler_config(opts, model, kv_tokens))
     kv_tokens = backend.kv_tokens
+    if opts.replicas > 1:  # a cluster of such instances behind a router (testbed/cluster_replay.py)
+        from testbed.cluster_replay import replay_cluster
+
+        return replay_cluster(
+            trace,
+            opts,
+            trace_path,
+            out,
+            progress,
+            started,
+            wall_start,
+            model,
+            backend,
+            config,
+            lambda: make_requests(trace, opts, model, backend.vocab_size),
+            new_scheduler,
+        )
 
     run_dir = check_out_folder(out) if out is not None else default_run_dir(trace_path, opts)
     meta = {

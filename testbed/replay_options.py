@@ -72,6 +72,17 @@ class ReplayOptions:
     endpoint: str = "completions"
     served_model: str | None = None
     request_timeout: float | None = None
+    # A cluster (simulator/cluster/): this many replicas of the instance behind a router, its policy,
+    # how stale its view of the instances is and how long a request takes to reach one, and the
+    # policies' knobs (cache-aware: SGLang's router's; weighted: its scorers' weights).
+    replicas: int = 1
+    router: str = "round-robin"
+    router_refresh_ms: float = 0.0
+    router_latency_ms: float = 0.0
+    router_weights: str | None = None
+    cache_threshold: float = 0.5
+    balance_abs_threshold: int = 32
+    balance_rel_threshold: float = 1.0001
 
 
 OPTION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ReplayOptions))

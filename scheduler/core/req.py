@@ -53,6 +53,7 @@ class Req:
     is_chunked: int = 0  # > 0 while a chunk of its prefill is in flight
     is_retracted: bool = False
     num_retractions: int = 0
+    instance: int = 0  # the instance of a cluster that served it (its router's choice)
 
     # Metrics.
     scheduled_time: float | None = None

@@ -138,7 +138,8 @@ class StepLog:
     microseconds, whatever its length). Chunks are read as they are or joined: a flush reads
     only the newest."""
 
-    def __init__(self) -> None:
+    def __init__(self, instance: int = 0) -> None:
+        self.instance = instance  # which instance of a cluster took these steps (its steps table says so)
         self._chunks: list[Columns] = []  # in row order
         self._chunk_rows: list[int] = []
         self._settled_rows = 0  # sum(self._chunk_rows)
@@ -174,7 +175,8 @@ class StepLog:
             if a < b:
                 parts.append(chunk if (a, b) == (0, n) else {name: col[a:b] for name, col in chunk.items()})
             at += n
-        return parts[0] if len(parts) == 1 else _join(parts)
+        out = parts[0] if len(parts) == 1 else _join(parts)
+        return out | {"instance": np.full(max(stop - start, 0) if parts else 0, self.instance, dtype=np.int64)}
 
     def _settle(self) -> None:
         """The pending rows become a chunk (added whole: an interrupt meanwhile loses nothing)."""

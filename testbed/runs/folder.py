@@ -59,6 +59,7 @@ STEP_SCHEMA = pa.schema(
         )
         for name in STEP_COLUMNS
     ]
+    + [("instance", pa.int64())]  # which instance of a cluster took the step (0 for one instance)
 )
 
 

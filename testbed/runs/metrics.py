@@ -32,7 +32,16 @@ REQUESTS_SCHEMA = pa.schema(
     + [(c, pa.float64()) for c in ("arrival", "scheduled", "first_token", "finish")]
     + [
         (c, pa.int64())
-        for c in ("input_tokens", "output_tokens", "max_new_tokens", "cached_tokens", "prefill_tokens", "num_retractions", "priority")
+        for c in (
+            "input_tokens",
+            "output_tokens",
+            "max_new_tokens",
+            "cached_tokens",
+            "prefill_tokens",
+            "num_retractions",
+            "priority",
+            "instance",
+        )
     ]
     + [("status", pa.string()), ("reason", pa.string()), ("token_times", pa.list_(pa.float64()))]
 )
@@ -70,6 +79,7 @@ def requests_columns(rows: Sequence[Req]) -> dict[str, Any]:
         "prefill_tokens": np.array([r.prefill_tokens for r in rows], dtype=np.int64),
         "num_retractions": np.array([r.num_retractions for r in rows], dtype=np.int64),
         "priority": np.array([r.priority for r in rows], dtype=np.int64),
+        "instance": np.array([r.instance for r in rows], dtype=np.int64),
         "status": [status_of(r) for r in rows],
         "reason": [r.reject_reason or r.truncate_reason or (r.finished_reason.value if r.finished_reason else "") for r in rows],
         "token_times": [np.frombuffer(r.token_times, dtype=np.float64) if len(r.token_times) else np.empty(0) for r in rows],

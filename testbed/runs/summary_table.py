@@ -25,7 +25,15 @@ def run_title(trace: str, meta: dict) -> str:
     overlap = "on" if opts.get("overlap") else "off"
     clients = opts.get("concurrency")
     closed = f", closed loop of {clients} client{'s' if clients != 1 else ''}" if clients else ""
-    return f"{trace} ({meta.get('mode')}, {meta.get('model')} on {meta.get('hardware')}, {opts.get('policy')}, overlap {overlap}{closed})"
+    cluster = meta.get("cluster")
+    replicas = f", {cluster['replicas']} replicas behind a {cluster['router']} router" if cluster else ""
+    return f"{trace} ({meta.get('mode')}, {meta.get('model')} on {meta.get('hardware')}, {opts.get('policy')}, overlap {overlap}{closed}{replicas})"
+
+
+def format_instances(s: dict) -> str:
+    """A cluster run's line: requests per instance, and the load imbalance."""
+    served = "/".join(str(x["requests"]) for x in s["instances"])
+    return f"instances: requests {served}, load imbalance {s['load_imbalance']:.2f} (most over mean)"
 
 
 def format_rejections(counts: dict[str, int]) -> str:

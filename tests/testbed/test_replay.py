@@ -144,7 +144,8 @@ def test_requests_table_one_row_per_request_with_ordered_times(run):
 def test_steps_table_intervals_and_kv(run):
     opts, _, r, *_ = run
     st = r.steps
-    assert list(st.columns) == list(STEP_COLUMNS)
+    assert list(st.columns) == [*STEP_COLUMNS, "instance"]
+    assert (st["instance"] == 0).all()  # one instance
     assert len(st) == r.summary["num_steps"] > 0
     assert st["step"].tolist() == list(range(1, len(st) + 1))
     assert set(st["mode"]) <= {"extend", "decode", "mixed"}

@@ -1,0 +1,188 @@
+"""replay --replicas N: the trace through a cluster of N simulated instances behind a router
+(simulator/cluster/), into one run folder.
+
+Every instance is the replay's own: the same scheduler, options, cost model and KV pool. The
+requests table says which instance served each request (`instance`); the steps table holds
+every instance's steps, in time order, each with its instance. run.json's `cluster` says how
+many, which router and its view; the summary adds `instances` (per instance: requests completed,
+throughputs, TTFT) and `load_imbalance` (the most requests an instance completed over the mean).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Callable
+
+import numpy as np
+
+from scheduler.loop.step_log import StepLog
+from simulator.cluster.cluster import Cluster
+from simulator.cluster.routing import Policy, RoutingConfig, parse_weights
+from simulator.driver.sim_driver import SimDriver
+from testbed.interrupts import deferred_interrupts
+from testbed.replay_result import ReplayProgress, ReplayResult, default_run_dir, trace_record
+from testbed.runs import metrics
+from testbed.runs.folder import check_out_folder, versions
+from testbed.runs.writer import RunWriter
+
+
+class ClusterSteps:
+    """The instances' step logs as one steps table, in time order (what RunWriter writes at the end)."""
+
+    def __init__(self, logs: list[StepLog]) -> None:
+        self.logs = logs
+
+    def __len__(self) -> int:
+        return sum(len(log) for log in self.logs)
+
+    def columns(self, start: int, stop: int) -> dict:
+        parts = [log.columns(0, len(log)) for log in self.logs]
+        names = list(parts[0])
+        cols = {
+            name: (sum((list(p[name]) for p in parts), []) if name == "mode" else np.concatenate([p[name] for p in parts]))
+            for name in names
+        }
+        order = np.argsort(cols["schedule_start"], kind="stable")[start:stop]
+        return {name: ([col[i] for i in order] if name == "mode" else col[order]) for name, col in cols.items()}
+
+
+def routing_config(opts) -> RoutingConfig:
+    config = RoutingConfig(
+        policy=opts.router,
+        seed=opts.seed,
+        cache_threshold=opts.cache_threshold,
+        balance_abs_threshold=opts.balance_abs_threshold,
+        balance_rel_threshold=opts.balance_rel_threshold,
+    )
+    if opts.router_weights is not None:
+        config.weights = parse_weights(opts.router_weights)
+    return config
+
+
+def instance_summary(requests: dict, num_instances: int) -> tuple[list[dict], float]:
+    """Per instance: completed requests, their throughputs and TTFT; and the load imbalance."""
+    inst = np.asarray(requests["instance"])
+    status = np.asarray(requests["status"], dtype=object)
+    out = []
+    for i in range(num_instances):
+        mine = {
+            k: (np.asarray(v, dtype=object)[inst == i] if k in ("status", "reason", "rid", "token_times") else np.asarray(v)[inst == i])
+            for k, v in requests.items()
+        }
+        s = metrics.summarize(mine) if len(mine["status"]) else None
+        out.append(
+            {
+                "instance": i,
+                "requests": int((inst == i).sum()),
+                "completed": int(((inst == i) & (status == "finished")).sum()),
+                "request_throughput": s["request_throughput"] if s else 0.0,
+                "output_throughput": s["output_throughput"] if s else 0.0,
+                "mean_ttft_ms": s["mean_ttft_ms"] if s else None,
+                "p90_ttft_ms": s["p90_ttft_ms"] if s else None,
+            }
+        )
+    served = np.array([row["requests"] for row in out], dtype=float)
+    imbalance = float(served.max() / served.mean()) if served.sum() else 1.0
+    return out, imbalance
+
+
+def replay_cluster(
+    trace,
+    opts,
+    trace_path,
+    out,
+    progress: Callable | None,
+    started: Callable | None,
+    wall_start: float,
+    model,
+    backend,
+    config,
+    make_requests,
+    new_scheduler,
+):
+    """The cluster half of testbed.replay.replay: it has checked the options and built one instance's
+    backend (its cost model and KV pool) and scheduler config."""
+    cost_model = backend.driver.cost_model
+    n = opts.replicas
+    run_dir = check_out_folder(out) if out is not None else default_run_dir(trace_path, opts)
+    meta = {
+        "status": "running",
+        "mode": opts.mode,
+        "trace": trace_record(trace, trace_path, opts),
+        "options": asdict(opts),
+        "model": model.name,
+        **backend.meta,
+        "scheduler": config.to_dict() | {"max_running_requests": config.effective_max_running_requests},
+        "cluster": {
+            "replicas": n,
+            "router": opts.router,
+            "router_refresh_ms": opts.router_refresh_ms,
+            "router_latency_ms": opts.router_latency_ms,
+        },
+        "versions": versions(),
+        "summary": None,
+    }
+    total = len(trace)
+    tokens = [r.input_len + r.output_len for r in trace.requests]
+    tokens_total = sum(tokens)
+    finished: list = []  # every instance's done requests, in the order they were reported
+    state = {"tokens_done": 0, "counted": 0}
+    no_steps = StepLog()  # (the steps are written at the end, in time order: the journal keeps the requests)
+
+    def after_step(_done: int) -> None:
+        writer.after_step(no_steps, finished)
+        if progress is not None and len(finished) > state["counted"]:
+            state["tokens_done"] += sum(tokens[r.index] for r in finished[state["counted"] :])
+            state["counted"] = len(finished)
+            progress(ReplayProgress(len(finished), total, state["tokens_done"], tokens_total))
+
+    def make_instance(i, env):
+        return new_scheduler(opts, config), SimDriver(cost_model, opts.fast_forward, env), backend.kv_tokens
+
+    cluster = Cluster(
+        make_requests(),
+        n,
+        make_instance,
+        Policy(routing_config(opts), n),
+        bool(opts.overlap),
+        refresh_s=opts.router_refresh_ms / 1e3,
+        latency_s=opts.router_latency_ms / 1e3,
+        progress=after_step,
+        on_finished=finished.append,
+    )
+    with deferred_interrupts():
+        writer = RunWriter(run_dir, meta)
+    status = "incomplete"
+    steps = ClusterSteps([inst.loop.steps for inst in cluster.instances])
+    try:
+        if started is not None:
+            started(meta)
+        if progress is not None:
+            progress(ReplayProgress(0, total, 0, tokens_total))
+        try:
+            cluster.run()
+        finally:
+            with deferred_interrupts():
+                writer.finish_steps(steps)
+        for inst in cluster.instances:
+            inst.scheduler.check_invariants()
+        status = "complete"
+    except Exception as e:
+        status = "failed"
+        meta["error"] = f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        with deferred_interrupts():
+            requests = metrics.requests_table(cluster.received)
+            meta["status"] = status
+            per_instance, imbalance = instance_summary(requests, n)
+            meta["summary"] = metrics.run_summary(requests, len(steps), cluster.clock(), backend.kv_tokens) | {
+                "instances": per_instance,
+                "load_imbalance": imbalance,
+            }
+            wall_s = time.perf_counter() - wall_start
+            writer.finish(meta, requests, wall_s)
+    return ReplayResult(
+        run_dir, status, meta["summary"], wall_s, meta, metrics.rejection_counts(requests), metrics.failure_counts(requests)
+    )
