@@ -48,78 +48,11 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
 from conformance.decision import RunResult, StepDecision  # noqa: E402
 from conformance.scenario import EOS_TOKEN_ID, Scenario, ScenarioRequest, sampled_token  # noqa: E402
+from conformance.stand_ins import ModelConfig, NoBeams, NoDllm, NoGrammar, Null, Passthrough, metrics_stub, null_call  # noqa: E402
 
 logging.getLogger("sglang").setLevel(logging.ERROR)
 
 SGLANG_VERSION = "0.5.23"
-
-
-class _Null:
-    """A component the scheduling path calls but whose work is outside the oracle (metrics, IPC)."""
-
-    def __getattr__(self, name):
-        return _null_call
-
-    def __bool__(self) -> bool:
-        return False
-
-
-def _null_call(*args, **kwargs):
-    return None
-
-
-class _Passthrough(_Null):
-    """dp_attn_adapter / ngram_embedding_manager: hand the batch back unchanged."""
-
-    def maybe_prepare_mlp_sync_batch(self, batch, need_sync=None):
-        return batch
-
-    def maybe_convert_decode_to_extend(self, batch):
-        return batch
-
-    def prepare_for_forward(self, batch, chunked_req=None):
-        return batch
-
-
-def _metrics_stub() -> _Null:
-    stub = _Null()
-    stub.num_generated_tokens = 0
-    stub.forward_ct_decode = 0
-    stub.num_retracted_reqs = 0
-    stub.enable_metrics = False
-    return stub
-
-
-class _ModelConfig(SimpleNamespace):
-    """The model facts scheduling reads; any other (reasoning tokens, multimodal) is None."""
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return None
-
-
-class _NoGrammar(_Null):
-    grammar_queue: list = []
-
-    def has_waiting_grammars(self) -> bool:
-        return False
-
-    def process_req_with_grammar(self, req) -> bool:
-        return False
-
-
-class _NoBeams(_Null):
-    def pending_member_rows(self, batch) -> int:
-        return 0
-
-    def commit_decode(self, batch):
-        return set()
-
-
-class _NoDllm(_Null):
-    def any_staging_reqs(self) -> bool:
-        return False
 
 
 def server_args_for(sc: Scenario) -> dict:
@@ -187,7 +120,7 @@ class OracleScheduler:
         )
         params.tree_components = (ComponentType.FULL,)
         s.tree_cache = UnifiedRadixCache(params)
-        s.model_config = _ModelConfig(
+        s.model_config = ModelConfig(
             vocab_size=32000, is_encoder_decoder=False, is_multimodal=False, context_len=sc.context_len, num_key_value_heads=1
         )
         s.spec_algorithm = SpeculativeAlgorithm.NONE
@@ -195,7 +128,7 @@ class OracleScheduler:
         s.is_generation = True
         s.disaggregation_mode = DisaggregationMode.NULL
         s.dllm_config = None
-        s.dllm_manager = _NoDllm()
+        s.dllm_manager = NoDllm()
         s.enable_hisparse = False
         s.hisparse_coordinator = None
         s.enable_hierarchical_cache = False
@@ -260,14 +193,14 @@ class OracleScheduler:
             "invariant_checker",
             "load_snapshot_writer",
         ):
-            setattr(s, name, _Null())
-        s.metrics_reporter = _metrics_stub()
-        s.dp_attn_adapter = _Passthrough()
-        s.ngram_embedding_manager = _Passthrough()
-        s.grammar_manager = _NoGrammar()
-        s.beam_coordinator = _NoBeams()
+            setattr(s, name, Null())
+        s.metrics_reporter = metrics_stub()
+        s.dp_attn_adapter = Passthrough()
+        s.ngram_embedding_manager = Passthrough()
+        s.grammar_manager = NoGrammar()
+        s.beam_coordinator = NoBeams()
         s.tp_worker = SimpleNamespace(model_runner=SimpleNamespace(attn_backend=None, prefill_aware_swa=False))
-        s.publish_load_snapshot = _null_call
+        s.publish_load_snapshot = null_call
         s.enable_overlap_mlx = False
         s.batch_result_processor = SchedulerBatchResultProcessor(
             is_generation=True,
@@ -280,17 +213,17 @@ class OracleScheduler:
             hisparse_coordinator=None,
             req_to_token_pool=s.req_to_token_pool,
             decode_offload_manager=None,
-            metrics_collector=_Null(),
-            metrics_reporter=_metrics_stub(),
-            draft_worker=_Null(),
-            model_worker=_Null(),
-            logprob_result_processor=_Null(),
-            output_streamer=_Null(),
+            metrics_collector=Null(),
+            metrics_reporter=metrics_stub(),
+            draft_worker=Null(),
+            model_worker=Null(),
+            logprob_result_processor=Null(),
+            output_streamer=Null(),
             beam_coordinator=s.beam_coordinator,
-            abort_request=_null_call,
+            abort_request=null_call,
         )
-        s.maybe_send_health_check_signal = _null_call
-        s._record_step_counters = _null_call  # step metrics
+        s.maybe_send_health_check_signal = null_call
+        s._record_step_counters = null_call  # step metrics
         return s
 
     # -- arrivals ------------------------------------------------------------------------

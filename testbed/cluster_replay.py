@@ -15,6 +15,7 @@ from dataclasses import asdict
 from typing import Callable
 
 import numpy as np
+import pandas as pd
 
 from scheduler.loop.step_log import StepLog
 from simulator.cluster.cluster import Cluster
@@ -38,13 +39,15 @@ class ClusterSteps:
 
     def columns(self, start: int, stop: int) -> dict:
         parts = [log.columns(0, len(log)) for log in self.logs]
-        names = list(parts[0])
-        cols = {
-            name: (sum((list(p[name]) for p in parts), []) if name == "mode" else np.concatenate([p[name] for p in parts]))
-            for name in names
-        }
-        order = np.argsort(cols["schedule_start"], kind="stable")[start:stop]
-        return {name: ([col[i] for i in order] if name == "mode" else col[order]) for name, col in cols.items()}
+        order = np.argsort(np.concatenate([p["schedule_start"] for p in parts]), kind="stable")[start:stop]
+        out = {}
+        for name in parts[0]:
+            if name == "mode":  # (a list of strings)
+                modes = [m for p in parts for m in p[name]]
+                out[name] = [modes[i] for i in order]
+            else:
+                out[name] = np.concatenate([p[name] for p in parts])[order]
+        return out
 
 
 def routing_config(opts) -> RoutingConfig:
@@ -61,21 +64,18 @@ def routing_config(opts) -> RoutingConfig:
 
 
 def instance_summary(requests: dict, num_instances: int) -> tuple[list[dict], float]:
-    """Per instance: completed requests, their throughputs and TTFT; and the load imbalance."""
-    inst = np.asarray(requests["instance"])
-    status = np.asarray(requests["status"], dtype=object)
+    """Per instance: its requests, those completed, their throughputs and TTFT; and the load
+    imbalance (the most requests an instance got over the mean)."""
+    frame = pd.DataFrame(requests)
     out = []
     for i in range(num_instances):
-        mine = {
-            k: (np.asarray(v, dtype=object)[inst == i] if k in ("status", "reason", "rid", "token_times") else np.asarray(v)[inst == i])
-            for k, v in requests.items()
-        }
-        s = metrics.summarize(mine) if len(mine["status"]) else None
+        mine = frame[frame["instance"] == i]
+        s = metrics.summarize(mine) if len(mine) else None
         out.append(
             {
                 "instance": i,
-                "requests": int((inst == i).sum()),
-                "completed": int(((inst == i) & (status == "finished")).sum()),
+                "requests": len(mine),
+                "completed": s["completed"] if s else 0,
                 "request_throughput": s["request_throughput"] if s else 0.0,
                 "output_throughput": s["output_throughput"] if s else 0.0,
                 "mean_ttft_ms": s["mean_ttft_ms"] if s else None,
@@ -83,8 +83,7 @@ def instance_summary(requests: dict, num_instances: int) -> tuple[list[dict], fl
             }
         )
     served = np.array([row["requests"] for row in out], dtype=float)
-    imbalance = float(served.max() / served.mean()) if served.sum() else 1.0
-    return out, imbalance
+    return out, float(served.max() / served.mean()) if served.sum() else 1.0
 
 
 def replay_cluster(

@@ -31,22 +31,15 @@ def _mix(tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
     return x
 
 
-def extend_block_hashes(hashes: np.ndarray, tokens: np.ndarray, first_block: int, page_size: int) -> np.ndarray:
-    """The hashes of blocks first_block .. first_block + len(tokens) // page_size - 1, given the
-    hashes of the blocks before (hashes[-1] is the prefix's sum so far) and those blocks'
-    tokens (a whole number of blocks)."""
-    n = len(tokens) // page_size
-    with np.errstate(over="ignore"):
-        start = first_block * page_size
-        sums = _mix(tokens, np.arange(start, start + len(tokens), dtype=np.uint64)).reshape(n, page_size).sum(axis=1, dtype=np.uint64)
-        out = np.cumsum(sums, dtype=np.uint64)
-        if first_block:
-            out += hashes[first_block - 1]
-    return out
+def block_hashes(tokens: np.ndarray, first_block: int, parent: int, page_size: int) -> np.ndarray:
+    """The hashes of blocks first_block .. first_block + len(tokens) // page_size - 1 of one
+    prefix: tokens are those blocks' (a whole number of blocks), parent the hash of the block
+    before them (0 for a first block)."""
+    return hashes_of_runs([tokens], [first_block], [parent], page_size)[0]
 
 
 def hashes_of_runs(token_runs: list[np.ndarray], first_blocks: list[int], parents: list[int], page_size: int) -> list[np.ndarray]:
-    """extend_block_hashes for several requests at once (one vector pass, not one per request):
+    """block_hashes of several prefixes at once (one vector pass, not one per prefix):
     run k holds whole blocks from block first_blocks[k] on, whose prefix before sums to
     parents[k] (0 for a first block)."""
     counts = np.fromiter((len(t) // page_size for t in token_runs), dtype=np.int64, count=len(token_runs))

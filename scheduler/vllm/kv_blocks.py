@@ -17,10 +17,13 @@ import numpy as np
 from scheduler.core.ids import extend_range, ids
 from scheduler.core.req import Req
 from scheduler.memory.memory_pool import ReqToTokenPool
-from scheduler.vllm.block_hashes import extend_block_hashes, hashes_of_runs
+from scheduler.vllm.block_hashes import block_hashes, hashes_of_runs
 from scheduler.vllm.block_pool import BlockPool
 
 _NO_HASHES = np.empty(0, dtype=np.uint64)
+# Runs of blocks shorter than this are counted in a Python loop: numpy's fixed cost (a few
+# microseconds a call) is more than a loop over so few.
+NUMPY_FROM = 16
 
 
 @dataclass(eq=False, slots=True)
@@ -53,12 +56,6 @@ class VllmKVBlocks:
 
     # -- tokens and hashes ------------------------------------------------------------
     @staticmethod
-    def known_tokens(req: Req) -> array:
-        """The request's known tokens: prompt, then outputs."""
-        prompt = req.origin_input_ids
-        return prompt + ids(req.output_ids) if req.output_ids else prompt
-
-    @staticmethod
     def known_tokens_between(req: Req, start: int, end: int) -> array:
         """Known tokens start .. end - 1 (of the prompt, then the outputs)."""
         prompt = req.origin_input_ids
@@ -80,7 +77,7 @@ class VllmKVBlocks:
         if have < num_blocks:
             ps = self.page_size
             tokens = np.frombuffer(self.known_tokens_between(req, have * ps, num_blocks * ps), dtype=np.int64)
-            more = extend_block_hashes(st.hashes, tokens, have, ps)
+            more = block_hashes(tokens, have, int(st.hashes[have - 1]) if have else 0, ps)
             st.hashes = np.concatenate((st.hashes, more)) if have else more
         return st.hashes
 
@@ -101,7 +98,7 @@ class VllmKVBlocks:
         """New blocks for num_tokens slots, beside the held ones and the hits, plus the hits
         that are free (taking them takes them out of the free queue)."""
         new = max(-(-num_tokens // self.page_size) - held - len(hit), 0)
-        if len(hit) > 16:
+        if len(hit) > NUMPY_FROM:
             return new + int(np.count_nonzero(self.pool._ref[hit] == 0))
         ref = self.pool.ref_cnt
         return new + sum(1 for b in hit if ref[b] == 0)

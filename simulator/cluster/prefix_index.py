@@ -14,17 +14,16 @@ from collections import OrderedDict
 
 import numpy as np
 
-from scheduler.vllm.block_hashes import extend_block_hashes
+from scheduler.vllm.block_hashes import block_hashes
 
 BLOCK = 16
-_EMPTY = np.empty(0, dtype=np.uint64)
 
 
 def prompt_keys(prompt) -> list[int]:
     """The block keys of a prompt's whole blocks."""
     tokens = np.asarray(prompt, dtype=np.int64)
     n = len(tokens) // BLOCK * BLOCK
-    return extend_block_hashes(_EMPTY, tokens[:n], 0, BLOCK).tolist() if n else []
+    return block_hashes(tokens[:n], 0, 0, BLOCK).tolist() if n else []
 
 
 class PrefixIndex:

@@ -351,14 +351,6 @@ def _tokenizer(folder: str | None):
         return None
 
 
-# The engine thread holds the GIL for most of a step (the scheduler, and torch's Python between
-# kernels); the HTTP thread waits for it to write a token out. Python hands the GIL over every
-# switch interval (5 ms by default): a token then waited up to 5 ms to leave (tiny-llama's TPOT at
-# the client: 3 ms against 0.5 ms in --mode real). Handing it over every 0.5 ms costs the step
-# little and keeps the stream close to the engine.
-GIL_SWITCH_INTERVAL_S = 0.0005
-
-
 def serve(opts, host: str, port: int, served_name: str | None = None) -> None:
     asyncio.run(_serve(opts, host, port, served_name))
 
@@ -389,5 +381,4 @@ async def _serve(opts, host: str, port: int, served_name: str | None) -> None:
     print("testbed serve: draining", flush=True)
     server.draining = True
     await loop.run_in_executor(None, engine.client.close)
-    await asyncio.sleep(0.1)  # (the last tokens to their streams)
-    await runner.cleanup()
+    await runner.cleanup()  # (it waits for the handlers still writing their streams' last tokens)

@@ -33,13 +33,20 @@ on a 2-core machine); a new point then takes about 0.3 ms, a repeated one micros
 
 from __future__ import annotations
 
-import functools
-import logging
 import math
 import os
-import re
 from dataclasses import dataclass
-from typing import Any
+
+from testbed.validate.aiconfigurator_sdk import (  # noqa: F401 - EstimateUnavailable, resolve_database_version re-exported
+    EXTRA_HINT,
+    EstimateUnavailable,
+    database,
+    first_line,
+    memo,
+    resolve_database_version,
+    sdk,
+    supported,
+)
 
 __all__ = [
     "AicEstimate",
@@ -50,8 +57,6 @@ __all__ = [
     "resolve_database_version",
 ]
 
-EXTRA_HINT = "pip install -e '.[aiconfigurator]' (the aiconfigurator-core package)"
-_SLOT_ALIASES = ("current", "previous", "next")
 
 # Hugging Face names of checkpoints whose config.json AIConfigurator's bundled registry holds under
 # another name (it would download these from the Hub, which `testbed validate` must not need). Each
@@ -80,14 +85,6 @@ MODEL_ALIASES: dict[str, str] = {
 _QUANT_SYNONYMS = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp4": "nvfp4"}
 
 
-class EstimateUnavailable(Exception):
-    """AIConfigurator cannot estimate this point; ``reason`` says why, in one short line."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        super().__init__(reason)
-
-
 @dataclass(frozen=True)
 class AicEstimate:
     """AIConfigurator's prediction of one agg point (milliseconds), and what it was computed with."""
@@ -106,163 +103,10 @@ class AicEstimate:
         return self.requested_version == self.database_version
 
 
-# --------------------------------------------------------------------------- the package
-
-
-@functools.cache
-def _sdk():
-    """The SDK modules this needs, imported once (and its loggers quietened)."""
-    try:
-        from aiconfigurator_core.sdk import common, perf_database
-        from aiconfigurator_core.sdk.backends.factory import get_backend
-        from aiconfigurator_core.sdk.config import RuntimeConfig
-        from aiconfigurator_core.sdk.config_builders import build_model_config
-        from aiconfigurator_core.sdk.models import check_is_moe, get_model
-        from aiconfigurator_core.sdk.models.helpers import (
-            resolve_context_fmha_by_data,
-            resolve_dsv4_moe_arch,
-            resolve_nvfp4_for_system,
-        )
-    except ImportError as e:
-        raise EstimateUnavailable(f"AIConfigurator's SDK is not importable ({e}); {EXTRA_HINT}") from None
-    # Its loaders log a line per fallback table and per resolved quant mode; our reasons say what matters.
-    logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
-    return _Sdk(
-        common,
-        perf_database,
-        get_backend,
-        RuntimeConfig,
-        build_model_config,
-        check_is_moe,
-        get_model,
-        resolve_context_fmha_by_data,
-        resolve_dsv4_moe_arch,
-        resolve_nvfp4_for_system,
-    )
-
-
-@dataclass(frozen=True)
-class _Sdk:
-    common: Any
-    perf_database: Any
-    get_backend: Any
-    RuntimeConfig: Any
-    build_model_config: Any
-    check_is_moe: Any
-    get_model: Any
-    resolve_context_fmha_by_data: Any
-    resolve_dsv4_moe_arch: Any
-    resolve_nvfp4_for_system: Any
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    line = text.splitlines()[0] if text else type(e).__name__
-    line = re.sub(r" at /\S+", "", line)  # the perf table's path on this machine
-    return line if len(line) <= 240 else line[:237] + "..."
-
-
-def _memo(fn):
-    """functools.cache that also remembers EstimateUnavailable: a point the SDK cannot estimate is
-    asked about again on every row like it (the same model on the same database), and each try costs."""
-    results: dict = {}
-
-    @functools.wraps(fn)
-    def wrapper(*args):
-        try:
-            out = results[args]
-        except KeyError:
-            try:
-                out = fn(*args)
-            except EstimateUnavailable as e:
-                out = e
-            results[args] = out
-        if isinstance(out, EstimateUnavailable):
-            raise EstimateUnavailable(out.reason)
-        return out
-
-    wrapper.cache_clear = results.clear
-    return wrapper
-
-
-# --------------------------------------------------------------------------- databases
-
-
-@functools.cache
-def _supported() -> dict[str, dict[str, tuple[str, ...]]]:
-    """system -> backend -> the versions the database can be queried at (its maintained slots)."""
-    sdk = _sdk()
-    return {s: {b: tuple(v) for b, v in backends.items() if v} for s, backends in sdk.perf_database.get_supported_databases().items()}
-
-
-def _parse_version(version: str):
-    """A comparable version for 0.12.0 / 1.2.0rc6.post2 / 0.5.6.post2; None for names that are not
-    one (nightly-dev, glm5-hopper, gpt-oss-dev)."""
-    from packaging.version import InvalidVersion, Version  # a dependency of aiconfigurator-core
-
-    try:
-        return Version(version)
-    except InvalidVersion:
-        return None
-
-
-def resolve_database_version(system: str, backend: str, backend_version: str | None) -> str:
-    """The database version to use for a point measured with `backend_version`.
-
-    The point's own version where the database has it (or a slot alias: current/previous/next);
-    else the oldest maintained version at or after it (the first database that postdates the
-    measured engine), else the newest before it; an unparseable or missing version gets the
-    database's default ("current", as AIConfigurator's CLI does). Raises EstimateUnavailable for a
-    system or backend with no data."""
-    return _resolve_version(system, backend, None if backend_version is None else str(backend_version))
-
-
-@_memo
-def _resolve_version(system: str, backend: str, backend_version: str | None) -> str:
-    have = _supported()
-    if system not in have:
-        raise EstimateUnavailable(f"no perf database for system {system!r} (have: {', '.join(sorted(have))})")
-    if backend not in have[system]:
-        raise EstimateUnavailable(f"no {backend} perf database for {system} (have: {', '.join(sorted(have[system]))})")
-    versions = have[system][backend]
-    perf_database = _sdk().perf_database
-    requested = None if backend_version is None else str(backend_version).strip()
-    if requested in versions:
-        return requested
-    if requested in _SLOT_ALIASES:
-        try:
-            return perf_database.resolve_query_version(system, backend, requested)
-        except ValueError as e:
-            raise EstimateUnavailable(_first_line(e)) from None
-    key = _parse_version(requested) if requested and requested.lower() not in ("nan", "none") else None
-    if key is None:
-        default = perf_database.get_latest_database_version(system, backend)
-        if default is None:
-            raise EstimateUnavailable(f"no {backend} perf database for {system}")
-        return default
-    parsed = sorted((p, v) for p, v in ((_parse_version(v), v) for v in versions) if p is not None)
-    if not parsed:
-        return perf_database.get_latest_database_version(system, backend) or versions[0]
-    later = [v for p, v in parsed if p >= key]
-    return later[0] if later else parsed[-1][1]
-
-
-@_memo
-def _database(system: str, backend: str, version: str):
-    sdk = _sdk()
-    try:
-        db = sdk.perf_database.get_database_view(system, backend, version, allow_missing_data=False, database_mode="SILICON")
-    except Exception as e:  # a version outside the slots, a corrupt table
-        raise EstimateUnavailable(f"{system}/{backend} {version}: the perf database did not load: {_first_line(e)}") from None
-    if db is None:
-        raise EstimateUnavailable(f"{system}/{backend} {version}: the perf database did not load")
-    return db
-
-
 # --------------------------------------------------------------------------- models
 
 
-@_memo
+@memo
 def _registry_model(model_path: str, allow_download: bool) -> str:
     """The name AIConfigurator's registry knows `model_path` by (itself, or an alias), or a local dir."""
     from aiconfigurator_core.sdk.common import DefaultHFModels
@@ -279,12 +123,12 @@ def _registry_model(model_path: str, allow_download: bool) -> str:
     )
 
 
-@_memo
+@memo
 def _is_moe(registry_name: str) -> bool:
     try:
-        return bool(_sdk().check_is_moe(registry_name))
+        return bool(sdk().check_is_moe(registry_name))
     except Exception as e:  # a config the SDK cannot parse
-        raise EstimateUnavailable(f"{registry_name}: AIConfigurator cannot read its config: {_first_line(e)}") from None
+        raise EstimateUnavailable(f"{registry_name}: AIConfigurator cannot read its config: {first_line(e)}") from None
 
 
 def _quant(enum, value: str | None, what: str):
@@ -300,7 +144,7 @@ def _quant(enum, value: str | None, what: str):
     return text
 
 
-@_memo
+@memo
 def _model_and_backend(
     system: str,
     backend: str,
@@ -318,32 +162,32 @@ def _model_and_backend(
 ):
     """The model built as the CLI builds it, and a backend of its own (run_agg caches results per
     backend instance, keyed by isl/osl/batch/ctx tokens only: one instance per model and database)."""
-    sdk = _sdk()
-    db = _database(system, backend, version)
+    the_sdk = sdk()
+    db = database(system, backend, version)
     try:
         if _is_moe(registry_name):
             if moe_tp is None and moe_ep is None:
                 raise EstimateUnavailable(f"{registry_name} is a MoE model: give moe_tp or moe_ep")
-            cfg = sdk.build_model_config(tp, pp, attention_dp, moe_tp, moe_ep)
+            cfg = the_sdk.build_model_config(tp, pp, attention_dp, moe_tp, moe_ep)
             moe_tp, moe_ep = cfg.resolve_moe_parallelism()
-        mc = sdk.build_model_config(
+        mc = the_sdk.build_model_config(
             tp, pp, attention_dp, moe_tp, moe_ep, gemm_quant_mode=gemm, kvcache_quant_mode=kv, fmha_quant_mode=fmha, moe_quant_mode=moe
         )
         mc.nextn = 0
-        sdk.resolve_context_fmha_by_data(mc, registry_name, db, backend, is_context_role=True)
-        sdk.resolve_dsv4_moe_arch(mc, registry_name, system_name=system, backend_name=backend)
-        sdk.resolve_nvfp4_for_system(mc, system, registry_name)
-        model = sdk.get_model(registry_name, mc, backend)
+        the_sdk.resolve_context_fmha_by_data(mc, registry_name, db, backend, is_context_role=True)
+        the_sdk.resolve_dsv4_moe_arch(mc, registry_name, system_name=system, backend_name=backend)
+        the_sdk.resolve_nvfp4_for_system(mc, system, registry_name)
+        model = the_sdk.get_model(registry_name, mc, backend)
     except EstimateUnavailable:
         raise
     except Exception as e:
-        raise EstimateUnavailable(f"{registry_name} on {system}/{backend} {version}: the model did not build: {_first_line(e)}") from None
+        raise EstimateUnavailable(f"{registry_name} on {system}/{backend} {version}: the model did not build: {first_line(e)}") from None
     c = model.config
     fields = (("gemm", "gemm_quant_mode"), ("moe", "moe_quant_mode"), ("kv", "kvcache_quant_mode"), ("fmha", "fmha_quant_mode"))
     quant = " ".join(
         f"{k}={getattr(c, a).name}" for k, a in fields if getattr(c, a, None) is not None and (k != "moe" or _is_moe(registry_name))
     )
-    return model, sdk.get_backend(backend), quant
+    return model, the_sdk.get_backend(backend), quant
 
 
 # --------------------------------------------------------------------------- the estimate
@@ -383,8 +227,8 @@ def aiconfigurator_estimate(
     Face Hub when neither its registry nor MODEL_ALIASES has it (off: raise instead).
 
     Raises EstimateUnavailable with a one-line reason when it cannot estimate the point."""
-    sdk = _sdk()
-    common = sdk.common
+    the_sdk = sdk()
+    common = the_sdk.common
     isl, osl, concurrency, tp, pp, attention_dp = (int(x) for x in (isl, osl, concurrency, tp, pp, attention_dp))
     if isl <= 0 or osl <= 0 or concurrency <= 0 or tp <= 0 or pp <= 0 or attention_dp <= 0:
         raise EstimateUnavailable(
@@ -415,12 +259,12 @@ def aiconfigurator_estimate(
     return AicEstimate(ttft, tpot, version, None if backend_version is None else str(backend_version), registry_name, batch, quant, kv_oom)
 
 
-@_memo
+@memo
 def _run_agg(
     system, backend, version, registry_name, isl, osl, batch, ctx, tp, pp, attention_dp, moe_tp, moe_ep, gemm, moe, kv, fmha
 ) -> tuple[float, float, bool, str]:
-    sdk = _sdk()
-    db = _database(system, backend, version)
+    the_sdk = sdk()
+    db = database(system, backend, version)
     model, be, quant = _model_and_backend(
         system, backend, version, registry_name, tp, pp, attention_dp, moe_tp, moe_ep, gemm, moe, kv, fmha
     )
@@ -429,13 +273,13 @@ def _run_agg(
         summary = be.run_agg(
             model,
             db,
-            sdk.RuntimeConfig(isl=isl, osl=osl, batch_size=batch),
+            the_sdk.RuntimeConfig(isl=isl, osl=osl, batch_size=batch),
             ctx_tokens=ctx,
             max_seq_len=None,
             free_gpu_memory_fraction=None,
         )
     except Exception as e:  # missing kernel data (a quant mode never measured there), interpolation out of range
-        raise EstimateUnavailable(f"{where}: {type(e).__name__}: {_first_line(e)}") from None
+        raise EstimateUnavailable(f"{where}: {type(e).__name__}: {first_line(e)}") from None
     if summary.check_oom():  # the CLI's "OOM" error: weights + activations + the batch's full KV cache
         mem = summary.get_memory() or {}
         cap = db.system_spec["gpu"]["mem_capacity"] / (1 << 30)

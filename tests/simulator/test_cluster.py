@@ -76,7 +76,7 @@ def test_round_robin_random_and_power_of_two():
     assert [rr.choose(views, None, [0, 0, 0]) for _ in range(5)] == [0, 1, 2, 0, 1]
     rnd = Policy(RoutingConfig("random", seed=1), 3)
     picks = [rnd.choose(views, None, [0, 0, 0]) for _ in range(300)]
-    assert {picks.count(i) for i in range(3)} and min(picks.count(i) for i in range(3)) > 70
+    assert min(picks.count(i) for i in range(3)) > 70  # each about a third of 300
     p2 = Policy(RoutingConfig("power-of-two", seed=1), 3)
     for _ in range(50):  # the busiest instance (5) loses against either other one
         assert p2.choose(views, None, [0, 0, 0]) != 0

@@ -178,7 +178,7 @@ def test_cli_bad_profile_exits_2(tmp_path):
 def test_fit_recovers_a_known_cost_and_leaves_out_starved_replay_forwards():
     """Forwards priced by a known roofline-shaped law, grid and replay, plus three replay
     forwards starved 10x by another process: the fit prices the law, not the starvation."""
-    from testbed.calibrate import fit_profile
+    from testbed.calibrate_fit import fit_profile
 
     def dec_t(bs, kv):
         return 1e-3 + 2e-5 * bs + 1e-7 * kv
