@@ -38,14 +38,14 @@ from testbed.studies.sweep import load_sweep
 REPO = Path(__file__).resolve().parents[3]
 MOONCAKE = REPO.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
 CLI = [sys.executable, "-m", "testbed"]  # what the console script runs
-REQUESTS = 3000  # Mooncake's first 3000 requests: ~7 s of simulation on a 2-core machine, 1 s flushes
+REQUESTS = 8000  # Mooncake's first 8000: a run of several seconds (1.4 s for 3000 made a kill after the first 1 s flush land at the run's very end)
 
 
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory) -> Path:
     if not MOONCAKE.exists():
         pytest.skip(f"shared trace {MOONCAKE} is absent")
-    path = tmp_path_factory.mktemp("trace") / "mooncake3000.jsonl"
+    path = tmp_path_factory.mktemp("trace") / "mooncake-first.jsonl"
     with open(MOONCAKE, "rb") as f:
         path.write_bytes(b"".join(islice(f, REQUESTS)))
     return path
