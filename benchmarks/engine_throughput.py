@@ -67,19 +67,22 @@ def decode_floor(args, tmp: Path) -> None:
 
     name = torch.cuda.get_device_name().lower()
     hw = load_hardware("h200" if "h200" in name else "h100" if "h100" in name else "a100")
-    trace = Trace([TraceRequest(0.0, 128, 512, rid="solo")])
+    trace = Trace([TraceRequest(0.0, 128, 256, rid="solo")])
     path = tmp / "solo.jsonl"
     trace.write(path)
-    run_dir = tmp / "solo"
-    replay(str(path), ReplayOptions(mode="real", model=args.model, device="cuda", overlap=True), out=run_dir)
-    steps = load_run(run_dir).steps
-    dec = steps[steps["mode"] == "decode"]
-    per_step = statistics.median((dec["device_end"] - dec["device_start"]).tolist())
     model = load_model_config(args.model or "llama-3.1-8b")
     floor = model.weight_bytes(2) / hw.mem_bandwidth
-    print(
-        f"decode at batch 1 on {name}: median {per_step * 1e3:.2f} ms/step; floor (weights / HBM) {floor * 1e3:.2f} ms; ratio {per_step / floor:.2f}"
-    )
+    for graphs in (True, False):
+        run_dir = tmp / f"solo-graphs-{graphs}"
+        opts = ReplayOptions(mode="real", model=args.model, device="cuda", overlap=True, disable_cuda_graph=not graphs)
+        replay(str(path), opts, out=run_dir)
+        steps = load_run(run_dir).steps
+        dec = steps[steps["mode"] == "decode"]
+        per_step = statistics.median((dec["device_end"] - dec["device_start"]).tolist())
+        print(
+            f"decode at batch 1 on {name}, CUDA graphs {'on' if graphs else 'off'}: median {per_step * 1e3:.2f} ms/step; "
+            f"floor (weights / HBM) {floor * 1e3:.2f} ms; ratio {per_step / floor:.2f}"
+        )
 
 
 def main() -> None:

@@ -35,8 +35,14 @@ PY=${PY:-python3}
 DEVICE=${DEVICE:-cuda}
 LOGS=$(mktemp -d)
 MODEL=${MODEL:-llama-3.1-8b}
-KERNELS=${KERNELS:-profiles/h100_sxm-sglang-llama-3.1-8b-tp1.json}
-HARDWARE=${HARDWARE:-h100}
+# The bundled spec and AIConfigurator profile of the GPU this runs on (an H200 or else an H100's).
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+case "$GPU_NAME" in
+  *H200*) GPU_SPEC=h200 ;;
+  *) GPU_SPEC=h100 ;;
+esac
+KERNELS=${KERNELS:-profiles/${GPU_SPEC}_sxm-sglang-llama-3.1-8b-tp1.json}
+HARDWARE=${HARDWARE:-$GPU_SPEC}
 RESULTS=()
 
 step() {  # step NAME SECONDS COMMAND...: run it (unless $SKIP names it), log it, print its tail
@@ -59,23 +65,23 @@ backends=(torch)
 $PY -c 'import flashinfer' 2>/dev/null && backends+=(flashinfer)
 for backend in "${backends[@]}"; do
   TAIL=6 TESTBED_TEST_DEVICE=$DEVICE TESTBED_TEST_ATTENTION=$backend \
-    step "equivalence-$DEVICE-$backend" 150 $PY -m pytest -q -p no:cacheprovider tests/engine/test_engine_equivalence.py tests/engine/test_engine_sampler.py
+    step "equivalence-$DEVICE-$backend" 120 $PY -m pytest -q -p no:cacheprovider tests/engine/test_engine_equivalence.py tests/engine/test_engine_sampler.py
 done
-TAIL=6 step real-cli 120 $PY -m pytest -q -p no:cacheprovider tests/engine/test_engine_replay.py
-TAIL=6 step serve 240 $PY -m pytest -q -p no:cacheprovider -rA tests/testbed/live/test_serve.py
-step calibrate 200 $PY -m testbed calibrate --model "$MODEL" --hardware "$HARDWARE" --out "$OUT/calibrated-$MODEL.json"
+step calibrate 180 $PY -m testbed calibrate --model "$MODEL" --hardware "$HARDWARE" --out "$OUT/calibrated-$MODEL.json"
 if [ -f "$OUT/calibrated-$MODEL.json" ]; then
   TAIL=4 step profile-compare 60 $PY benchmarks/gpu_profile_compare.py "$OUT/calibrated-$MODEL.json" "$KERNELS" --json "$OUT/profile-compare.json"
 fi
-step throughput 150 $PY benchmarks/engine_throughput.py -n "${THROUGHPUT_REQUESTS:-64}" --hi "${THROUGHPUT_HI:-512}" \
+step throughput 120 $PY benchmarks/engine_throughput.py -n "${THROUGHPUT_REQUESTS:-64}" --hi "${THROUGHPUT_HI:-512}" \
   --model "$MODEL" --device "$DEVICE"
+TAIL=6 step real-cli 90 $PY -m pytest -q -p no:cacheprovider tests/engine/test_engine_replay.py
 if [ -f "$OUT/calibrated-$MODEL.json" ]; then
-  TAIL=12 step fidelity 200 $PY benchmarks/fidelity.py --device "$DEVICE" --model "$MODEL" --hardware "$HARDWARE" \
+  TAIL=12 step fidelity 150 $PY benchmarks/fidelity.py --device "$DEVICE" --model "$MODEL" --hardware "$HARDWARE" \
     --profile "$OUT/calibrated-$MODEL.json" --repeats 1 --overlap on -n "${FIDELITY_REQUESTS:-60}" \
     --traces gen-chat,azure-code --out "$OUT/fidelity"
   cp "$OUT/fidelity/fidelity.json" "$OUT/fidelity.json" 2>/dev/null
   rm -rf "$OUT/fidelity"  # its run folders: too many files to bring back; fidelity.json has the figures
 fi
+TAIL=6 step serve 150 $PY -m pytest -q -p no:cacheprovider -rA tests/testbed/live/test_serve.py
 
 echo "=== summary"
 printf '%s\n' "${RESULTS[@]}" | tee -a "$OUT/gpu_check.log"

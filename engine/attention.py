@@ -8,7 +8,10 @@ the cache, the chunk's queries sit at positions prefix_len...seq_len-1.
 
 The torch backend gathers each request's K/V by slot and runs
 scaled_dot_product_attention; it works on the CPU and on CUDA. Decode batches
-run as one padded SDPA call; extend batches one request at a time.
+run as one padded SDPA call; extend batches one request at a time, with a causal
+mask aligned to the end of the request's keys (torch's causal_lower_right), which
+CUDA's fused kernels take without building the [queries, keys] mask: an 8B model's
+8,192-token prompt once asked for 6.6 GiB for it on an H200 and ran out of memory.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from engine.forward_batch import ForwardBatch
 from engine.kv_cache import KVCache
@@ -45,26 +49,26 @@ class TorchAttention:
     def prepare(self, batch: ForwardBatch) -> None:
         self.batch = batch
         plan = batch.plan
-        table = self.cache.req_to_token
-        device = table.device
         if plan.mode is ForwardMode.DECODE:
-            # Pad every request's slots to the longest; padding reads the scratch slot and is masked.
-            max_len = plan.max_seq_len
-            cols = torch.arange(max_len, device=device)
-            rows = table[batch.req_pool_indices, :max_len]
-            valid = cols[None, :] < batch.seq_lens[:, None]
-            self.kv_index = torch.where(valid, rows, self.cache.pad_slot)
-            self.mask = valid[:, None, None, :]  # [B, 1, 1, S]
+            self.prepare_decode(batch.req_pool_indices, batch.seq_lens, plan.max_seq_len)
         else:
+            table = self.cache.req_to_token
             self.spans = []
             start = 0
-            for row, prefix, ext, seq in zip(plan.req_pool_indices, plan.prefix_lens, plan.extend_lens, plan.seq_lens):
-                kv_index = table[row, :seq]
-                # Query j (position prefix + j) sees keys 0..prefix + j.
-                q_pos = torch.arange(prefix, seq, device=device)
-                mask = torch.arange(seq, device=device)[None, :] <= q_pos[:, None]
-                self.spans.append((start, start + ext, kv_index, mask))
+            for row, ext, seq in zip(plan.req_pool_indices, plan.extend_lens, plan.seq_lens):
+                # Query j (position seq - ext + j) sees keys 0..seq - ext + j: causal, aligned to the last key.
+                self.spans.append((start, start + ext, table[row, :seq], causal_lower_right(ext, seq)))
                 start += ext
+
+    def prepare_decode(self, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, max_len: int) -> None:
+        """Pad every request's slots to max_len; padding reads the scratch slot and is masked.
+        Tensors only, no host values: a CUDA graph captures this (engine/cuda_graph.py)."""
+        table = self.cache.req_to_token
+        cols = torch.arange(max_len, device=table.device)
+        rows = table[req_pool_indices, :max_len]
+        valid = cols[None, :] < seq_lens[:, None]
+        self.kv_index = torch.where(valid, rows, self.cache.pad_slot)
+        self.mask = valid[:, None, None, :]  # [B, 1, 1, S]
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         batch = self.batch
@@ -79,11 +83,12 @@ class TorchAttention:
             )  # [B, H, 1, D]
             return out.squeeze(2)
         out = torch.empty_like(q)
-        for s, e, kv_index, mask in self.spans:
-            keys = k_cache[kv_index].transpose(0, 1)  # [KVH, S, D]
-            values = v_cache[kv_index].transpose(0, 1)
-            o = F.scaled_dot_product_attention(
-                q[s:e].transpose(0, 1), keys, values, attn_mask=mask, scale=self.scale, enable_gqa=self.gqa
-            )  # [H, E, D]
-            out[s:e] = o.transpose(0, 1)
+        group = q.shape[1] // k_cache.shape[1]
+        for s, e, kv_index, causal in self.spans:
+            # Query heads share KV heads: repeated here, since the fused kernels' lower-right
+            # causal path takes equal head counts. [1, H, S, D]
+            keys = k_cache[kv_index].transpose(0, 1).repeat_interleave(group, 0).unsqueeze(0)
+            values = v_cache[kv_index].transpose(0, 1).repeat_interleave(group, 0).unsqueeze(0)
+            o = F.scaled_dot_product_attention(q[s:e].transpose(0, 1).unsqueeze(0), keys, values, attn_mask=causal, scale=self.scale)
+            out[s:e] = o[0].transpose(0, 1)  # [E, H, D]
         return out

@@ -16,6 +16,7 @@ from torch import nn
 from engine.attention import AttentionBackend
 from engine.forward_batch import ForwardBatch
 from engine.rope import RotaryEmbedding
+from scheduler.core.forward_plan import ForwardMode
 from scheduler.model_config import ModelConfig
 
 
@@ -105,8 +106,17 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Logits [B, vocab] (float32) of each request's last new token."""
+        return self.logits(self.last_hidden(batch, attn))
+
+    def last_hidden(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        """The final-norm hidden state [B, hidden] of each request's last new token: what a
+        decode CUDA graph captures (engine/cuda_graph.py), leaving the vocab-wide logits out."""
         x = self.model.embed_tokens(batch.input_ids)
         for layer in self.model.layers:
             x = layer(x, batch.positions, self.rope, attn)
-        x = self.model.norm(x[batch.last_token_index])
-        return self.lm_head(x).float()
+        if batch.mode is not ForwardMode.DECODE:  # a decode's tokens are all last tokens
+            x = x[batch.last_token_index]
+        return self.model.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from engine.attention import AttentionBackend, TorchAttention
+from engine.cuda_graph import DecodeGraphs
 from engine.device import DeviceChoice
 from engine.forward_batch import ForwardBatch, ids_tensor
 from engine.kv_cache import KVCache
@@ -37,6 +38,7 @@ class EngineConfig:
     # CPU: torch intra-op threads; None keeps torch's default (one per core), which ran the
     # example trace's large padded decode batches 4x faster than one thread here.
     cpu_threads: int | None = None
+    cuda_graph: bool = True  # CUDA, torch attention: decode batches replay graphs (SGLang's default; --disable-cuda-graph)
 
 
 class ModelRunner:
@@ -69,6 +71,7 @@ class ModelRunner:
         self.future = torch.zeros(FUTURE_MAP_SIZE + 1, dtype=torch.int64, device=self.device)
         self.cache: KVCache | None = None
         self.attn: AttentionBackend | None = None
+        self.graphs: DecodeGraphs | None = None
         self.num_forwards = 0
         self.last_logits: torch.Tensor | None = None  # of the latest forward, for tests
 
@@ -88,8 +91,10 @@ class ModelRunner:
         return tokens
 
     def init_cache(self, kv_tokens: int, num_req_rows: int) -> None:
+        """The KV pool, the attention backend over it, and (CUDA) the decode graphs of batches
+        up to num_req_rows - 2 requests (two rows spare, as the scheduler's request pool keeps)."""
         # The old pool goes first: a GPU pool sized from free memory leaves no room for two.
-        self.cache = self.attn = None
+        self.cache = self.attn = self.graphs = None
         row_len = min(self.model_cfg.context_len, kv_tokens)
         self.cache = KVCache(self.model_cfg, kv_tokens, num_req_rows, row_len, self.dtype, self.device)
         cfg = self.model_cfg
@@ -99,6 +104,8 @@ class ModelRunner:
             self.attn = FlashInferAttention(self.cache, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, self.dtype)
         else:
             self.attn = TorchAttention(self.cache, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+            if self.device.type == "cuda" and self.cfg.cuda_graph:
+                self.graphs = DecodeGraphs(self.model, self.attn, self.cache, max_batch=max(1, num_req_rows - 2))
 
     def warm_up(self) -> None:
         """One small prefill and one decode before the first request, as SGLang and vLLM run
@@ -129,8 +136,13 @@ class ModelRunner:
             batch = ForwardBatch.from_plan(plan, input_ids, self.device)
             if plan.mode is ForwardMode.DECODE:
                 cache.req_to_token[batch.req_pool_indices, batch.positions] = batch.out_cache_loc
-            attn.prepare(batch)
-            logits = self.model(batch, attn)
+            shape = self.graphs.shape_for(plan) if self.graphs is not None else None
+            if shape is None:
+                attn.prepare(batch)
+                hidden = self.model.last_hidden(batch, attn)
+            else:
+                hidden = self.graphs.run(shape, batch)
+            logits = self.model.logits(hidden)
             # The step of a sampled token is its position: the same in overlap and normal mode.
             sampling = SamplingBatch.build(plan.sampling, plan.seq_lens, seed=self.cfg.seed, salt=self.num_forwards)
             next_ids = sample(logits, sampling)

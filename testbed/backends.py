@@ -93,6 +93,7 @@ def build_real(opts, model: ModelConfig, make_config: Callable[[int], SchedulerC
         kv_tokens=opts.kv_tokens,
         mem_fraction_static=opts.mem_fraction_static,
         kv_memory_gb=opts.kv_memory_gb,
+        cuda_graph=not opts.disable_cuda_graph,
     )
     try:
         runner = ModelRunner(model, choice, engine_cfg, folder)
@@ -106,6 +107,7 @@ def build_real(opts, model: ModelConfig, make_config: Callable[[int], SchedulerC
         "hardware": str(choice.device) if choice.device.type == "cpu" else _gpu_name(choice.device),
         "device": choice.reason,
         "attention_backend": choice.attention_backend,
+        "cuda_graph": runner.graphs is not None,
         "dtype": str(choice.dtype).removeprefix("torch."),
         "load_format": load_format,
         **({"cpu_threads": _torch_threads()} if choice.device.type == "cpu" else {}),
@@ -128,7 +130,8 @@ def _free_earlier_engines() -> None:
 
 def describe_engine(meta: dict) -> str:
     """The line a real run or a calibration prints first: which device, dtype, backend, weights (from Backend.meta)."""
-    return f"real engine: {meta['device']}; {meta['load_format']} weights"
+    graphs = "; decode batches replay CUDA graphs" if meta.get("cuda_graph") else ""
+    return f"real engine: {meta['device']}; {meta['load_format']} weights{graphs}"
 
 
 def _torch_threads() -> int:

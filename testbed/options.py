@@ -329,6 +329,11 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
         help="default: flashinfer on CUDA when installed, else torch",
     )
     g.add_argument(
+        "--disable-cuda-graph",
+        action="store_true",
+        help="CUDA: run decode batches eagerly instead of replaying CUDA graphs (SGLang's option; graphs: torch backend only)",
+    )
+    g.add_argument(
         "--kv-memory-gb",
         type=positive_float,
         default=d.kv_memory_gb,

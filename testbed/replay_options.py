@@ -43,6 +43,7 @@ class ReplayOptions:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on the CPU
     attention_backend: str = "auto"  # auto | torch | flashinfer
+    disable_cuda_graph: bool = False  # CUDA: decode batches run eagerly (engine/cuda_graph.py)
     kv_memory_gb: float = 1.0  # CPU: KV cache budget when --kv-tokens is not given
     # The simulator: a calibrated profile (testbed calibrate) instead of the roofline.
     profile: str | None = None
