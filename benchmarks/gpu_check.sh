@@ -73,7 +73,7 @@ if [ -f "$OUT/calibrated-$MODEL.json" ]; then
 fi
 step throughput 120 $PY benchmarks/engine_throughput.py -n "${THROUGHPUT_REQUESTS:-64}" --hi "${THROUGHPUT_HI:-512}" \
   --model "$MODEL" --device "$DEVICE"
-TAIL=6 step real-cli 90 $PY -m pytest -q -p no:cacheprovider tests/engine/test_engine_replay.py
+TAIL=6 step real-cli 150 $PY -m pytest -q -p no:cacheprovider tests/engine/test_engine_replay.py
 if [ -f "$OUT/calibrated-$MODEL.json" ]; then
   TAIL=12 step fidelity 150 $PY benchmarks/fidelity.py --device "$DEVICE" --model "$MODEL" --hardware "$HARDWARE" \
     --profile "$OUT/calibrated-$MODEL.json" --repeats 1 --overlap on -n "${FIDELITY_REQUESTS:-60}" \
