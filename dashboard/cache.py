@@ -19,7 +19,7 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from dashboard import charts
+from dashboard import charts, cluster_charts
 from dashboard.latency import latency_cdfs
 from testbed.runs.folder import Run, folder_stamp, load_run
 
@@ -45,13 +45,17 @@ def _cdfs(path: str, stamp: tuple) -> Cdfs:
 @st.cache_data(max_entries=MAX_RUNS, show_spinner="Drawing...")
 def _run_figures(path: str, stamp: tuple, label: str) -> dict[str, go.Figure]:
     run = _load(path, stamp)
-    return {
+    figures = {
         "latency": charts.latency_cdf_figure({label: _cdfs(path, stamp)}),
         "throughput": charts.throughput_queue_figure(run.requests, run.steps),
         "batch": charts.batch_figure(run.steps),
         "kv": charts.kv_figure(run.steps, run.summary.get("kv_tokens")),
         "retractions": charts.retraction_figure(run.steps),
     }
+    if cluster_charts.instance_count(run.steps) > 1:
+        figures["instances"] = cluster_charts.instance_load_figure(run.steps, run.summary.get("kv_tokens"))
+        figures["routing"] = cluster_charts.routing_figure(run.requests)
+    return figures
 
 
 def load(path: str | Path) -> Run:

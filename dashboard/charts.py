@@ -25,10 +25,10 @@ PALETTE = qualitative.Plotly
 MAX_RATE_BINS = 200  # throughput is a rate over bins: fewer, wider bins than the step series
 MIN_RATE_BIN_S = 1.0  # narrower, a rate of requests is mostly 0 or 1 per bin
 _GRID = ((1, 1), (1, 2), (2, 1), (2, 2))  # the four latencies on a 2x2 grid
-_LAYOUT = dict(margin=dict(l=60, r=20, t=60, b=40), legend=dict(orientation="h", y=-0.12))
+LAYOUT = dict(margin=dict(l=60, r=20, t=60, b=40), legend=dict(orientation="h", y=-0.12))
 
 
-def _color(i: int) -> str:
+def series_color(i: int) -> str:
     return PALETTE[i % len(PALETTE)]
 
 
@@ -51,14 +51,14 @@ def latency_cdf_figure(cdfs: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndar
                     name=label,
                     legendgroup=label,
                     showlegend=metric == LATENCIES[0],
-                    line=dict(color=_color(i), shape="hv"),
+                    line=dict(color=series_color(i), shape="hv"),
                     hovertemplate=f"{label}<br>{LABELS[metric]} %{{x:.2f}} ms<br>P %{{y:.3f}}<extra></extra>",
                 ),
                 row=row,
                 col=col,
             )
     fig.update_yaxes(range=[0, 1.02], title_text="fraction of requests")
-    fig.update_layout(title="Latency CDFs", height=620, **_LAYOUT)
+    fig.update_layout(title="Latency CDFs", height=620, **LAYOUT)
     return fig
 
 
@@ -69,11 +69,11 @@ def percentile_bars_figure(summaries: Mapping[str, Mapping]) -> go.Figure:
         for metric, (row, col) in zip(LATENCIES, _GRID):
             y = [summary.get(f"{s}_{metric}_ms") for s in STATS]
             fig.add_trace(
-                go.Bar(x=list(STATS), y=y, name=label, legendgroup=label, showlegend=metric == LATENCIES[0], marker_color=_color(i)),
+                go.Bar(x=list(STATS), y=y, name=label, legendgroup=label, showlegend=metric == LATENCIES[0], marker_color=series_color(i)),
                 row=row,
                 col=col,
             )
-    fig.update_layout(title="Latency percentiles", barmode="group", height=620, **_LAYOUT)
+    fig.update_layout(title="Latency percentiles", barmode="group", height=620, **LAYOUT)
     return fig
 
 
@@ -95,24 +95,28 @@ def throughput_queue_figure(requests: pd.DataFrame, steps: pd.DataFrame) -> go.F
         tokens = rate_series(all_tokens, bins)
         finished = rate_series(requests.loc[requests["status"] == "finished", "finish"].to_numpy(), bins)
         fig.add_trace(
-            go.Scatter(x=tokens["time"], y=tokens["rate"], name="output tok/s", line=dict(color=_color(0), shape="hv")), row=1, col=1
+            go.Scatter(x=tokens["time"], y=tokens["rate"], name="output tok/s", line=dict(color=series_color(0), shape="hv")), row=1, col=1
         )
         fig.add_trace(
-            go.Scatter(x=finished["time"], y=finished["rate"], name="finished req/s", line=dict(color=_color(1), shape="hv")),
+            go.Scatter(x=finished["time"], y=finished["rate"], name="finished req/s", line=dict(color=series_color(1), shape="hv")),
             row=1,
             col=1,
             secondary_y=True,
         )
     if not steps.empty:
         q = _time_step_series(steps, {"num_running": "max", "num_waiting": "max"})
-        fig.add_trace(go.Scatter(x=q["time"], y=q["num_running"], name="running", line=dict(color=_color(2), shape="hv")), row=2, col=1)
-        fig.add_trace(go.Scatter(x=q["time"], y=q["num_waiting"], name="waiting", line=dict(color=_color(3), shape="hv")), row=2, col=1)
+        fig.add_trace(
+            go.Scatter(x=q["time"], y=q["num_running"], name="running", line=dict(color=series_color(2), shape="hv")), row=2, col=1
+        )
+        fig.add_trace(
+            go.Scatter(x=q["time"], y=q["num_waiting"], name="waiting", line=dict(color=series_color(3), shape="hv")), row=2, col=1
+        )
     fig.update_yaxes(rangemode="tozero")
     fig.update_yaxes(title_text="tok/s", row=1, col=1, secondary_y=False)
     fig.update_yaxes(title_text="req/s", row=1, col=1, secondary_y=True)
     fig.update_yaxes(title_text="requests", row=2, col=1)
     fig.update_xaxes(title_text="time (s)", row=2, col=1)
-    fig.update_layout(title="Throughput and queues over time", height=560, **_LAYOUT)
+    fig.update_layout(title="Throughput and queues over time", height=560, **LAYOUT)
     return fig
 
 
@@ -134,12 +138,14 @@ def batch_figure(steps: pd.DataFrame) -> go.Figure:
         )
         b = _time_step_series(per_step, {"prefill_tokens": "mean", "decode_tokens": "mean", "batch_size": "mean"})
         for i, (col, name) in enumerate((("prefill_tokens", "prefill tokens"), ("decode_tokens", "decode tokens"))):
-            fig.add_trace(go.Bar(x=b["time"], y=b[col], name=name, marker_color=_color(i), marker_line_width=0), row=1, col=1)
-        fig.add_trace(go.Scatter(x=b["time"], y=b["batch_size"], name="batch size", line=dict(color=_color(2), shape="hv")), row=2, col=1)
+            fig.add_trace(go.Bar(x=b["time"], y=b[col], name=name, marker_color=series_color(i), marker_line_width=0), row=1, col=1)
+        fig.add_trace(
+            go.Scatter(x=b["time"], y=b["batch_size"], name="batch size", line=dict(color=series_color(2), shape="hv")), row=2, col=1
+        )
     fig.update_yaxes(title_text="tokens", row=1, col=1)
     fig.update_yaxes(title_text="requests", row=2, col=1)
     fig.update_xaxes(title_text="time (s)", row=2, col=1)
-    fig.update_layout(title="Batch composition", barmode="stack", bargap=0, height=560, **_LAYOUT)
+    fig.update_layout(title="Batch composition", barmode="stack", bargap=0, height=560, **LAYOUT)
     return fig
 
 
@@ -169,7 +175,7 @@ def kv_figure(steps: pd.DataFrame, kv_tokens: int | None) -> go.Figure:
         kv = peak_rows(steps, "schedule_start", ["kv_used_tokens", "kv_cached_tokens"])  # both from one step: a real pool state
         for i, (col, name) in enumerate((("kv_used_tokens", "used"), ("kv_cached_tokens", "evictable cache"))):
             fig.add_trace(
-                go.Scatter(x=kv["time"], y=kv[col], name=f"KV {name}", stackgroup="kv", line=dict(color=_color(i), shape="hv")),
+                go.Scatter(x=kv["time"], y=kv[col], name=f"KV {name}", stackgroup="kv", line=dict(color=series_color(i), shape="hv")),
                 row=1,
                 col=1,
             )
@@ -177,17 +183,19 @@ def kv_figure(steps: pd.DataFrame, kv_tokens: int | None) -> go.Figure:
             fig.add_hline(y=kv_tokens, line_dash="dot", line_color="gray", row=1, col=1)
         hits = cache_hit_series(steps)
         fig.add_trace(
-            go.Scatter(x=hits["time"], y=hits["hit_rate"], name="hit rate", mode="markers", marker=dict(color=_color(2), size=4)),
+            go.Scatter(x=hits["time"], y=hits["hit_rate"], name="hit rate", mode="markers", marker=dict(color=series_color(2), size=4)),
             row=2,
             col=1,
         )
         fig.add_trace(
-            go.Scatter(x=hits["time"], y=hits["cumulative_hit_rate"], name="cumulative hit rate", line=dict(color=_color(3))), row=2, col=1
+            go.Scatter(x=hits["time"], y=hits["cumulative_hit_rate"], name="cumulative hit rate", line=dict(color=series_color(3))),
+            row=2,
+            col=1,
         )
     fig.update_yaxes(title_text="tokens", row=1, col=1)
     fig.update_yaxes(title_text="hit rate", tickformat=".0%", range=[0, 1.02], row=2, col=1)
     fig.update_xaxes(title_text="time (s)", row=2, col=1)
-    fig.update_layout(title=f"KV cache{pool}", height=560, **_LAYOUT)
+    fig.update_layout(title=f"KV cache{pool}", height=560, **LAYOUT)
     return fig
 
 
@@ -196,15 +204,16 @@ def retraction_figure(steps: pd.DataFrame) -> go.Figure:
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     if not steps.empty:
         r = _time_step_series(steps, {"num_retracted": "sum"})
-        fig.add_trace(go.Bar(x=r["time"], y=r["num_retracted"], name="retracted", marker_color=_color(4)))
+        fig.add_trace(go.Bar(x=r["time"], y=r["num_retracted"], name="retracted", marker_color=series_color(4)))
         fig.add_trace(
-            go.Scatter(x=r["time"], y=np.cumsum(r["num_retracted"]), name="total", line=dict(color=_color(5), shape="hv")), secondary_y=True
+            go.Scatter(x=r["time"], y=np.cumsum(r["num_retracted"]), name="total", line=dict(color=series_color(5), shape="hv")),
+            secondary_y=True,
         )
     fig.update_yaxes(rangemode="tozero")
     fig.update_yaxes(title_text="retracted", secondary_y=False)
     fig.update_yaxes(title_text="total", secondary_y=True)
     fig.update_xaxes(title_text="time (s)")
-    fig.update_layout(title="Retractions", height=340, **_LAYOUT)
+    fig.update_layout(title="Retractions", height=340, **LAYOUT)
     fig.update_layout(legend_y=-0.4)  # below the axis title of this short figure
     return fig
 
@@ -230,7 +239,7 @@ def timeline_figure(intervals: pd.DataFrame) -> go.Figure:
                 y=[lane] * len(part),
                 orientation="h",
                 name=label,
-                marker_color=_color(i),
+                marker_color=series_color(i),
                 customdata=np.stack([part["step"], part["batch_size"], part["num_tokens"]], axis=-1) if len(part) else None,
                 hovertemplate=f"{label} step %{{customdata[0]}} (batch %{{customdata[1]}}, %{{customdata[2]}} tokens)"
                 "<br>%{base:.3f} ms + %{x:.3f} ms<extra></extra>",
@@ -239,7 +248,7 @@ def timeline_figure(intervals: pd.DataFrame) -> go.Figure:
         )
     fig.update_yaxes(categoryorder="array", categoryarray=["device", "CPU"])
     fig.update_xaxes(title_text="time (ms)")
-    fig.update_layout(title="Step timeline: CPU and device", barmode="overlay", bargap=0.35, height=320, **_LAYOUT)
+    fig.update_layout(title="Step timeline: CPU and device", barmode="overlay", bargap=0.35, height=320, **LAYOUT)
     fig.update_layout(legend_y=-0.45)  # below the axis title of this short figure
     return fig
 
@@ -282,14 +291,14 @@ def sweep_metric_figure(grid: pd.DataFrame, metric: str, x: str, y: str | None, 
                     y=row.to_numpy(dtype=float),
                     mode="lines+markers",
                     name=name,
-                    line=dict(color=_color(i)),
+                    line=dict(color=series_color(i)),
                     hovertemplate=f"{name}<br>{x}=%{{x}}<br>{metric} %{{y:.4g}}<extra></extra>",
                 )
             )
         fig.update_yaxes(title_text=metric)
         title = f"{metric} by {x}" + (f", one line per {y}" if y is not None else "")
     fig.update_xaxes(type="category", title_text=x)
-    fig.update_layout(title=title, height=480, **_LAYOUT)
+    fig.update_layout(title=title, height=480, **LAYOUT)
     return fig
 
 
@@ -319,12 +328,12 @@ def pareto_figure(points: pd.DataFrame, front: pd.DataFrame, throughput: str, la
             text=front["point"],
             mode="lines+markers",
             name="Pareto front",
-            marker=dict(color=_color(1), size=11),
-            line=dict(color=_color(1), shape="hv"),
+            marker=dict(color=series_color(1), size=11),
+            line=dict(color=series_color(1), shape="hv"),
             hovertemplate=hover("front"),
         )
     )
     fig.update_xaxes(title_text=f"{latency} (lower is better)")
     fig.update_yaxes(title_text=f"{throughput} (higher is better)")
-    fig.update_layout(title=f"Pareto front: {throughput} against {latency}", height=480, **_LAYOUT)
+    fig.update_layout(title=f"Pareto front: {throughput} against {latency}", height=480, **LAYOUT)
     return fig

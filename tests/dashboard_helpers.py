@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 from pathlib import Path
+
+import numpy as np
 
 from testbed.options import ReplayOptions
 from testbed.replay import replay
@@ -68,3 +71,11 @@ def summary(run_dir: Path) -> dict:
 
 def status(run_dir: Path) -> str:
     return json.loads((run_dir / "run.json").read_text())["status"]
+
+
+def plotly_array(value) -> list:
+    """A figure's array as the browser gets it: plotly sends numpy arrays as base64 typed arrays."""
+    if isinstance(value, dict) and "bdata" in value:
+        a = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
+        return a.reshape([int(n) for n in str(value.get("shape", len(a))).split(",")]).tolist()
+    return value

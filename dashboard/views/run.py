@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import cache, charts, timeline, ui
+from dashboard import cache, charts, cluster_charts, timeline, ui
 from dashboard.latency import LABELS
 from dashboard.runs_index import loadable
 from testbed.runs.compare import STATS
@@ -61,6 +61,8 @@ if steps.empty:
     imported = run.meta.get("mode") == "imported"
     st.info("Imported from another engine: its steps are not known." if imported else "This run has no steps.")
     st.stop()
+if "instances" in figures:
+    st.caption("All instances together; each one apart under Instances below.")
 st.plotly_chart(figures["throughput"])
 st.plotly_chart(figures["batch"])
 st.plotly_chart(figures["kv"])
@@ -68,6 +70,24 @@ if s.get("num_retractions", 0):
     st.plotly_chart(figures["retractions"])
 else:  # nothing to draw
     st.caption("No request was retracted: the KV pool never ran out.")
+
+if "instances" in figures:
+    st.header("Instances")
+    cluster = run.meta.get("cluster") or {}
+    imbalance = s.get("load_imbalance")
+    st.markdown(
+        f"{cluster_charts.instance_count(steps)} instances behind the **{cluster.get('router', '?')}** router"
+        + (f"; load imbalance {imbalance:.2f} (the busiest instance's requests over the mean)" if imbalance is not None else "")
+    )
+    st.plotly_chart(figures["instances"])
+    st.plotly_chart(figures["routing"])
+    st.dataframe(
+        cluster_charts.routing_table(run.requests),
+        column_config={
+            "cache_hit_rate": st.column_config.NumberColumn("cache hit rate", format="percent"),
+            "p50_ttft_ms": st.column_config.NumberColumn("TTFT p50 (ms)", format=ui.MS),
+        },
+    )
 
 
 @st.fragment  # moving the window reruns only this part, not the whole page

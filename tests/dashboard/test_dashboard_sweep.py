@@ -9,7 +9,6 @@ outside the runs dir.
 
 from __future__ import annotations
 
-import base64
 import itertools
 import json
 import shutil
@@ -18,11 +17,11 @@ import sys
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from dashboard_helpers import plotly_array
 from streamlit.testing.v1 import AppTest
 
 from dashboard import charts
@@ -274,19 +273,11 @@ def _chart_titles(at: AppTest) -> list[str]:
     return [json.loads(el.proto.spec)["layout"]["title"]["text"] for el in at.get("plotly_chart")]
 
 
-def _array(value) -> list:
-    """A figure's array as the browser gets it: plotly sends numpy arrays as base64 typed arrays."""
-    if isinstance(value, dict) and "bdata" in value:
-        a = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
-        return a.reshape([int(n) for n in str(value.get("shape", len(a))).split(",")]).tolist()
-    return value
-
-
 def _chart(at: AppTest, title_start: str) -> list[dict]:
     """The traces of the one chart whose title starts so, arrays decoded."""
     specs = [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
     (spec,) = [s for s in specs if s["layout"]["title"]["text"].startswith(title_start)]
-    return [{k: _array(v) for k, v in trace.items()} for trace in spec["data"]]
+    return [{k: plotly_array(v) for k, v in trace.items()} for trace in spec["data"]]
 
 
 def test_whatif_page_opens_a_sweep_table_heat_map_and_pareto_front(monkeypatch, made):
