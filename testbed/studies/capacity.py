@@ -235,6 +235,22 @@ class CapacityReport:
     out_dir: Path
     skipped: dict[str, str] = field(default_factory=dict)  # configs whose options cannot run together -> why
 
+    def fewest_replicas(self) -> list[FewestReplicas]:
+        """With a replicas axis: for each setting of the other axes, the fewest replicas whose
+        capacity reaches the trace's own rate (x1). Capacity is assumed monotone in the rate, so a
+        config that passes above x1 passes at x1."""
+        if not self.results or "replicas" not in self.results[0].axes:
+            return []
+        groups: dict[tuple, list[CapacityResult]] = {}
+        for r in self.results:
+            others = tuple((k, v) for k, v in r.axes.items() if k != "replicas")
+            groups.setdefault(others, []).append(r)
+        fewest = []
+        for others, results in groups.items():
+            holding = [int(r.axes["replicas"]) for r in results if r.multiplier is not None and r.multiplier >= 1.0]
+            fewest.append(FewestReplicas(dict(others), min(holding) if holding else None, max(int(r.axes["replicas"]) for r in results)))
+        return fewest
+
     def to_json(self) -> dict:
         return {
             "trace": self.trace,
@@ -244,8 +260,27 @@ class CapacityReport:
             "resolution": self.resolution,
             "out": str(self.out_dir),
             "configs": [r.to_json() for r in self.results],
+            **({"fewest_replicas": [asdict(f) for f in fewest]} if (fewest := self.fewest_replicas()) else {}),
             **({"skipped": self.skipped} if self.skipped else {}),
         }
+
+
+@dataclass
+class FewestReplicas:
+    """The fewest replicas that hold the SLOs at the trace's own rate, for one setting of the other axes."""
+
+    axes: dict[str, Any]  # the other axes' values
+    replicas: int | None  # None: not even the most replicas tried hold
+    most_tried: int
+
+    def message(self) -> str:
+        where = ", ".join(f"{k}={v}" for k, v in self.axes.items())
+        found = (
+            f"{self.replicas} replicas"
+            if self.replicas is not None
+            else f"more than {self.most_tried} replicas (the most tried do not hold)"
+        )
+        return f"fewest replicas that meet the SLOs at the trace's rate (x1){' with ' + where if where else ''}: {found}"
 
 
 def rank(results: Sequence[CapacityResult]) -> list[CapacityResult]:

@@ -325,6 +325,7 @@ def format_capacity(report: CapacityReport) -> str:
         )
     lines += ["", format_table(headers, rows, left=len(axis_names) + 1)]
     lines += [f"{r.config}: {r.message()}" for r in report.results if r.status in ("none", "failed", "above_range")]
+    lines += [f.message() for f in report.fewest_replicas()]
     lines += [f"skipped: {name}: {why}" for name, why in report.skipped.items()]
     return "\n".join(lines)
 

@@ -193,3 +193,22 @@ def test_capacity_refuses_a_time_scale_it_would_override(trace, tmp_path, capsys
     assert "time_scale" in line
     line = _error_line(["capacity", str(trace), "--slo", "p90_ttft_ms=50", "--resolution", "0", "--out", str(tmp_path / "c")], capsys)
     assert "--resolution" in line
+
+
+@pytest.mark.slow
+def test_fewest_replicas_that_hold_the_slo_at_the_trace_rate(trace, limit, tmp_path):
+    # At 15x the trace's rate one instance queues past the bound; more replicas share the load.
+    heavy = tmp_path / "heavy.json"
+    generate_trace(
+        GenConfig(num_requests=N, rate=150.0, input_len="uniform:50,300", output_len="uniform:10,60", system_prompts=2, shared_fraction=0.8)
+    ).write(heavy)
+    proc = _capacity(
+        heavy, "--slo", f"p90_ttft_ms={limit}", "--grid", "replicas=1,2,4", "--resolution", 0.2, "--out", tmp_path / "cap", "-q"
+    )
+    report = json.loads((tmp_path / "cap" / "capacity.json").read_text())
+    by_replicas = {c["axes"]["replicas"]: c["multiplier"] for c in report["configs"]}
+    holding = sorted(n for n, m in by_replicas.items() if m is not None and m >= 1.0)
+    assert holding and holding[0] > 1, by_replicas  # one instance does not hold at 15x; some number does
+    (fewest,) = report["fewest_replicas"]
+    assert fewest == {"axes": {}, "replicas": holding[0], "most_tried": 4}
+    assert f"fewest replicas that meet the SLOs at the trace's rate (x1): {holding[0]} replicas" in proc.stdout
