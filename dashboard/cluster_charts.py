@@ -101,7 +101,7 @@ def routing_figure(requests: pd.DataFrame) -> go.Figure:
     """Where the requests went: requests and prompt tokens per instance, and each one's hit rate."""
     table = routing_table(requests)
     fig = make_subplots(specs=[[{"secondary_y": True}]])
-    names = [f"instance {i}" for i in table.index]
+    names = [str(i) for i in table.index]
     fig.add_trace(go.Bar(x=names, y=table["requests"], name="requests", marker_color=series_color(0)))
     fig.add_trace(
         go.Scatter(
@@ -109,6 +109,7 @@ def routing_figure(requests: pd.DataFrame) -> go.Figure:
         ),
         secondary_y=True,
     )
+    fig.update_xaxes(title_text="instance", type="category")
     fig.update_yaxes(title_text="requests", rangemode="tozero", secondary_y=False)
     fig.update_yaxes(title_text="hit rate", tickformat=".0%", range=[0, 1.02], secondary_y=True)
     fig.update_layout(title="Where the router sent the requests", height=380, **LAYOUT)

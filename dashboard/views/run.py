@@ -93,6 +93,10 @@ if "instances" in figures:
 @st.fragment  # moving the window reruns only this part, not the whole page
 def step_timeline() -> None:
     st.header("Step timeline")
+    steps = run.steps
+    if "instances" in figures:  # each instance has its own CPU and device: one at a time
+        instance = st.selectbox("Instance", sorted(int(i) for i in steps["instance"].unique()))
+        steps = steps[steps["instance"] == instance].reset_index(drop=True)
     ov = timeline.overlap_stats(steps)
     st.caption(
         f"Overlap {ui.on_off(row['overlap'])}: the device was busy {ov.device_busy_fraction:.1%} of the run, "

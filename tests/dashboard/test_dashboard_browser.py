@@ -6,7 +6,8 @@ Also the script that makes the README's screenshots (docs/dashboard-*.png), from
 
     .venv/bin/python tests/dashboard/test_dashboard_browser.py --runs runs --run a-sim-fcfs --compare a-real,a-sim-tiny-llama-cpu
 
-`--pages whatif` makes only that one (the What-if page opens the newest sweep in --runs).
+`--pages whatif` makes only that one (the What-if page opens the newest sweep in --runs); `--pages cluster
+--cluster-run NAME` shoots the Instances section of a cluster run (docs/dashboard-cluster.png).
 """
 
 from __future__ import annotations
@@ -296,11 +297,35 @@ def _full_page(devtools: DevTools, width: int = WIDTH, max_height: int = 4800) -
     return devtools.screenshot()
 
 
-PAGES = ("runs", "run", "compare", "whatif")
+PAGES = ("runs", "run", "compare", "whatif", "cluster")
+
+
+def _section(devtools: DevTools, heading: str, width: int = WIDTH, max_height: int = 8000) -> bytes:
+    """The page from the header `heading` to its end, the viewport grown to the whole page first."""
+    devtools.resize(width, HEIGHT)
+    time.sleep(1.0)
+    height = int(devtools.eval("document.querySelector('[data-testid=\"stMain\"]').scrollHeight"))
+    devtools.resize(width, min(height + 40, max_height))
+    time.sleep(1.5)  # plotly redraws at the new size
+    # From the header's top to the next header's (or the page's end).
+    top, bottom = devtools.eval(
+        "(() => { const hs = [...document.querySelectorAll('h2')];"
+        f" const i = hs.findIndex(h => h.innerText.trim().startsWith({json.dumps(heading)}));"
+        " const top = hs[i].getBoundingClientRect().top;"
+        " return [top, i + 1 < hs.length ? hs[i + 1].getBoundingClientRect().top : document.body.scrollHeight]; })()"
+    )
+    clip = dict(x=0, y=max(0, top - 10), width=width, height=bottom - top, scale=1)
+    return base64.b64decode(devtools.send("Page.captureScreenshot", format="png", clip=clip)["data"])
 
 
 def make_screenshots(
-    runs_dir: Path, out: Path, run: str | None, compare: list[str], whatif_loads: str, pages: Sequence[str] = PAGES
+    runs_dir: Path,
+    out: Path,
+    run: str | None,
+    compare: list[str],
+    whatif_loads: str,
+    pages: Sequence[str] = PAGES,
+    cluster_run: str | None = None,
 ) -> None:
     port = free_port()
     out.mkdir(parents=True, exist_ok=True)
@@ -324,6 +349,10 @@ def make_screenshots(
             devtools.resize(WIDTH, HEIGHT)
         if "whatif" in pages:
             _whatif_screenshot(devtools, base, out, whatif_loads)
+        if "cluster" in pages and cluster_run:
+            open_page(devtools, f"{base}/run?run={cluster_run}", charts=7)
+            (out / "dashboard-cluster.png").write_bytes(_section(devtools, "Instances"))
+            devtools.resize(WIDTH, HEIGHT)
 
 
 def _whatif_screenshot(devtools: DevTools, base: str, out: Path, whatif_loads: str) -> None:
@@ -354,9 +383,10 @@ if __name__ == "__main__":
     p.add_argument("--run", help="run shown on the Run page")
     p.add_argument("--compare", default="", help="comma-separated runs for the Compare page (the first is A)")
     p.add_argument("--whatif-loads", default="1, 1.5, 2", help="load scales tried on the What-if page")
+    p.add_argument("--cluster-run", help="a cluster run (replay --replicas N) whose Instances section is shot")
     p.add_argument("--pages", default=",".join(PAGES), help="comma-separated pages to shoot (default: all)")
     a = p.parse_args()
     pages = a.pages.split(",")
-    if "run" in pages and not a.run or "compare" in pages and not a.compare:
-        p.error("--run and --compare are needed for the run and compare pages")
-    make_screenshots(a.runs.resolve(), a.out, a.run, a.compare.split(","), a.whatif_loads, pages)
+    if "run" in pages and not a.run or "compare" in pages and not a.compare or "cluster" in pages and not a.cluster_run:
+        p.error("--run, --compare and --cluster-run are needed for the run, compare and cluster pages")
+    make_screenshots(a.runs.resolve(), a.out, a.run, a.compare.split(","), a.whatif_loads, pages, a.cluster_run)

@@ -65,12 +65,17 @@ def test_cluster_run_shows_each_instance_and_where_requests_went(monkeypatch, ru
     routing = charts["Where the router sent the requests"]
     sent = dict(zip(plotly_array(routing["data"][0]["x"]), plotly_array(routing["data"][0]["y"])))
     counts = run.requests["instance"].value_counts()
-    assert sent == {f"instance {i}": int(counts[i]) for i in range(3)}
+    assert sent == {str(i): int(counts[i]) for i in range(3)}
     # Round robin: 90 requests, 30 each.
     assert set(sent.values()) == {30}
     table = at.dataframe[-1].value
     assert list(table["requests"]) == [30, 30, 30]
     assert table["output_tokens"].sum() == run.requests["output_tokens"].sum()
+    # The step timeline is one instance's CPU and device at a time.
+    (instance,) = [w for w in at.selectbox if w.label == "Instance"]
+    instance.set_value(2).run()
+    (download,) = at.get("download_button")
+    assert f"All {int((run.steps['instance'] == 2).sum()):,} steps" in download.help
 
 
 def test_single_instance_run_has_no_instances_section(monkeypatch, runs_dir):
