@@ -10,7 +10,8 @@ A graph's tensors have fixed shapes, so a decode batch is padded twice:
   reads one key, and its output is dropped;
 - to the next captured context length, since the torch backend reads every request's KV
   padded to the longest (engine/attention.py); the padding keys are masked.
-Graphs cover decode batches up to SGLang's cuda_graph_max_bs and the lengths whose padded
+Graphs cover decode batches up to SGLang's cuda_graph_max_bs for the device's memory (256 on an
+H100 or H200) and the lengths whose padded
 KV fits a bound (below); anything else runs eagerly. The graph ends at the final norm: the
 vocab-wide projection and sampling run eagerly after it, so no graph keeps a [batch, vocab]
 output alive. Only the torch attention backend is captured (flashinfer's decode wrapper
@@ -29,7 +30,7 @@ from engine.forward_batch import ForwardBatch
 from engine.kv_cache import KVCache
 from engine.llama import LlamaForCausalLM
 from scheduler.core.forward_plan import ForwardMode, ForwardPlan
-from simulator.costs.cuda_graphs import SGLANG_CUDA_GRAPH_MAX_BS
+from scheduler.sglang.server_defaults import default_cuda_graph_max_bs
 
 # SGLang captures batch sizes 1, 2, 4, 8 and then steps of 8 (16 up to 256 on large GPUs);
 # powers of two keep the count of graphs (each a few tens of ms to capture) small.
@@ -39,6 +40,8 @@ SHORTEST_CONTEXT = 256  # the smallest padded context; then doubling, up to the 
 # At 2^19 keys an 8B Llama's gather takes 2 GiB (K and V, bf16), inside the ~10-17 GB that the
 # KV pool leaves free on an 80-141 GB GPU at mem_fraction_static 0.88.
 MAX_PADDED_KEYS = 1 << 19
+# Without a GPU (capture=False, the tests on a CPU) the batch sizes are those of an 80 GB one.
+STAND_IN_MEMORY = 80 << 30
 
 
 @dataclass
@@ -55,7 +58,9 @@ class DecodeGraphs:
 
     def __init__(self, model: LlamaForCausalLM, attn: TorchAttention, cache: KVCache, max_batch: int, capture: bool = True) -> None:
         self.model, self.attn, self.cache, self.capture = model, attn, cache, capture
-        self.batch_sizes = [b for b in CAPTURE_BATCH_SIZES if b <= min(max_batch, SGLANG_CUDA_GRAPH_MAX_BS)]
+        device = cache.device
+        memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else STAND_IN_MEMORY
+        self.batch_sizes = [b for b in CAPTURE_BATCH_SIZES if b <= min(max_batch, default_cuda_graph_max_bs(memory))]
         row_len = cache.req_to_token.shape[1]
         self.contexts: list[int] = []
         context = SHORTEST_CONTEXT
@@ -63,7 +68,6 @@ class DecodeGraphs:
             self.contexts.append(context)
             context *= 2
         self.contexts.append(row_len)
-        device = cache.device
         largest = self.batch_sizes[-1] if self.batch_sizes else 0
         # Inputs every graph reads, at fixed addresses; a batch is copied in before a replay.
         self.input_ids = torch.zeros(largest, dtype=torch.int64, device=device)

@@ -34,6 +34,11 @@ def default_chunked_prefill_size(memory_bytes: int | None) -> int:
     return 4096 if memory_bytes is None else _tier(memory_bytes / MIB)[0]
 
 
+def default_cuda_graph_max_bs(memory_bytes: int, tp: int = 1) -> int:
+    """The largest decode batch SGLang captures a CUDA graph for on a device of this memory."""
+    return _tier(memory_bytes / MIB, tp)[1]
+
+
 def prefill_graph_sizes(max_tokens: int) -> list[int]:
     """SGLang's prefill CUDA-graph capture sizes up to max_tokens (generate_prefill_cuda_graph_batch_sizes)."""
     sizes = (
