@@ -43,6 +43,11 @@ class EngineConfig:
 
 class ModelRunner:
     def __init__(self, model_cfg: ModelConfig, choice: DeviceChoice, cfg: EngineConfig, weights_folder: str | Path | None) -> None:
+        if model_cfg.is_moe or model_cfg.is_mla:  # testbed/backends.py refuses them first, in one line
+            raise ValueError(
+                f"{model_cfg.name} ({model_cfg.architecture}): the engine builds the dense Llama family only, "
+                "not a mixture of experts or multi-head latent attention"
+            )
         self.model_cfg, self.choice, self.cfg = model_cfg, choice, cfg
         self.device, self.dtype = choice.device, choice.dtype
         if self.device.type == "cpu" and cfg.cpu_threads is not None:

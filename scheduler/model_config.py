@@ -4,6 +4,12 @@ The scheduler needs the model only for sizes (context length, KV bytes per
 token); the simulator needs it for FLOPs and bytes; the real engine (engine/llama.py)
 builds the network from it and may read anything else from ``raw``.
 
+Besides the dense Llama family it parses mixtures of experts (Qwen3-MoE, Mixtral, DeepSeek-V2/V3,
+gpt-oss: how many experts, how many a token is routed to, their sizes, which layers stay dense) and
+DeepSeek's multi-head latent attention (MLA: the KV cache holds one compressed latent per token and
+layer, ``kv_lora_rank + qk_rope_head_dim`` elements, instead of K and V heads). The simulator prices
+them (simulator/costs/roofline.py); the real engine runs the dense family only.
+
 Configs of common models ship in ``scheduler/configs/`` as the published
 ``config.json`` files, so a dummy-weight run or a simulation needs no download.
 """
@@ -17,12 +23,22 @@ from typing import Any
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
 
-SUPPORTED_ARCHITECTURES = (
+DENSE_ARCHITECTURES = (
     "LlamaForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "MistralForCausalLM",
 )
+# Mixtures of experts (and DeepSeek's MLA): the simulator prices them, the real engine refuses them.
+MOE_ARCHITECTURES = (
+    "Qwen3MoeForCausalLM",
+    "MixtralForCausalLM",
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
+    "GptOssForCausalLM",
+)
+SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES + MOE_ARCHITECTURES
+_MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}
 
@@ -55,8 +71,44 @@ class ModelConfig:
     attention_bias: bool = False
     # RMSNorm on each head of q and k before RoPE (Qwen3).
     qk_norm: bool = False
-    # Sliding-window attention if the config enables it, else None (no model we ship uses it).
+    # Sliding-window attention if the config enables it, else None (no dense model we ship uses it).
     sliding_window: int | None = None
+    # --- Mixture of experts (0 and empty for a dense model) ---
+    # Routed experts of a MoE layer (HF: num_experts, num_local_experts, n_routed_experts) and how
+    # many each token is routed to (num_experts_per_tok; gpt-oss also experts_per_token).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    # Intermediate size of one routed expert's gated MLP (moe_intermediate_size; Mixtral and gpt-oss
+    # have none and use intermediate_size).
+    moe_intermediate_size: int = 0
+    # The shared experts of a MoE layer together, which every token passes (DeepSeek:
+    # n_shared_experts x moe_intermediate_size); 0 without (Qwen3-MoE, Mixtral, gpt-oss).
+    shared_expert_intermediate_size: int = 0
+    # Layers with a dense MLP of intermediate_size instead of experts, by index (DeepSeek: the first
+    # first_k_dense_replace and those off moe_layer_freq; Qwen3-MoE: mlp_only_layers and those off
+    # decoder_sparse_step); () when every layer is MoE (Mixtral, gpt-oss).
+    dense_layers: tuple[int, ...] = ()
+    router_bias: bool = False  # a bias beside the router's weight (gpt-oss; DeepSeek-V3's e_score_correction_bias)
+    expert_bias: bool = False  # biases on every expert's projections (gpt-oss)
+    # --- Multi-head latent attention (DeepSeek-V2/V3; None and 0 otherwise) ---
+    # K and V are compressed into one latent of kv_lora_rank per token and layer, cached with the
+    # decoupled RoPE key of qk_rope_head_dim; q through a q_lora_rank latent (None: q_proj directly).
+    # Heads have qk_nope_head_dim + qk_rope_head_dim for q and k (head_dim) and v_head_dim for v.
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # --- gpt-oss ---
+    # Layers of sliding-window attention (layer_types "sliding_attention", window `sliding_window`),
+    # alternating with full ones; 0 where layer_types is not given.
+    sliding_window_layers: int = 0
+    attention_sinks: bool = False  # a learned sink logit per head in each layer's softmax
+    # The checkpoint's own weight format (its quantization_config), where the simulator prices it:
+    # fp8 (per tensor), fp8_block (DeepSeek's 128x128 blocks), mxfp4 (gpt-oss); None for 16-bit weights.
+    checkpoint_quantization: str | None = None
+    # The checkpoint quantizes the routed experts only (gpt-oss leaves attention and the router in bf16).
+    checkpoint_quantizes_experts_only: bool = False
     raw: dict = field(default_factory=dict, hash=False, compare=False, repr=False)
     # The local folder it was read from (weights, tokenizer), None for a bundled config.
     folder: str | None = field(default=None, hash=False, compare=False)
@@ -85,7 +137,11 @@ class ModelConfig:
         hidden = int(need("hidden_size"))
         heads = int(need("num_attention_heads"))
         kv_heads = int(cfg.get("num_key_value_heads") or heads)
-        head_dim = cfg.get("head_dim")
+        layers = int(need("num_hidden_layers"))
+        mla = _mla_fields(cfg, arch, name, need) if arch in _MLA_ARCHITECTURES else {}
+        moe = _moe_fields(cfg, arch, name, need, layers) if arch in MOE_ARCHITECTURES else {}
+        # MLA's q and k heads are the no-RoPE part and the RoPE part together.
+        head_dim = mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"] if mla else cfg.get("head_dim")
         if head_dim is None:
             if hidden % heads:
                 raise ModelConfigError(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
@@ -114,7 +170,7 @@ class ModelConfig:
             name=name or str(cfg.get("_name_or_path") or arch),
             architecture=arch,
             hidden_size=hidden,
-            num_hidden_layers=int(need("num_hidden_layers")),
+            num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
             head_dim=int(head_dim),
@@ -130,8 +186,11 @@ class ModelConfig:
             eos_token_id=eos_ids,
             bos_token_id=cfg.get("bos_token_id"),
             attention_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
-            qk_norm=arch == "Qwen3ForCausalLM",
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
             sliding_window=int(sliding) if sliding else None,
+            **moe,
+            **mla,
+            **_checkpoint_format(cfg),
             raw=dict(cfg),
         )
 
@@ -158,23 +217,64 @@ class ModelConfig:
         """Total parameters: embedding + layers + final norm + lm_head (unless tied)."""
         return self.params_per_gpu(1)
 
+    @property
+    def is_moe(self) -> bool:
+        """A mixture of experts: some layers route each token to num_experts_per_tok of num_experts."""
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek): the KV cache holds a latent, not K and V heads."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_hidden_layers - len(self.dense_layers) if self.is_moe else 0
+
+    @property
+    def num_dense_mlp_layers(self) -> int:
+        """Layers with a dense MLP of intermediate_size (every layer of a dense model)."""
+        return self.num_hidden_layers - self.num_moe_layers
+
+    @property
+    def kv_elements_per_token_layer(self) -> int:
+        """Elements one token caches in one layer on one GPU of TP 1: K and V heads, or MLA's latent and RoPE key."""
+        if self.is_mla:
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return 2 * self.num_key_value_heads * self.head_dim
+
     def kv_bytes_per_token(self, dtype_bytes: int = 2, tp: int = 1) -> int:
-        """K and V of one token across all layers (on one of `tp` GPUs)."""
+        """K and V of one token across all layers (on one of `tp` GPUs). MLA caches one latent per
+        layer instead, kv_lora_rank + qk_rope_head_dim elements (a single "head"), which every GPU
+        of a TP group holds whole (as SGLang's and vLLM's MLA backends do): TP does not divide it."""
+        if self.is_mla:
+            return self.num_hidden_layers * (self.kv_lora_rank + self.qk_rope_head_dim) * dtype_bytes
         return 2 * self.num_hidden_layers * self.kv_heads_per_gpu(tp) * self.head_dim * dtype_bytes
 
-    def weight_bytes(self, dtype_bytes: int = 2, tp: int = 1, linear_bytes: int | None = None) -> int:
-        """Weights (on one of `tp` GPUs). linear_bytes: bytes per weight of the decoder layers' matmul
-        weights when they are quantized (fp8: 1), the rest (embedding, LM head, norms, biases) at
-        dtype_bytes; None: every weight at dtype_bytes."""
-        total = self.params_per_gpu(tp) * dtype_bytes
+    def weight_bytes(
+        self, dtype_bytes: int = 2, tp: int = 1, linear_bytes: float | None = None, *, ep: int = 1, dp: int = 1, experts_only: bool = False
+    ) -> int:
+        """Weights (on one GPU of `tp` x `dp` with experts over `ep`; see params_per_gpu). linear_bytes: bytes
+        per weight of the decoder layers' matmul weights when they are quantized (fp8: 1), the rest
+        (embedding, LM head, norms, biases, a MoE router) at dtype_bytes; None: every weight at
+        dtype_bytes. experts_only: only the routed experts are quantized (gpt-oss's mxfp4 checkpoint)."""
+        total = self.params_per_gpu(tp, ep, dp) * dtype_bytes
         if linear_bytes is not None:
-            total -= self.num_hidden_layers * self.layer_matmul_params(tp) * (dtype_bytes - linear_bytes)
+            quantized = self.routed_expert_params(tp, ep, dp) if experts_only else self.decoder_matmul_params(tp, ep, dp)
+            total -= quantized * (dtype_bytes - linear_bytes)
         return total
 
     # ------------------------------------------------------ tensor parallelism
     # As SGLang and vLLM split a Llama-family model over `tp` GPUs: attention heads, the MLP's
     # intermediate columns and the vocabulary are divided; KV heads are divided, or replicated
     # when there are more GPUs than KV heads; norms are replicated. TP 1 is the whole model.
+    #
+    # A mixture of experts over `tp` x `dp` GPUs (--dp: attention data parallelism, each of dp ranks
+    # with its own requests and attention over tp GPUs): attention, the dense MLPs, the shared
+    # experts, the router and the LM head as a dense model's over tp GPUs (each DP rank holds its own
+    # copy, as vLLM's -dp; MLA's down-projections are replicated, as SGLang and vLLM build them); the
+    # routed experts over all tp x dp GPUs: num_experts / ep whole experts a rank (expert
+    # parallelism), each split over (tp x dp) / ep GPUs (the MoE's TP).
 
     def check_tp(self, tp: int) -> None:
         """Raise ModelConfigError unless the model splits over `tp` GPUs."""
@@ -183,41 +283,265 @@ class ModelConfig:
             raise ModelConfigError(f"--tp must be >= 1, got {tp}")
         if heads % tp:
             raise ModelConfigError(f"--tp {tp} does not divide {self.name}'s {heads} attention heads")
-        if kv % tp and tp % kv:
+        if not self.is_mla and kv % tp and tp % kv:
             raise ModelConfigError(
                 f"--tp {tp}: {self.name}'s {kv} KV heads neither split evenly over {tp} GPUs "
                 f"nor replicate evenly (TP must divide them or be a multiple of them)"
             )
-        if self.intermediate_size % tp:
+        if self.num_dense_mlp_layers and self.intermediate_size % tp:
             raise ModelConfigError(f"--tp {tp} does not divide {self.name}'s intermediate size {self.intermediate_size}")
+        if self.shared_expert_intermediate_size % tp:
+            raise ModelConfigError(
+                f"--tp {tp} does not divide {self.name}'s shared experts' intermediate size {self.shared_expert_intermediate_size}"
+            )
+
+    def check_parallel(self, tp: int = 1, ep: int = 1, dp: int = 1) -> None:
+        """Raise ModelConfigError unless the model splits so: check_tp, and for a mixture of experts
+        --ep dividing its experts and the tp x dp GPUs, the MoE's TP ((tp x dp) / ep) its expert size.
+        --ep and --dp are for a mixture of experts only."""
+        self.check_tp(tp)
+        for flag, v in (("--ep", ep), ("--dp", dp)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ModelConfigError(f"{flag} must be a positive integer, got {v!r}")
+        if not self.is_moe:
+            if ep > 1 or dp > 1:
+                asked = f"--ep {ep}" if ep > 1 else f"--dp {dp}"
+                raise ModelConfigError(
+                    f"{asked}: {self.name} is a dense model; expert parallelism and DP attention are for a mixture of experts "
+                    "(a dense model's data parallelism is --replicas N)"
+                )
+            return
+        gpus = tp * dp
+        if self.num_experts % ep:
+            raise ModelConfigError(f"--ep {ep} does not divide {self.name}'s {self.num_experts} experts")
+        if gpus % ep:
+            raise ModelConfigError(f"--ep {ep} does not divide the {gpus} GPUs (--tp {tp} x --dp {dp}) the experts are spread over")
+        moe_tp = gpus // ep
+        if self.moe_intermediate_size % moe_tp:
+            raise ModelConfigError(
+                f"--tp {tp} x --dp {dp} / --ep {ep} = {moe_tp} GPUs an expert does not divide {self.name}'s expert "
+                f"intermediate size {self.moe_intermediate_size}"
+            )
 
     def kv_heads_per_gpu(self, tp: int = 1) -> int:
         return max(1, self.num_key_value_heads // tp)
 
     def layer_matmul_params(self, tp: int = 1) -> int:
-        """Matmul weights of one layer on one of `tp` GPUs."""
-        h, q, kv = self.hidden_size, self.q_size // tp, self.kv_heads_per_gpu(tp) * self.head_dim
-        return h * q + 2 * h * kv + q * h + 3 * h * self.intermediate_size // tp
+        """Matmul weights of one layer of a dense model (attention and a dense MLP) on one of `tp` GPUs."""
+        return self.attention_matmul_params(tp) + 3 * self.hidden_size * self.intermediate_size // tp
 
     def layer_params(self, tp: int = 1) -> int:
-        """Parameters of one decoder layer on one of `tp` GPUs: attention, SwiGLU MLP, two RMSNorms."""
-        h, q, kv = self.hidden_size, self.q_size // tp, self.kv_heads_per_gpu(tp) * self.head_dim
-        n = self.layer_matmul_params(tp) + 2 * h
-        if self.attention_bias:
-            n += q + 2 * kv
-            if self.architecture != "Qwen2ForCausalLM":
-                n += h  # o_proj bias
-        if self.qk_norm:
-            n += 2 * self.head_dim
+        """Parameters of one dense decoder layer on one of `tp` GPUs: attention, SwiGLU MLP, two RMSNorms."""
+        return self.layer_matmul_params(tp) + 2 * self.hidden_size + self.attention_other_params(tp)
+
+    def attention_matmul_params(self, tp: int = 1) -> int:
+        """Matmul weights of one layer's attention on one of `tp` GPUs. MLA: q through its q_lora_rank
+        latent (q_a replicated, q_b split by heads) or q_proj directly, kv_a (hidden -> latent and
+        RoPE key, replicated), kv_b (latent -> each head's k_nope and v), o_proj."""
+        h = self.hidden_size
+        if self.is_mla:
+            heads = self.num_attention_heads // tp
+            q_head = self.qk_nope_head_dim + self.qk_rope_head_dim
+            q = h * self.q_lora_rank + self.q_lora_rank * heads * q_head if self.q_lora_rank else h * heads * q_head
+            kv_a = h * (self.kv_lora_rank + self.qk_rope_head_dim)
+            kv_b = self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
+            return q + kv_a + kv_b + heads * self.v_head_dim * h
+        q, kv = self.q_size // tp, self.kv_heads_per_gpu(tp) * self.head_dim
+        return h * q + 2 * h * kv + q * h
+
+    def attention_other_params(self, tp: int = 1) -> int:
+        """One layer's attention parameters besides its matmul weights: q/k/v (and o) biases, Qwen3's
+        q/k norms, MLA's latent norms, gpt-oss's sinks."""
+        n = 0
+        if self.is_mla:
+            n += self.kv_lora_rank + (self.q_lora_rank or 0)
+        else:
+            q, kv = self.q_size // tp, self.kv_heads_per_gpu(tp) * self.head_dim
+            if self.attention_bias:
+                n += q + 2 * kv
+                if self.architecture != "Qwen2ForCausalLM":
+                    n += self.hidden_size  # o_proj bias
+            if self.qk_norm:
+                n += 2 * self.head_dim
+        if self.attention_sinks:
+            n += self.num_attention_heads // tp
         return n
 
-    def params_per_gpu(self, tp: int = 1) -> int:
-        """Parameters on one of `tp` GPUs: vocabulary-parallel embedding and lm_head, the layers' shards, final norm."""
+    # ------------------------------------------------------------ experts
+    def moe_tp(self, tp: int = 1, ep: int = 1, dp: int = 1) -> int:
+        """GPUs one routed expert is split over: (tp x dp) / ep."""
+        return tp * dp // ep
+
+    def expert_matmul_params(self, moe_tp: int = 1) -> int:
+        """One routed expert's gated MLP (gate, up, down) on one of the moe_tp GPUs it is split over."""
+        return 3 * self.hidden_size * self.moe_intermediate_size // moe_tp
+
+    @property
+    def router_params(self) -> int:
+        """One MoE layer's router (kept in 16 bits by both engines' quantized MoE models), and its bias."""
+        return self.hidden_size * self.num_experts + (self.num_experts if self.router_bias else 0)
+
+    def expert_bias_params(self, moe_tp: int = 1) -> int:
+        """One expert's biases (gpt-oss: gate/up split with the expert, down whole), else 0."""
+        return 2 * self.moe_intermediate_size // moe_tp + self.hidden_size if self.expert_bias else 0
+
+    def routed_expert_params(self, tp: int = 1, ep: int = 1, dp: int = 1) -> int:
+        """The routed experts' matmul weights of all layers on one GPU: num_experts / ep experts a layer."""
+        if not self.is_moe:
+            return 0
+        return self.num_moe_layers * (self.num_experts // ep) * self.expert_matmul_params(self.moe_tp(tp, ep, dp))
+
+    def decoder_matmul_params(self, tp: int = 1, ep: int = 1, dp: int = 1) -> int:
+        """The decoder layers' matmul weights on one GPU (what --quantization stores in its format):
+        attention, dense MLPs, shared and routed experts; not a MoE's router."""
+        if not self.is_moe and not self.is_mla:
+            return self.num_hidden_layers * self.layer_matmul_params(tp)
+        h = self.hidden_size
+        n = self.num_hidden_layers * self.attention_matmul_params(tp) + self.num_dense_mlp_layers * 3 * h * self.intermediate_size // tp
+        n += self.num_moe_layers * 3 * h * self.shared_expert_intermediate_size // tp
+        return n + self.routed_expert_params(tp, ep, dp)
+
+    def decoder_params(self, tp: int = 1, ep: int = 1, dp: int = 1) -> int:
+        """All the decoder layers' parameters on one GPU: matmul weights, norms, biases, routers."""
+        if not self.is_moe and not self.is_mla:
+            return self.num_hidden_layers * self.layer_params(tp)
+        n = self.decoder_matmul_params(tp, ep, dp) + self.num_hidden_layers * (2 * self.hidden_size + self.attention_other_params(tp))
+        if self.is_moe:
+            per_gpu = self.num_experts // ep
+            n += self.num_moe_layers * (self.router_params + per_gpu * self.expert_bias_params(self.moe_tp(tp, ep, dp)))
+        return n
+
+    def params_per_gpu(self, tp: int = 1, ep: int = 1, dp: int = 1) -> int:
+        """Parameters on one GPU: vocabulary-parallel embedding and lm_head, the layers' shards, final norm."""
         vocab_shard = -(-self.embedding_params // tp)
-        n = vocab_shard + self.num_hidden_layers * self.layer_params(tp) + self.hidden_size
+        n = vocab_shard + self.decoder_params(tp, ep, dp) + self.hidden_size
         if not self.tie_word_embeddings:
             n += vocab_shard
         return n
+
+    def active_params(self, include_embedding: bool = True) -> int:
+        """Parameters one token's forward uses: attention, the dense MLPs, in each MoE layer the router,
+        the shared experts and num_experts_per_tok routed ones, the LM head; the embedding table too
+        unless include_embedding is False (its one row a token is a lookup, not a matmul: OpenAI's
+        gpt-oss card counts active parameters so; Qwen, Mistral and DeepSeek count it). A dense
+        model's is its num_params."""
+        if not self.is_moe:
+            return self.num_params - (0 if include_embedding or self.tie_word_embeddings else self.embedding_params)
+        h = self.hidden_size
+        layers = self.num_hidden_layers * (self.attention_matmul_params() + self.attention_other_params() + 2 * h)
+        layers += self.num_dense_mlp_layers * 3 * h * self.intermediate_size
+        k = self.num_experts_per_tok
+        per_moe = (
+            self.router_params
+            + 3 * h * self.shared_expert_intermediate_size
+            + k * (self.expert_matmul_params() + self.expert_bias_params())
+        )
+        n = layers + self.num_moe_layers * per_moe + h + self.embedding_params  # the LM head (or the tied table)
+        if include_embedding and not self.tie_word_embeddings:
+            n += self.embedding_params
+        return n
+
+
+# ----------------------------------------------------------- parsing helpers
+def _positive(cfg: dict, key: str, name: str | None, arch: str, value: Any = None) -> int:
+    """cfg[key] (or value) as a positive int; ModelConfigError naming the key otherwise."""
+    v = cfg.get(key) if value is None else value
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < 1:
+        raise ModelConfigError(f"config of {name!r} ({arch}): {key} must be a positive integer, got {v!r}")
+    return int(v)
+
+
+def _moe_fields(cfg: dict, arch: str, name: str | None, need, layers: int) -> dict:
+    """The expert fields of a MoE config, with the names each family gives them; ModelConfigError for
+    a shape the simulator cannot price (no experts, more experts a token than there are, ...)."""
+    key = next((k for k in ("num_experts", "num_local_experts", "n_routed_experts") if cfg.get(k) is not None), None)
+    if key is None:
+        raise ModelConfigError(f"config of {name!r} ({arch}) names no experts (num_experts, num_local_experts or n_routed_experts)")
+    experts = _positive(cfg, key, name, arch)
+    top_key = next((k for k in ("num_experts_per_tok", "experts_per_token") if cfg.get(k) is not None), "num_experts_per_tok")
+    top_k = _positive(cfg, top_key, name, arch)
+    if top_k > experts:
+        raise ModelConfigError(f"config of {name!r} ({arch}): {top_key} {top_k} is more than its {experts} experts")
+    if arch in ("MixtralForCausalLM", "GptOssForCausalLM"):  # every layer MoE; intermediate_size is an expert's
+        moe_inter, shared, dense = int(need("intermediate_size")), 0, ()
+    elif arch == "Qwen3MoeForCausalLM":
+        moe_inter, shared = _positive(cfg, "moe_intermediate_size", name, arch), 0
+        step = _positive(cfg, "decoder_sparse_step", name, arch, cfg.get("decoder_sparse_step") or 1)
+        only = cfg.get("mlp_only_layers") or []
+        if not isinstance(only, list) or not all(isinstance(i, int) and 0 <= i < layers for i in only):
+            raise ModelConfigError(f"config of {name!r} ({arch}): mlp_only_layers must list layer indices below {layers}, got {only!r}")
+        # As transformers' Qwen3MoeDecoderLayer: experts unless listed in mlp_only_layers or off the step.
+        dense = tuple(i for i in range(layers) if i in only or (i + 1) % step)
+        if cfg.get("shared_expert_intermediate_size"):
+            raise ModelConfigError(f"config of {name!r} ({arch}): shared experts are not part of Qwen3-MoE; cannot price this shape")
+    else:  # DeepSeek-V2/V3: dense first_k_dense_replace layers, then experts every moe_layer_freq layers
+        moe_inter = _positive(cfg, "moe_intermediate_size", name, arch)
+        first = int(cfg.get("first_k_dense_replace") or 0)
+        freq = _positive(cfg, "moe_layer_freq", name, arch, cfg.get("moe_layer_freq") or 1)
+        dense = tuple(i for i in range(layers) if i < first or i % freq)
+        shared = int(cfg.get("n_shared_experts") or 0) * moe_inter
+    if len(dense) == layers:
+        raise ModelConfigError(
+            f"config of {name!r} ({arch}): no layer has experts (every one is dense); cannot price it as a mixture of experts"
+        )
+    if dense:
+        need("intermediate_size")
+    return {
+        "num_experts": experts,
+        "num_experts_per_tok": top_k,
+        "moe_intermediate_size": moe_inter,
+        "shared_expert_intermediate_size": shared,
+        "dense_layers": dense,
+        "router_bias": arch == "GptOssForCausalLM" or (arch == "DeepseekV3ForCausalLM" and cfg.get("topk_method") == "noaux_tc"),
+        "expert_bias": arch == "GptOssForCausalLM",
+        **(_gpt_oss_fields(cfg, name, layers) if arch == "GptOssForCausalLM" else {}),
+    }
+
+
+def _gpt_oss_fields(cfg: dict, name: str | None, layers: int) -> dict:
+    """gpt-oss: sliding-window layers (layer_types) and attention sinks."""
+    types = cfg.get("layer_types")
+    if types is None:  # as transformers' GptOssConfig: sliding and full alternate, sliding first
+        types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    if not isinstance(types, list) or len(types) != layers or not set(types) <= {"sliding_attention", "full_attention"}:
+        raise ModelConfigError(
+            f"config of {name!r} (GptOssForCausalLM): layer_types must give sliding_attention or full_attention for each of its {layers} layers"
+        )
+    sliding = types.count("sliding_attention")
+    if sliding and not cfg.get("sliding_window"):
+        raise ModelConfigError(f"config of {name!r} (GptOssForCausalLM): sliding_attention layers without a sliding_window")
+    return {"sliding_window_layers": sliding, "attention_sinks": True}
+
+
+def _mla_fields(cfg: dict, arch: str, name: str | None, need) -> dict:
+    """DeepSeek's multi-head latent attention: the latent and head sizes."""
+    q_lora = cfg.get("q_lora_rank")
+    return {
+        "kv_lora_rank": _positive(cfg, "kv_lora_rank", name, arch, need("kv_lora_rank")),
+        "q_lora_rank": None if q_lora is None else _positive(cfg, "q_lora_rank", name, arch),
+        "qk_nope_head_dim": _positive(cfg, "qk_nope_head_dim", name, arch, need("qk_nope_head_dim")),
+        "qk_rope_head_dim": _positive(cfg, "qk_rope_head_dim", name, arch, need("qk_rope_head_dim")),
+        "v_head_dim": _positive(cfg, "v_head_dim", name, arch, need("v_head_dim")),
+    }
+
+
+def _checkpoint_format(cfg: dict) -> dict:
+    """The weight format of the checkpoint's quantization_config, where the simulator prices it: fp8 with
+    weight_block_size is DeepSeek's block-scaled fp8 (fp8_block), without it per tensor (fp8); mxfp4 is
+    gpt-oss's (its modules_to_not_convert keep attention in bf16: the experts only). Anything else: None."""
+    q = cfg.get("quantization_config")
+    if not isinstance(q, dict):
+        return {}
+    method = q.get("quant_method")
+    if method == "fp8":
+        fmt = "fp8_block" if q.get("weight_block_size") else "fp8"
+    elif method == "mxfp4":
+        fmt = "mxfp4"
+    else:
+        return {}
+    keep = q.get("modules_to_not_convert") or []
+    experts_only = any("self_attn" in str(m) for m in keep)
+    return {"checkpoint_quantization": fmt, "checkpoint_quantizes_experts_only": experts_only}
 
 
 # --------------------------------------------------------------------- loading

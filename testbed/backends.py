@@ -13,8 +13,8 @@ from typing import Any, Callable
 
 from scheduler.model_config import ModelConfig
 from scheduler.sglang.config import SchedulerConfig
+from simulator.costs.moe_roofline import roofline_cost_model
 from simulator.costs.precision import Precision
-from simulator.costs.roofline import RooflineCostModel
 from simulator.driver.sim_driver import SimDriver
 from simulator.hardware.kv_capacity import kv_capacity_tokens
 from simulator.hardware.specs import load_hardware
@@ -33,9 +33,18 @@ class Backend:
 
 def build_sim(opts, model: ModelConfig, make_config: Callable[[int], SchedulerConfig]) -> tuple[Backend, SchedulerConfig]:
     hw = load_hardware(opts.hardware or DEFAULT_HARDWARE)
-    model.check_tp(opts.tp)
+    model.check_parallel(opts.tp, opts.ep, opts.dp)
+    if opts.expert_imbalance is not None and not model.is_moe:
+        raise ConfigError(f"--expert-imbalance {opts.expert_imbalance:g}: {model.name} is a dense model (no experts to load)")
     try:
-        precision = Precision.resolve(model.torch_dtype, opts.quantization, opts.kv_cache_dtype)
+        # Unset --quantization: the checkpoint's own format (DeepSeek-V3's fp8 blocks, gpt-oss's mxfp4 experts).
+        precision = Precision.resolve(
+            model.torch_dtype,
+            opts.quantization,
+            opts.kv_cache_dtype,
+            model.checkpoint_quantization,
+            model.checkpoint_quantizes_experts_only,
+        )
     except ValueError as e:
         raise ConfigError(str(e)) from None
     profile = None
@@ -57,10 +66,12 @@ def build_sim(opts, model: ModelConfig, make_config: Callable[[int], SchedulerCo
         kv_tokens = (
             opts.kv_tokens
             or (profile and profile.engine_kv_tokens)
-            or kv_capacity_tokens(model, hw, opts.mem_fraction_static, page_size=opts.page_size, tp=opts.tp, precision=precision)
+            or kv_capacity_tokens(
+                model, hw, opts.mem_fraction_static, page_size=opts.page_size, tp=opts.tp, precision=precision, ep=opts.ep, dp=opts.dp
+            )
         )
         config = make_config(kv_tokens)
-        cost_model = profile or RooflineCostModel(model, hw, tp=opts.tp, precision=precision)
+        cost_model = profile or roofline_cost_model(model, hw, opts.tp, precision, opts.ep, opts.dp, opts.expert_imbalance)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     hardware = profile.profile.get("hardware") if profile else hw.name
@@ -69,6 +80,8 @@ def build_sim(opts, model: ModelConfig, make_config: Callable[[int], SchedulerCo
 
 
 def build_real(opts, model: ModelConfig, make_config: Callable[[int], SchedulerConfig]) -> tuple[Backend, SchedulerConfig]:
+    if model.is_moe or model.is_mla:
+        raise ConfigError(real_engine_refusal(model))
     from engine.device import DeviceError, choose_device
     from engine.model_runner import EngineConfig, ModelRunner
     from engine.real_driver import RealDriver
@@ -113,6 +126,19 @@ def build_real(opts, model: ModelConfig, make_config: Callable[[int], SchedulerC
         **({"cpu_threads": _torch_threads()} if choice.device.type == "cpu" else {}),
     }
     return Backend(RealDriver(runner, opts.overlap), kv_tokens, model.vocab_size, meta), config
+
+
+def real_engine_refusal(model: ModelConfig) -> str:
+    """The one line --mode real gives a model the engine cannot build (a mixture of experts, MLA)."""
+    what = (
+        "a mixture of experts" + (" with multi-head latent attention" if model.is_mla else "")
+        if model.is_moe
+        else "multi-head latent attention"
+    )
+    return (
+        f"--mode real: {model.name} ({model.architecture}) is {what}; the real engine runs the dense Llama family only "
+        "(simulate it with --mode sim)"
+    )
 
 
 def _free_earlier_engines() -> None:

@@ -11,7 +11,6 @@ throughputs, TTFT) and `load_imbalance` (the most requests an instance completed
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from typing import Callable
 
 import numpy as np
@@ -22,6 +21,7 @@ from simulator.cluster.cluster import Cluster
 from simulator.cluster.routing import Policy, RoutingConfig, parse_weights
 from simulator.driver.sim_driver import SimDriver
 from testbed.interrupts import deferred_interrupts
+from testbed.replay_options import recorded_options
 from testbed.replay_result import ReplayProgress, ReplayResult, default_run_dir, trace_record
 from testbed.runs import metrics
 from testbed.runs.folder import check_out_folder, versions
@@ -29,10 +29,12 @@ from testbed.runs.writer import RunWriter
 
 
 class ClusterSteps:
-    """The instances' step logs as one steps table, in time order (what RunWriter writes at the end)."""
+    """The instances' step logs as one steps table, in time order (what RunWriter writes at the end);
+    with roles (a PD cluster's: each log's instance's), a role column too."""
 
-    def __init__(self, logs: list[StepLog]) -> None:
+    def __init__(self, logs: list[StepLog], roles: list[str] | None = None) -> None:
         self.logs = logs
+        self.roles = roles
 
     def __len__(self) -> int:
         return sum(len(log) for log in self.logs)
@@ -47,6 +49,9 @@ class ClusterSteps:
                 out[name] = [modes[i] for i in order]
             else:
                 out[name] = np.concatenate([p[name] for p in parts])[order]
+        if self.roles is not None:
+            roles = [role for role, p in zip(self.roles, parts) for _ in range(len(p["step"]))]
+            out["role"] = [roles[i] for i in order]
         return out
 
 
@@ -109,7 +114,7 @@ def replay_cluster(
         "status": "running",
         "mode": opts.mode,
         "trace": trace_record(trace, trace_path, opts),
-        "options": asdict(opts),
+        "options": recorded_options(opts),
         "model": model.name,
         **backend.meta,
         "scheduler": config.to_dict() | {"max_running_requests": config.effective_max_running_requests},

@@ -18,6 +18,7 @@ from typing import Any
 from scheduler.model_config import bundled_model_names
 from scheduler.sglang.policy import POLICIES
 from scheduler.vllm.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, VLLM_RELEASE
+from simulator.cluster.kv_link import KV_LINK_FORMAT, parse_kv_link
 from simulator.cluster.routing import ROUTERS, parse_weights
 from simulator.costs.precision import KV_CACHE_DTYPES, QUANTIZATIONS
 from testbed.errors import ConfigError
@@ -28,11 +29,13 @@ from testbed.live.endpoints import ENDPOINTS, check_server_options
 from testbed.replay_options import (  # noqa: F401 - re-exported
     MODES,
     OPTION_FIELDS,
+    PD_FIELDS,
     ReplayOptions,
     default_hardware,
     default_model,
     default_overlap,
     flag,
+    recorded_options,
 )
 from testbed.schedulers import SCHEDULER_KINDS, check_scheduler_options, scheduler_kind
 from testbed.traces.formats import FORMATS
@@ -100,6 +103,26 @@ def check_options(opts: ReplayOptions) -> None:
     _check_concurrency(opts)
     check_server_options(opts)
     _check_cluster(opts)
+    _check_moe(opts)
+
+
+def _check_moe(opts: ReplayOptions) -> None:
+    """--ep, --dp, --enable-dp-attention, --expert-imbalance (issue 37): positive, simulated, --dp with
+    DP attention. Whether they divide the model's experts and GPUs is checked with the model
+    (ModelConfig.check_parallel)."""
+    for name in ("ep", "dp"):
+        value = getattr(opts, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{flag(name)} must be a positive integer, got {value!r}")
+    alpha = opts.expert_imbalance
+    if alpha is not None and not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
+        raise ConfigError(f"--expert-imbalance must be a positive number (the power law's alpha), got {alpha!r}")
+    if opts.dp > 1 and not opts.enable_dp_attention:
+        raise ConfigError(
+            f"--dp {opts.dp} is attention data parallelism: give --enable-dp-attention too (independent replicas are --replicas N)"
+        )
+    if opts.mode != "sim" and (opts.ep != 1 or opts.dp != 1 or opts.enable_dp_attention or alpha is not None):
+        raise ConfigError("--ep, --dp, --enable-dp-attention and --expert-imbalance are for --mode sim")
 
 
 def _check_cluster(opts: ReplayOptions) -> None:
@@ -124,6 +147,34 @@ def _check_cluster(opts: ReplayOptions) -> None:
             raise ConfigError(f"--replicas {opts.replicas}: a cluster is simulated (--mode sim), not --mode {opts.mode}")
         if opts.concurrency is not None:
             raise ConfigError(f"--replicas {opts.replicas} and --concurrency: a cluster replays the trace's arrivals (open loop)")
+    _check_pd(opts)
+
+
+def _check_pd(opts: ReplayOptions) -> None:
+    """--prefill-replicas, --decode-replicas and --kv-link: both sides or neither, a link that parses,
+    simulated and open loop, instead of --replicas."""
+    p, d = opts.prefill_replicas, opts.decode_replicas
+    for name, value in (("prefill_replicas", p), ("decode_replicas", d)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{flag(name)} must be a positive integer (instances), got {value!r}")
+    if (p is None) != (d is None):
+        given, missing = ("--prefill-replicas", "--decode-replicas") if d is None else ("--decode-replicas", "--prefill-replicas")
+        raise ConfigError(f"{given} {p if d is None else d} without {missing}: a PD run needs both sides")
+    try:
+        parse_kv_link(opts.kv_link)
+    except ValueError as e:
+        raise ConfigError(f"--kv-link {opts.kv_link}: {e}") from None
+    if not opts.disaggregated:
+        if opts.kv_link != ReplayOptions().kv_link:
+            raise ConfigError(f"--kv-link {opts.kv_link} is for a PD run: give --prefill-replicas and --decode-replicas")
+        return
+    layout = f"--prefill-replicas {p} --decode-replicas {d}"
+    if opts.replicas != 1:
+        raise ConfigError(f"--replicas {opts.replicas} and {layout}: give one layout (PD instances instead of replicas)")
+    if opts.mode != "sim":
+        raise ConfigError(f"{layout}: prefill/decode disaggregation is simulated (--mode sim), not --mode {opts.mode}")
+    if opts.concurrency is not None:
+        raise ConfigError(f"{layout} and --concurrency: a PD cluster replays the trace's arrivals (open loop)")
 
 
 def _check_precision(opts: ReplayOptions) -> None:
@@ -311,6 +362,34 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
         default=d.fast_forward,
         help="sim: take runs of identical decode steps at once, with the same results as one by one (default on; --no-fast-forward steps one by one, for checking)",
     )
+    g = p.add_argument_group("a mixture of experts (--mode sim; issue 37)")
+    g.add_argument(
+        "--ep",
+        type=positive_int,
+        default=d.ep,
+        metavar="N",
+        help="expert parallelism: the routed experts spread over N ranks of the --tp x --dp GPUs, num_experts / N whole "
+        "experts each, split over (tp x dp) / N GPUs; N must divide the experts and the GPUs (default %(default)s)",
+    )
+    g.add_argument(
+        "--dp",
+        type=positive_int,
+        default=d.dp,
+        metavar="N",
+        help="attention data parallelism (with --enable-dp-attention): N ranks, each with its own requests, KV and "
+        "attention over --tp GPUs, so tp x dp GPUs in all (SGLang's --tp 8 --dp 8 --enable-dp-attention is --tp 1 --dp 8 here, as "
+        "vLLM's -tp 1 -dp 8); one scheduler stands for the N ranks, its KV pool theirs together, requests spread round-robin "
+        "(default %(default)s)",
+    )
+    g.add_argument("--enable-dp-attention", action="store_true", help="run attention data parallel over --dp ranks, as SGLang's flag")
+    g.add_argument(
+        "--expert-imbalance",
+        type=positive_float,
+        default=None,
+        metavar="ALPHA",
+        help="the experts' load skewed as AIConfigurator's power law with exponent ALPHA (its SDK uses 1.01), the busiest "
+        "rank setting each MoE layer's time (default: balanced routing)",
+    )
     g = p.add_argument_group("real engine (--mode real)")
     g.add_argument(
         "--load-format",
@@ -373,6 +452,27 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
         type=float,
         default=d.balance_rel_threshold,
         help="cache-aware: and max above this times min (default %(default)s)",
+    )
+    g = p.add_argument_group("prefill/decode disaggregation (--mode sim), instead of --replicas")
+    g.add_argument(
+        "--prefill-replicas",
+        type=positive_int,
+        default=None,
+        metavar="P",
+        help="prefill instances (with --decode-replicas); --router picks one",
+    )
+    g.add_argument(
+        "--decode-replicas",
+        type=positive_int,
+        default=None,
+        metavar="D",
+        help="decode instances (with --prefill-replicas); the one with the fewest outstanding tokens takes a request",
+    )
+    g.add_argument(
+        "--kv-link",
+        default=d.kv_link,
+        metavar="LINK",
+        help=f"the link the KV crosses, per GPU one way, shared by the transfers under way: {KV_LINK_FORMAT} (default %(default)s)",
     )
     g = p.add_argument_group("a live server (--mode server)")
     g.add_argument("--url", default=None, help="the OpenAI-compatible server to send the trace to, e.g. http://127.0.0.1:8000")

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -19,7 +18,7 @@ from scheduler.sglang.config import SchedulerConfig
 from scheduler.vllm.config import VllmSchedulerConfig
 from testbed.backends import build_real, build_sim
 from testbed.interrupts import deferred_interrupts, interrupt_once
-from testbed.options import ReplayOptions, check_options, closed_loop_note, resolved_options, with_scheduler_defaults
+from testbed.options import ReplayOptions, check_options, closed_loop_note, recorded_options, resolved_options, with_scheduler_defaults
 from testbed.replay_result import ReplayProgress, ReplayResult, default_run_dir, trace_record  # noqa: F401 - re-exported
 from testbed.runs import metrics
 from testbed.runs.folder import REQUESTS_FILE, STEPS_FILE, RunLoadError, check_out_folder, read_run_meta, versions
@@ -36,7 +35,7 @@ def finished_run_meta(run_dir: Path, trace_sha256: str, opts: ReplayOptions) -> 
         meta = read_run_meta(Path(run_dir))
     except RunLoadError:
         return None
-    same = (meta.get("trace") or {}).get("sha256") == trace_sha256 and meta.get("options") == asdict(resolved_options(opts))
+    same = (meta.get("trace") or {}).get("sha256") == trace_sha256 and meta.get("options") == recorded_options(resolved_options(opts))
     tables = all((Path(run_dir) / f).is_file() for f in (REQUESTS_FILE, STEPS_FILE))
     return meta if meta.get("status") == "complete" and same and tables else None
 
@@ -121,6 +120,22 @@ def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
     build = build_sim if opts.mode == "sim" else build_real
     backend, config = build(opts, model, lambda kv_tokens: scheduler_config(opts, model, kv_tokens))
     kv_tokens = backend.kv_tokens
+    if opts.disaggregated:  # prefill and decode instances of that kind, a router and a link (testbed/pd_replay.py)
+        from testbed.pd_replay import replay_pd
+
+        return replay_pd(
+            trace,
+            opts,
+            trace_path,
+            out,
+            progress,
+            started,
+            wall_start,
+            model,
+            backend,
+            config,
+            lambda: make_requests(trace, opts, model, backend.vocab_size),
+        )
     if opts.replicas > 1:  # a cluster of such instances behind a router (testbed/cluster_replay.py)
         from testbed.cluster_replay import replay_cluster
 
@@ -144,7 +159,7 @@ def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
         "status": "running",
         "mode": opts.mode,
         "trace": trace_record(trace, trace_path, opts),
-        "options": asdict(opts),
+        "options": recorded_options(opts),
         **({"arrivals": note} if (note := closed_loop_note(opts)) is not None else {}),
         "model": model.name,
         **backend.meta,

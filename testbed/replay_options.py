@@ -6,7 +6,7 @@ checks and parsing are in options.py; what each scheduler makes of its options, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 DEFAULT_MODEL = "llama-3.1-8b"
@@ -84,9 +84,48 @@ class ReplayOptions:
     cache_threshold: float = 0.5
     balance_abs_threshold: int = 32
     balance_rel_threshold: float = 1.0001
+    # Prefill/decode disaggregation (simulator/cluster/pd.py), instead of replicas: this many
+    # prefill and decode instances (both, or neither), and the link the KV crosses
+    # (simulator/cluster/kv_link.py: nvlink, rdma, tcp or GBPS,LATENCY_US).
+    prefill_replicas: int | None = None
+    decode_replicas: int | None = None
+    kv_link: str = "rdma"
+    # A mixture of experts (issue 37; simulator/costs/moe_roofline.py): expert parallelism over ep
+    # of the tp x dp GPUs, attention data parallelism over dp ranks (with enable_dp_attention, as
+    # SGLang names it), the experts' load (None: balanced; ALPHA: AIConfigurator's power law).
+    ep: int = 1
+    dp: int = 1
+    enable_dp_attention: bool = False
+    expert_imbalance: float | None = None
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill_replicas is not None and self.decode_replicas is not None
 
 
 OPTION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ReplayOptions))
+# A PD run's own options: run.json and a sweep's table record them only where a run is one, so
+# every other run records the options it recorded before they existed.
+PD_FIELDS = ("prefill_replicas", "decode_replicas", "kv_link")
+
+
+def recorded_options(opts: ReplayOptions) -> dict:
+    """The options as run.json records them: every field, a PD run's own only in a PD run (a run
+    without them had them at their defaults; the checks refuse anything else)."""
+    out = asdict(opts)
+    if not opts.disaggregated:
+        for name in PD_FIELDS:
+            del out[name]
+    # The MoE options likewise: recorded only where a run sets one (issue 37).
+    for name in MOE_FIELDS:
+        if out[name] == getattr(_DEFAULT_OPTIONS, name):
+            del out[name]
+    return out
+
+
+# A mixture of experts' own options (issue 37), recorded only away from their defaults.
+MOE_FIELDS = ("ep", "dp", "enable_dp_attention", "expert_imbalance")
+_DEFAULT_OPTIONS = ReplayOptions()
 
 
 # --- defaults that depend on the machine ------------------------------------------------------

@@ -68,8 +68,20 @@ class Scheduler(SchedulerBase):
 
     # -- admission ------------------------------------------------------------
     def add_request(self, req: Req) -> None:
+        """SGLang's checks at arrival (check_arrival), then a request its admission would refuse
+        even on an empty pool is rejected; the rest wait."""
+        if not self.check_arrival(req):
+            return
+        never = self._never_admitted(req)
+        if never is not None:
+            self._reject(req, never)
+            return
+        self._enqueue(req)
+
+    def check_arrival(self, req: Req) -> bool:
         """SGLang's checks at arrival: a prompt that leaves no room is refused; an output
-        longer than the context or the KV pool allows is cut to fit (recorded on the request)."""
+        longer than the context or the KV pool allows is cut to fit (recorded on the request).
+        False: rejected (it is done)."""
         self.num_requests += 1
         n = req.input_len
         if n >= self.max_req_input_len:
@@ -80,7 +92,7 @@ class Scheduler(SchedulerBase):
                 f"input {n} tokens leave no room for output: prompts must be under {self.max_req_input_len} "
                 f"tokens ({limit} {self.max_req_len + 1} less {INPUT_LEN_MARGIN + 1})",
             )
-            return
+            return False
         ps = self.allocator.page_size
         by_context = self.max_req_len - n - 1
         by_pool = self.allocator.size - (-(-n // ps) * ps) - ps - 1
@@ -91,11 +103,7 @@ class Scheduler(SchedulerBase):
             req.truncate_reason = f"output truncated from {req.max_new_tokens} to {fits} tokens to fit {limit}"
             req.truncated_from = req.max_new_tokens
             req.max_new_tokens = fits
-        never = self._never_admitted(req)
-        if never is not None:
-            self._reject(req, never)
-            return
-        self._enqueue(req)
+        return True
 
     def _never_admitted(self, req: Req) -> str | None:
         """Why PrefillAdder refuses req even on an empty pool, or None. SGLang queues such a request

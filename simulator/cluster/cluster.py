@@ -118,13 +118,18 @@ class Router:
             v.outstanding_tokens = tokens  # (the router's own count: never stale)
         return self._views
 
-    def _route(self, req: Req) -> None:
+    def _choose(self, req: Req) -> int:
+        """The policy's instance for req, on the router's view (its prefix index then holds the prompt there)."""
         views = self._views_now()
         keys = prompt_keys(req.origin_input_ids) if self.policy.reads_prefixes else None
         rates = [idx.match(keys) * BLOCK / req.input_len for idx in self.indexes] if keys is not None else None
         i = self.policy.choose(views, rates, [len(idx) for idx in self.indexes])
         if keys is not None:
             self.indexes[i].insert(keys)
+        return i
+
+    def _route(self, req: Req) -> None:
+        i = self._choose(req)
         req.instance = i
         self.outstanding[i] += req.input_len + req.max_new_tokens
         self.instances[i].arrivals.queue.append((self.env.now + self.latency_s, req))

@@ -52,6 +52,10 @@ compute bound in both; a mixed batch can be compute bound in its matmuls and
 memory bound in its attention. Summing the per-component maxima captures that;
 ``per_component=False`` gives the classic single max(total FLOPs, total bytes).
 
+A mixture of experts or a model with MLA (DeepSeek) is priced by moe_roofline.py instead
+(roofline_cost_model picks), which adds the routed experts, MLA, --ep and --dp; this model is
+the dense Llama family's.
+
 Everything that depends only on the model and hardware is folded into
 per-unit seconds at construction, so ``forward_time`` is a few multiply-adds
 on the plan's precomputed summaries (O(1) per plan, ~1 µs in CPython).
@@ -63,7 +67,7 @@ import numpy as np
 
 from scheduler.core.forward_plan import ForwardPlan
 from scheduler.model_config import ModelConfig
-from simulator.costs.precision import NVFP4, Precision
+from simulator.costs.precision import MXFP4, NVFP4, Precision
 from simulator.hardware.specs import HardwareConfigError, HardwareSpec
 
 
@@ -86,7 +90,7 @@ def linear_peak_flops(hw: HardwareSpec, p: Precision) -> float:
     has them, else bf16 ones (weight-only dequantization)."""
     if p.fp8_weights and hw.peak_flops_fp8 > 0:
         return hw.peak_flops_fp8
-    if p.weights == NVFP4 and hw.peak_flops_fp4 > 0:
+    if p.weights in (NVFP4, MXFP4) and hw.peak_flops_fp4 > 0:
         return hw.peak_flops_fp4
     return hw.peak_flops
 

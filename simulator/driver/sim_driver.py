@@ -60,11 +60,18 @@ class LandingEnvironment(simpy.Environment):
 
 
 class SimDriver:
-    def __init__(self, cost_model: CostModel, fast_forward: bool = True, env: LandingEnvironment | None = None) -> None:
+    def __init__(
+        self, cost_model: CostModel, fast_forward: bool = True, env: LandingEnvironment | None = None, wakeable: bool = False
+    ) -> None:
         self.cost_model = cost_model
         self.fast_forward = fast_forward
         # Its own clock; or one it shares with the other instances of a cluster (simulator/cluster/).
         self.env = env if env is not None else LandingEnvironment()
+        # An instance of a prefill/decode pair (simulator/cluster/pd.py) learns of some events only
+        # as they happen (a request whose KV has arrived): its idle wait for the next arrival also
+        # ends at wake(). Its loop's next arrival is then math.inf where no time is known.
+        self.wakeable = wakeable
+        self._wake: simpy.Event | None = None
         self.device_free_at = 0.0
         # CPU time charged but not yet waited out. The loop is the only process, so
         # its CPU work needs no event of its own: it is folded into the next timeout,
@@ -93,6 +100,13 @@ class SimDriver:
 
     def clock(self) -> float:
         return self.env.now + self.cpu_pending
+
+    def wake(self) -> None:
+        """Something for this instance happened now (env.now) that its loop could not know of
+        before: an idle wait for the next arrival ends now (a wakeable driver's; else nothing)."""
+        ev = self._wake
+        if ev is not None and not ev.triggered:
+            ev.succeed()
 
     def run(self, loop: EventLoop) -> None:
         self.start(loop)
@@ -142,13 +156,26 @@ class SimDriver:
                     yield timeout(self._delay_to(now))
                     self._land_on(now)
             elif kind is WaitForArrival:
-                yield timeout(max(wait.until, self.clock()) - env.now)
-                self.cpu_pending = 0.0
+                if self.wakeable:
+                    yield from self._wait_or_wake(wait.until)
+                else:
+                    yield timeout(max(wait.until, self.clock()) - env.now)
+                    self.cpu_pending = 0.0
             else:
                 raise TypeError(f"unknown wait {wait!r}")
         if self.cpu_pending:
             yield timeout(self.cpu_pending)
             self.cpu_pending = 0.0
+
+    def _wait_or_wake(self, until: float) -> Generator[simpy.Event, Any, None]:
+        """Wait until `until` (math.inf: no time known) or wake(), whichever comes first. Woken
+        before the CPU time charged so far is waited out, the clock keeps that time."""
+        env = self.env
+        start = self.clock()
+        woken = self._wake = env.event()
+        yield woken if until == math.inf else env.any_of([woken, env.timeout(max(until, start) - env.now)])
+        self._wake = None
+        self.cpu_pending = max(start - env.now, 0.0)
 
     def _delay_to(self, t: float) -> float:
         """The largest delay d with env.now + d <= t (t - env.now may round either way)."""

@@ -23,12 +23,19 @@ def kv_capacity_tokens(
     reserve_bytes: int | None = None,
     tp: int = 1,
     precision: Precision | None = None,
+    ep: int = 1,
+    dp: int = 1,
 ) -> int:
     """Tokens of KV that fit, rounded down to a multiple of page_size.
 
     With tensor parallelism over `tp` GPUs of this kind, each holds its share of the
     weights and of every token's KV (ModelConfig: heads divided, or replicated), so the
     pool holds as many tokens as one GPU's memory left after its weights.
+
+    A mixture of experts (ModelConfig.check_parallel): each GPU holds its attention rank's share
+    of the dense weights and num_experts / ep experts split over (tp x dp) / ep GPUs; MLA's latent
+    KV whole on every GPU of a TP group. With attention data parallelism (`dp` ranks) each rank
+    holds its own requests' KV: the pool is dp ranks' pools, each rounded to pages, together.
 
     precision (--quantization, --kv-cache-dtype): fp8 weights take 1 byte a weight of the
     linear layers (the embedding and LM head stay at dtype_bytes), so more memory is left for
@@ -45,12 +52,16 @@ def kv_capacity_tokens(
 
     static = hw.memory_bytes * mem_fraction_static
     p = precision or Precision()
-    weights = model.weight_bytes(dtype_bytes, tp, linear_bytes=p.linear_weight_bytes if p.quantized_weights else None)
+    linear = p.linear_weight_bytes if p.quantized_weights else None
+    weights = model.weight_bytes(dtype_bytes, tp, linear_bytes=linear, ep=ep, dp=dp, experts_only=p.experts_only)
     free = static - weights - reserve
     gib = 1 << 30
     if free <= 0:
+        layout = f" x {tp} (TP)" if tp > 1 else ""
+        if ep > 1 or dp > 1:
+            layout = f" x {tp * dp} (TP {tp}, DP {dp}, EP {ep})"
         raise ValueError(
-            f"model {model.name!r} does not fit on {hw.name!r}{f' x {tp} (TP)' if tp > 1 else ''}: weights {weights / gib:.2f} GiB "
+            f"model {model.name!r} does not fit on {hw.name!r}{layout}: weights {weights / gib:.2f} GiB "
             f"+ reserve {reserve / gib:.2f} GiB > {mem_fraction_static:.2f} x "
             f"{hw.memory_bytes / gib:.1f} GiB = {static / gib:.2f} GiB"
         )
@@ -61,4 +72,4 @@ def kv_capacity_tokens(
             f"model {model.name!r} on {hw.name!r}: {free / gib:.3f} GiB left after weights "
             f"holds less than one page ({page_size} tokens) of KV"
         )
-    return tokens
+    return tokens * dp

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from dataclasses import asdict
 from typing import Callable
 
 from scheduler.loop.step_log import StepLog, StepRow
@@ -29,6 +28,7 @@ from testbed.live.endpoints import ENDPOINTS
 from testbed.live.openai_stream import chat_body, completion_body
 from testbed.live.sender import LiveRequest, LiveRun, send_all
 from testbed.live.server_info import ServerInfo, probe_server
+from testbed.replay_options import recorded_options
 from testbed.replay_result import ReplayProgress, ReplayResult, default_run_dir, trace_record
 from testbed.runs import metrics
 from testbed.runs.folder import check_out_folder, versions
@@ -107,7 +107,7 @@ def replay_server(trace, opts, trace_path: str, out, progress: Callable | None, 
         "status": "running",
         "mode": "server",
         "trace": trace_record(trace, trace_path, opts),
-        "options": asdict(opts),
+        "options": recorded_options(opts),
         "model": info.model,
         "server": {
             "url": info.url,

@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 
 from scheduler.loop.step_log import FLOAT_COLUMNS, STEP_COLUMNS
 from testbed.runs.journal import is_locked, read_journal, record_batch
-from testbed.runs.metrics import REQUESTS_SCHEMA, run_summary
+from testbed.runs.metrics import REQUESTS_SCHEMA, requests_schema, run_summary
 
 RUN_FILE = "run.json"
 REQUESTS_FILE = "requests.parquet"
@@ -70,6 +70,12 @@ def _file_schema(schema: pa.Schema) -> pa.Schema:
 
 STEPS_FILE_SCHEMA = _file_schema(STEP_SCHEMA)  # steps.parquet's (steps_file.py writes it a part at a time)
 _REQUESTS_FILE_SCHEMA = _file_schema(REQUESTS_SCHEMA)
+ROLE_FIELD = pa.field("role", pa.string())  # a PD run's steps: prefill or decode, the instance's role
+
+
+def steps_schema(cols: Mapping[str, Any]) -> pa.Schema:
+    """STEP_SCHEMA, and a PD run's role column where the steps have one."""
+    return pa.schema(list(STEP_SCHEMA) + [ROLE_FIELD]) if "role" in cols else STEP_SCHEMA
 
 
 def unused_path(path: Path) -> Path:
@@ -140,9 +146,11 @@ def write_requests(path: Path, requests: Mapping[str, Any]) -> None:
     an element at a time: three times as slow); it reads back as requests_frame. Dictionary encoding for text
     columns only: on the float columns (timestamps, all distinct) it took three quarters of
     the write and made the file larger."""
-    table = pa.Table.from_batches([record_batch(requests, REQUESTS_SCHEMA)])
-    table = table.cast(_REQUESTS_FILE_SCHEMA)
-    text = [f.name for f in _REQUESTS_FILE_SCHEMA if f.type == pa.large_string()]
+    schema = requests_schema(requests)
+    file_schema = _REQUESTS_FILE_SCHEMA if schema is REQUESTS_SCHEMA else _file_schema(schema)
+    table = pa.Table.from_batches([record_batch(requests, schema)])
+    table = table.cast(file_schema)
+    text = [f.name for f in file_schema if f.type == pa.large_string()]
     _write_atomic(path, lambda p: pq.write_table(table, p, use_dictionary=text))
 
 
@@ -152,13 +160,16 @@ STEPS_DICTIONARY_COLUMNS = ["mode"]  # steps.parquet's dictionary-encoded column
 def steps_table(cols: dict) -> pa.Table:
     """StepLog.columns(...) as a table of steps.parquet's schema, straight from its typed
     columns (no DataFrame on the way: a long run has 100k+ rows)."""
-    return pa.Table.from_batches([record_batch(cols, STEP_SCHEMA)]).cast(STEPS_FILE_SCHEMA)  # (text as pandas writes it: large_string)
+    schema = steps_schema(cols)
+    file_schema = STEPS_FILE_SCHEMA if schema is STEP_SCHEMA else _file_schema(schema)
+    return pa.Table.from_batches([record_batch(cols, schema)]).cast(file_schema)  # (text as pandas writes it: large_string)
 
 
 def write_steps(path: Path, cols: dict) -> None:
     """steps.parquet from StepLog.columns(...) at once; it reads back as write_requests's tables do."""
     table = steps_table(cols)
-    _write_atomic(path, lambda p: pq.write_table(table, p, use_dictionary=STEPS_DICTIONARY_COLUMNS))
+    dictionary = STEPS_DICTIONARY_COLUMNS + (["role"] if "role" in cols else [])
+    _write_atomic(path, lambda p: pq.write_table(table, p, use_dictionary=dictionary))
 
 
 def versions() -> dict:

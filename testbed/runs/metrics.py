@@ -47,6 +47,23 @@ REQUESTS_SCHEMA = pa.schema(
 )
 
 
+# The columns a PD run's requests table adds (testbed/pd_replay.py): the decode instance, when the
+# KV transfer started (the prefill was processed) and how long it took, how long the decode
+# instance held the request back for KV before reserving it.
+PD_REQUESTS_FIELDS = [
+    pa.field("decode_instance", pa.int64()),
+    pa.field("kv_transfer_start", pa.float64()),
+    pa.field("kv_transfer_s", pa.float64()),
+    pa.field("decode_held_s", pa.float64()),
+]
+
+
+def requests_schema(columns: Mapping[str, Any]) -> pa.Schema:
+    """The schema of a requests table with these columns: REQUESTS_SCHEMA, and a PD run's own."""
+    extra = [f for f in PD_REQUESTS_FIELDS if f.name in columns]
+    return pa.schema(list(REQUESTS_SCHEMA) + extra) if extra else REQUESTS_SCHEMA
+
+
 def requests_frame(reqs: Iterable[Req]) -> pd.DataFrame:
     """One row per request, in trace order."""
     return pd.DataFrame(requests_table(reqs))

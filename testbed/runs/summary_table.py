@@ -26,14 +26,31 @@ def run_title(trace: str, meta: dict) -> str:
     clients = opts.get("concurrency")
     closed = f", closed loop of {clients} client{'s' if clients != 1 else ''}" if clients else ""
     cluster = meta.get("cluster")
-    replicas = f", {cluster['replicas']} replicas behind a {cluster['router']} router" if cluster else ""
+    if cluster and "prefill_replicas" in cluster:  # prefill/decode disaggregation
+        link = cluster["kv_link"]["name"]
+        replicas = f", {cluster['prefill_replicas']} prefill + {cluster['decode_replicas']} decode instances over {link} behind a {cluster['router']} router"
+    else:
+        replicas = f", {cluster['replicas']} replicas behind a {cluster['router']} router" if cluster else ""
     return f"{trace} ({meta.get('mode')}, {meta.get('model')} on {meta.get('hardware')}, {opts.get('policy')}, overlap {overlap}{closed}{replicas})"
 
 
 def format_instances(s: dict) -> str:
-    """A cluster run's line: requests per instance, and the load imbalance."""
-    served = "/".join(str(x["requests"]) for x in s["instances"])
-    return f"instances: requests {served}, load imbalance {s['load_imbalance']:.2f} (most over mean)"
+    """A cluster run's line: requests per instance, and the load imbalance; a PD run's two lines, its
+    instances of each role and the KV transfer."""
+    if "decode_load_imbalance" not in s:
+        served = "/".join(str(x["requests"]) for x in s["instances"])
+        return f"instances: requests {served}, load imbalance {s['load_imbalance']:.2f} (most over mean)"
+    sides = []
+    for role in ("prefill", "decode"):
+        served = "/".join(str(x["requests"]) for x in s["instances"] if x["role"] == role)
+        sides.append(f"{role} requests {served} (imbalance {s[f'{role}_load_imbalance']:.2f})")
+    held = s.get("decode_held_mean_ms")
+    return (
+        f"instances: {', '.join(sides)}\n"
+        f"KV transfer (ms): mean {_fmt(s['kv_transfer_mean_ms'])}, p50 {_fmt(s['kv_transfer_p50_ms'])}, "
+        f"p99 {_fmt(s['kv_transfer_p99_ms'])}, {s['kv_transferred_gb']:,.1f} GB   decode KV holds {s['decode_kv_holds']:,}"
+        + (f" (waited {_fmt(held)} ms on average)" if held is not None else "")
+    )
 
 
 def format_rejections(counts: dict[str, int]) -> str:

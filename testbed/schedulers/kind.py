@@ -24,6 +24,9 @@ class SchedulerKind:
     with_defaults: Callable[[ReplayOptions], ReplayOptions]  # its page size and budgets, where unset
     config: Callable[[ReplayOptions, ModelConfig, int], Any]  # (options with defaults, model, KV tokens)
     new: Callable[[Any], SchedulerCore]  # a scheduler of that config
+    # The same in a PD cluster's prefill role and decode role (scheduler/disagg/).
+    new_prefill: Callable[[Any], SchedulerCore]
+    new_decode: Callable[[Any], SchedulerCore]
     cuda_graphs: Callable[[ReplayOptions], CudaGraphPolicy]  # which forwards its engine replays from a graph
 
     def instead_of(self, option: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from scheduler.disagg.sglang_roles import SglangDecode, SglangPrefill
 from scheduler.model_config import ModelConfig
 from scheduler.sglang.config import SchedulerConfig
 from scheduler.sglang.policy import POLICIES
@@ -70,5 +71,7 @@ SGLANG = SchedulerKind(
     with_defaults=with_defaults,
     config=config,
     new=Scheduler,
+    new_prefill=SglangPrefill,
+    new_decode=SglangDecode,
     cuda_graphs=lambda opts: sglang_graphs(),
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from scheduler.disagg.vllm_roles import VllmDecode, VllmPrefill
 from scheduler.model_config import ModelConfig
 from scheduler.vllm.config import (
     DEFAULT_BLOCK_SIZE,
@@ -65,5 +66,7 @@ VLLM = SchedulerKind(
     with_defaults=with_defaults,
     config=config,
     new=VllmScheduler,
+    new_prefill=VllmPrefill,
+    new_decode=VllmDecode,
     cuda_graphs=lambda opts: vllm_graphs(opts.max_num_seqs),
 )

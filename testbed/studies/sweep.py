@@ -21,7 +21,7 @@ import json
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -36,6 +36,7 @@ from testbed.options import (
     ReplayOptions,
     check_options,
     parse_option_value,
+    recorded_options,
     resolved_options,
 )
 from testbed.replay import load_replay_trace
@@ -314,15 +315,16 @@ def sweep_rows(sweep: Sweep, points: Sequence[SweepPoint], results: Sequence[Poi
     axis_names = [a.name for a in sweep.axes]
     extra_axes = [k for p in points for k, _ in p.axes if k not in axis_names]  # capacity's time_scale
     axis_names += list(dict.fromkeys(extra_axes))
-    option_columns = axis_names + [f for f in OPTION_FIELDS if f not in axis_names]
+    recorded = [recorded_options(resolved_options(p.options)) for p in points]
+    # (a PD run's own options only where a point is one, as run.json records them)
+    option_columns = axis_names + [f for f in OPTION_FIELDS if f not in axis_names and any(f in r for r in recorded)]
     metric_keys: dict[str, None] = {}
     for r in results:
         metric_keys.update(dict.fromkeys(r.summary or {}))
     rows = []
-    for p, r in zip(points, results):
-        opts = asdict(resolved_options(p.options))
+    for p, r, opts in zip(points, results, recorded):
         row: dict[str, Any] = {"point": p.name, "status": r.status, "error": r.error}
-        row.update({f: opts[f] for f in option_columns})
+        row.update({f: opts.get(f) for f in option_columns})
         summary = r.summary or {}
         row.update({metric_column(k): summary.get(k) for k in metric_keys})
         row["wall_s"] = r.wall_s

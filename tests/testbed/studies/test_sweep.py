@@ -12,14 +12,13 @@ import json
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from testbed.cli import main
 from testbed.errors import ConfigError
-from testbed.options import ReplayOptions, resolved_options
+from testbed.options import ReplayOptions, recorded_options, resolved_options
 from testbed.studies.sweep import GridAxis, load_sweep, parse_grid, point_name
 from testbed.traces.gen import GenConfig, generate_trace
 
@@ -76,8 +75,9 @@ def test_points_are_the_cross_product_with_their_options(sweep):
     assert sorted(zip(df["policy"], df["chunked_prefill_size"], df["overlap"])) == sorted(itertools.product(*axes.values()))
     assert [a["name"] for a in meta["axes"]] == list(axes) and [a["values"] for a in meta["axes"]] == list(axes.values())
     for row in df.to_dict("records"):
-        # Every option of the row is the base options (--max-requests, --seed) with the row's axis values.
-        expected = asdict(
+        # Every option of the row is the base options (--max-requests, --seed) with the row's axis values
+        # (a PD run's own options only in a sweep of PD runs, as run.json records them).
+        expected = recorded_options(
             resolved_options(
                 ReplayOptions(
                     max_requests=N, seed=3, policy=row["policy"], chunked_prefill_size=row["chunked_prefill_size"], overlap=row["overlap"]

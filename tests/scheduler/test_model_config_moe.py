@@ -1,0 +1,175 @@
+"""ModelConfig of mixtures of experts and MLA (issue 37): the bundled configs parse to the published
+sizes, each family's own keys are read, KV and weights per GPU follow the layout, and a shape the
+simulator cannot price is a ModelConfigError naming it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scheduler.model_config import MOE_ARCHITECTURES, ModelConfig, ModelConfigError, load_model_config
+
+# Published totals and active parameters per token (model cards). Active: Qwen, Mistral and DeepSeek
+# count the embedding table; OpenAI's gpt-oss card does not (active_params(include_embedding=False)).
+PUBLISHED = {
+    "qwen3-30b-a3b": (30.5e9, 3.3e9, True),  # Qwen3-30B-A3B card: 30.5B total, 3.3B activated
+    "qwen3-235b-a22b": (235e9, 22e9, True),  # Qwen3-235B-A22B card: 235B, 22B activated
+    "mixtral-8x7b": (46.7e9, 12.9e9, True),  # Mistral: 46.7B total, 12.9B a token
+    "deepseek-v3": (671e9, 37e9, True),  # DeepSeek-V3 report: 671B total (without the 14B MTP module), 37B activated
+    "deepseek-r1": (671e9, 37e9, True),  # the same shape
+    "gpt-oss-120b": (116.83e9, 5.13e9, False),  # gpt-oss model card: 116.83B total, 5.13B active
+}
+
+# DeepSeek-V2-Lite's config.json (15.7B total, 2.4B active; MLA without a q latent): DeepseekV2 parses too.
+V2_LITE = {
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "hidden_size": 2048,
+    "intermediate_size": 10944,
+    "moe_intermediate_size": 1408,
+    "num_hidden_layers": 27,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "n_routed_experts": 64,
+    "n_shared_experts": 2,
+    "num_experts_per_tok": 6,
+    "first_k_dense_replace": 1,
+    "moe_layer_freq": 1,
+    "kv_lora_rank": 512,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "topk_method": "greedy",
+    "vocab_size": 102400,
+    "max_position_embeddings": 163840,
+    "bos_token_id": 100000,
+    "eos_token_id": 100001,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_parameter_counts_match_the_published_within_2_percent(name):
+    cfg = load_model_config(name)
+    total, active, with_embedding = PUBLISHED[name]
+    assert cfg.architecture in MOE_ARCHITECTURES and cfg.is_moe
+    assert cfg.num_params == pytest.approx(total, rel=0.02)
+    assert cfg.active_params(include_embedding=with_embedding) == pytest.approx(active, rel=0.02)
+    assert cfg.weight_bytes() == 2 * cfg.num_params
+
+
+def test_deepseek_v2_lite_parses_with_q_proj_directly():
+    cfg = ModelConfig.from_hf_config(V2_LITE, name="deepseek-v2-lite")
+    assert cfg.is_mla and cfg.q_lora_rank is None and cfg.dense_layers == (0,)
+    assert cfg.num_params == pytest.approx(15.7e9, rel=0.02)
+    # DeepSeek-V2's paper counts the 2.4B activated without the embedding table (2.45B; 2.66B with it).
+    assert cfg.active_params(include_embedding=False) == pytest.approx(2.4e9, rel=0.03)
+
+
+def test_each_family_reads_its_own_keys():
+    qwen = load_model_config("qwen3-30b-a3b")
+    assert (qwen.num_experts, qwen.num_experts_per_tok, qwen.moe_intermediate_size) == (128, 8, 768)
+    assert qwen.dense_layers == () and qwen.shared_expert_intermediate_size == 0 and qwen.qk_norm
+    mixtral = load_model_config("mixtral-8x7b")  # num_local_experts; an expert is intermediate_size wide
+    assert (mixtral.num_experts, mixtral.num_experts_per_tok, mixtral.moe_intermediate_size) == (8, 2, 14336)
+    ds = load_model_config("deepseek-v3")  # n_routed_experts, n_shared_experts, first_k_dense_replace
+    assert (ds.num_experts, ds.num_experts_per_tok, ds.moe_intermediate_size) == (256, 8, 2048)
+    assert ds.shared_expert_intermediate_size == 2048 and ds.dense_layers == (0, 1, 2) and ds.num_moe_layers == 58
+    assert (ds.kv_lora_rank, ds.q_lora_rank, ds.qk_nope_head_dim, ds.qk_rope_head_dim, ds.v_head_dim) == (512, 1536, 128, 64, 128)
+    assert ds.head_dim == 192 and ds.router_bias  # q/k heads: no-RoPE and RoPE parts; e_score_correction_bias
+    assert ds.checkpoint_quantization == "fp8_block" and not ds.checkpoint_quantizes_experts_only
+    oss = load_model_config("gpt-oss-120b")  # num_local_experts, experts_per_token, layer_types, sinks, mxfp4
+    assert (oss.num_experts, oss.num_experts_per_tok, oss.moe_intermediate_size) == (128, 4, 2880)
+    assert oss.sliding_window == 128 and oss.sliding_window_layers == 18 and oss.attention_sinks
+    assert oss.router_bias and oss.expert_bias and oss.attention_bias
+    assert oss.checkpoint_quantization == "mxfp4" and oss.checkpoint_quantizes_experts_only
+
+
+def test_qwen3_moe_dense_layers_follow_mlp_only_layers_and_the_sparse_step():
+    raw = dict(load_model_config("qwen3-30b-a3b").raw, mlp_only_layers=[0, 47], decoder_sparse_step=2)
+    cfg = ModelConfig.from_hf_config(raw, name="q")
+    # Experts where (i + 1) % 2 == 0 and i not listed: the odd layers but 47.
+    assert cfg.dense_layers == tuple(i for i in range(48) if i % 2 == 0 or i == 47)
+    assert cfg.num_moe_layers == 23 and cfg.num_dense_mlp_layers == 25
+
+
+def test_mla_kv_is_one_latent_a_layer_that_tp_does_not_divide():
+    ds = load_model_config("deepseek-v3")
+    assert ds.kv_bytes_per_token() == 61 * (512 + 64) * 2 == 70272
+    assert ds.kv_bytes_per_token(1) == 35136
+    assert ds.kv_bytes_per_token(2, tp=8) == ds.kv_bytes_per_token(2, tp=1)  # every GPU of the TP group holds it
+    # Against the K and V heads it replaces: 2 x 128 heads x 192 x 61 layers x 2 bytes.
+    assert ds.kv_bytes_per_token() < 2 * 128 * 192 * 61 * 2 / 80
+    qwen = load_model_config("qwen3-235b-a22b")  # GQA: the dense rule
+    assert qwen.kv_bytes_per_token(2, 4) == 2 * 94 * 1 * 128 * 2
+
+
+def test_weights_per_gpu_follow_tp_ep_and_dp():
+    m = load_model_config("qwen3-235b-a22b")
+    # Experts over 8 GPUs: 16 whole experts each (EP 8) or an eighth of every one (TP 8) hold the same.
+    assert m.routed_expert_params(8, 8, 1) == m.routed_expert_params(8, 1, 1) == m.routed_expert_params() // 8
+    assert m.params_per_gpu(8, ep=8) == m.params_per_gpu(8)
+    # DP attention: attention and the rest at TP 1 on every rank, the experts over all 8 GPUs.
+    per_gpu = m.params_per_gpu(1, ep=8, dp=8)
+    assert per_gpu == m.num_params - m.routed_expert_params() + m.routed_expert_params() // 8
+    # Quantized weights: every decoder matmul (not the router) at linear_bytes; experts only where asked.
+    assert m.weight_bytes(2, linear_bytes=1) == 2 * m.num_params - m.decoder_matmul_params()
+    oss = load_model_config("gpt-oss-120b")
+    assert oss.weight_bytes(2, linear_bytes=0.53125, experts_only=True) == pytest.approx(
+        2 * oss.num_params - oss.routed_expert_params() * (2 - 0.53125)
+    )
+
+
+def test_check_parallel_names_what_does_not_divide():
+    m = load_model_config("qwen3-30b-a3b")
+    m.check_parallel(2, ep=2)
+    m.check_parallel(1, ep=8, dp=8)
+    with pytest.raises(ModelConfigError, match="--ep 3 does not divide qwen3-30b-a3b's 128 experts"):
+        m.check_parallel(1, ep=3, dp=3)
+    with pytest.raises(ModelConfigError, match=r"--ep 4 does not divide the 2 GPUs \(--tp 2 x --dp 1\)"):
+        m.check_parallel(2, ep=4)
+    with pytest.raises(ModelConfigError, match="expert intermediate size 768"):
+        m.check_parallel(1, ep=1, dp=512)  # each expert split over 512 GPUs
+    with pytest.raises(ModelConfigError, match="dense model"):
+        load_model_config("llama-3.1-8b").check_parallel(1, ep=2)
+    # MLA has no KV heads to split: TP 16 of DeepSeek's 128 heads is fine.
+    load_model_config("deepseek-v3").check_tp(16)
+
+
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        ({"num_experts_per_tok": 256}, "more than its 128 experts"),
+        ({"num_experts_per_tok": None}, "num_experts_per_tok must be a positive integer"),
+        ({"num_experts": None}, "names no experts"),
+        ({"num_experts": 0}, "num_experts must be a positive integer"),
+        ({"mlp_only_layers": [99]}, "mlp_only_layers"),
+        ({"mlp_only_layers": list(range(48))}, "no layer has experts"),
+        ({"moe_intermediate_size": None}, "moe_intermediate_size"),
+    ],
+)
+def test_a_moe_shape_it_cannot_price_is_one_clear_error(change, needle):
+    raw = dict(load_model_config("qwen3-30b-a3b").raw, **change)
+    with pytest.raises(ModelConfigError, match=needle):
+        ModelConfig.from_hf_config(raw, name="bad")
+
+
+def test_bad_mla_and_gpt_oss_configs_are_clear_errors(tmp_path):
+    raw = dict(load_model_config("deepseek-v3").raw)
+    del raw["kv_lora_rank"]
+    with pytest.raises(ModelConfigError, match="kv_lora_rank"):
+        ModelConfig.from_hf_config(raw, name="bad")
+    raw = dict(load_model_config("gpt-oss-120b").raw, layer_types=["full_attention"] * 3)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ModelConfigError, match="layer_types"):
+        load_model_config(tmp_path)
+
+
+def test_a_config_json_of_each_family_loads_from_a_folder(tmp_path):
+    for name in PUBLISHED:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(load_model_config(name).raw))
+        assert load_model_config(folder).num_params == load_model_config(name).num_params
