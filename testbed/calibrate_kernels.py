@@ -30,10 +30,16 @@ def profile_text(profile: dict) -> str:
 
 
 def hbm_floor_s(model: ModelConfig, tp: int, mem_bandwidth: float, precision: Precision | None = None) -> float:
-    """One decode step can not beat reading one GPU's weights once from memory (fp8 weights: 1 byte
-    a weight of the linear layers, the embedding and LM head at 2)."""
+    """One decode step at batch 1 can not beat reading one GPU's weights once from memory (fp8 weights:
+    1 byte a weight of the linear layers, the embedding and LM head at 2); of a mixture of experts'
+    routed experts, only the k of E its one token goes to."""
     p = precision or Precision()
-    return model.weight_bytes(2, tp, linear_bytes=p.linear_weight_bytes if p.quantized_weights else None) / mem_bandwidth
+    linear = p.linear_weight_bytes if p.quantized_weights else None
+    read = model.weight_bytes(2, tp, linear_bytes=linear)
+    if model.is_moe:
+        untouched = 1 - model.num_experts_per_tok / model.num_experts
+        read -= model.routed_expert_params(tp) * (linear or 2) * untouched
+    return read / mem_bandwidth
 
 
 def profile_precision(profile: dict) -> Precision:

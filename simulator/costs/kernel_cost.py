@@ -82,8 +82,13 @@ SHAPE_KEYS = (
 )
 
 
+# A mixture of experts' own dimensions (a dense model's profile records none of them).
+MOE_SHAPE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
+
+
 def model_shapes(model: ModelConfig) -> dict:
-    return {k: getattr(model, k) for k in SHAPE_KEYS}
+    keys = SHAPE_KEYS + MOE_SHAPE_KEYS if model.is_moe else SHAPE_KEYS
+    return {k: getattr(model, k) for k in keys}
 
 
 def monotone(table: np.ndarray) -> np.ndarray:

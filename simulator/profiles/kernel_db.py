@@ -245,6 +245,34 @@ class KernelDatabase:
             ("ar", hidden, tp), lambda: ops.CustomAllReduce("all_reduce", 1, hidden, tp), is_context=True, batch_size=1, s=tokens, x=tokens
         )
 
+    def moe(
+        self,
+        tokens: int,
+        hidden: int,
+        inter: int,
+        topk: int,
+        experts: int,
+        moe_tp: int,
+        moe_ep: int,
+        quant: str = "bfloat16",
+        distribution: str = "balanced",
+    ) -> float:
+        """The routed experts of one MoE layer over `tokens` tokens (each to `topk` of `experts`, of
+        `inter` wide each, split over moe_tp x moe_ep GPUs): the backend's fused-MoE kernel as the
+        database measured it, under its token distribution (balanced, or power_law_<alpha>).
+        quant: its MoEQuantMode name (bfloat16, fp8, fp8_block, nvfp4, w4a16_mxfp4, ...)."""
+        import aiconfigurator_core.sdk.operations as ops
+        from aiconfigurator_core.sdk import common
+
+        return self._evaluate(
+            ("moe", hidden, inter, topk, experts, moe_tp, moe_ep, quant, distribution),
+            lambda: ops.MoE("moe", 1, hidden, inter, topk, experts, moe_tp, moe_ep, common.MoEQuantMode[quant], distribution, 1),
+            is_context=True,
+            batch_size=1,
+            s=tokens,
+            x=tokens,
+        )
+
     def elementwise(self, tokens: int, dim_in: int, dim_out: int) -> float:
         """A memory-bound element-wise kernel (residual add + RMSNorm, SiLU-and-mul) over `tokens` rows."""
         import aiconfigurator_core.sdk.operations as ops

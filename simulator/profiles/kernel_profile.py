@@ -11,6 +11,11 @@
                                            norms      residual add + RMSNorm, twice
                                            act_fn     SiLU and multiply
                                            all_reduce two, after attention and after the MLP (TP > 1)
+    a mixture of experts' layers instead:  router     GEMM n x hidden -> experts (bf16)
+    (Qwen3-MoE, Mixtral; each kernel       experts    the backend's fused-MoE kernel over n tokens, each
+    weighted by its share of the layers,              routed to k of the experts, split over the TP GPUs,
+    beside the dense-MLP layers' share)               under the database's balanced token load
+                                           shared_experts  gate-up and down GEMMs of the shared experts
     per layer, attention:                  prefill attention of the extend requests (with RoPE and
                                            the KV write), decode attention of the decode requests
     once per forward:                      embedding (+ its all-reduce for TP > 1) over n tokens;
@@ -72,7 +77,9 @@ PREFIX = [0, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, TOP]
 DECODE_BATCH = [2**k for k in range(12)]  # 1 .. 2048, the database's decode batches
 DECODE_CONTEXT = POWERS
 REQUESTS = sorted({*range(1, 17), *(2**k for k in range(5, 13))})  # lm_head rows: 1 .. 4096
-LAYER_OPS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "norms", "act_fn", "all_reduce")
+# The token load the experts are priced under: the database's balanced rows (--expert-imbalance
+# is the roofline's for now; the database also has power_law_1.01 and power_law_1.2 rows).
+BALANCED = "balanced"
 
 
 def _seconds(x: float) -> float:
@@ -97,9 +104,27 @@ class GpuShapes:
     prefill_kv: str = BF16
     prefill_fmha: str = BF16
     decode_kv: str = BF16
+    # A mixture of experts (0 experts: a dense model). The routed experts are split over the TP GPUs
+    # (moe_tp = tp, no expert parallelism), as vLLM and SGLang run them without --ep.
+    experts: int = 0
+    topk: int = 0
+    expert_intermediate: int = 0  # one routed expert's width, whole (the MoE kernel takes moe_tp)
+    shared_intermediate: int = 0  # the shared experts' width on one GPU
+    moe_share: float = 0.0  # the layers that route (the others have a dense MLP of `intermediate`)
 
     @classmethod
     def of(cls, model: ModelConfig, tp: int) -> "GpuShapes":
+        moe = (
+            dict(
+                experts=model.num_experts,
+                topk=model.num_experts_per_tok,
+                expert_intermediate=model.moe_intermediate_size,
+                shared_intermediate=model.shared_expert_intermediate_size // tp,
+                moe_share=model.num_moe_layers / model.num_hidden_layers,
+            )
+            if model.is_moe
+            else {}
+        )
         return cls(
             model.num_hidden_layers,
             model.hidden_size,
@@ -110,21 +135,34 @@ class GpuShapes:
             -(-model.vocab_size // tp),
             tp,
             model.qk_norm,
+            **moe,
         )
 
     def layer_kernels(self, db: KernelDatabase, n: int) -> dict[str, float]:
-        """Seconds of each non-attention kernel of one layer over n tokens."""
+        """Seconds of each non-attention kernel of one (average) layer over n tokens."""
         h, d = self.hidden, self.head_dim
         q = self.gemm_quant
-        return {
+        kernels = {
             "qkv_proj": db.gemm(n, (self.heads + 2 * self.kv_heads) * d, h, q),
             "o_proj": db.gemm(n, h, self.heads * d, q),
-            "gate_up_proj": db.gemm(n, 2 * self.intermediate, h, q),
-            "down_proj": db.gemm(n, h, self.intermediate, q),
             "norms": 2 * db.elementwise(n, 2 * h, 2 * h),
-            "act_fn": db.elementwise(n, 2 * self.intermediate, self.intermediate),
             "all_reduce": 2 * db.all_reduce(n, h, self.tp),
         }
+        dense = 1.0 - self.moe_share  # the layers with a dense MLP
+        if dense > 0:
+            kernels["gate_up_proj"] = dense * db.gemm(n, 2 * self.intermediate, h, q)
+            kernels["down_proj"] = dense * db.gemm(n, h, self.intermediate, q)
+            kernels["act_fn"] = dense * db.elementwise(n, 2 * self.intermediate, self.intermediate)
+        if self.experts:
+            share = self.moe_share
+            # The router's gate stays in bf16 (neither engine quantizes it); the routed experts are the
+            # backend's fused-MoE kernel (gate-up GEMM, activation, down GEMM, token permutation).
+            kernels["router"] = share * db.gemm(n, self.experts, h)
+            kernels["experts"] = share * db.moe(n, h, self.expert_intermediate, self.topk, self.experts, self.tp, 1, q, BALANCED)
+            if self.shared_intermediate:
+                i = self.shared_intermediate
+                kernels["shared_experts"] = share * (db.gemm(n, 2 * i, h, q) + db.gemm(n, h, i, q) + db.elementwise(n, 2 * i, i))
+        return kernels
 
     def embedding(self, db: KernelDatabase, n: int) -> float:
         return db.embedding(n, self.vocab, self.hidden) + db.all_reduce(n, self.hidden, self.tp)
@@ -174,7 +212,13 @@ def _fp8_kv_fallback_why(db: KernelDatabase, missing: list[str], errors: list[st
 
 
 def check_tp(system: str, model: ModelConfig, tp: int) -> None:
-    """TP must split the model and fit in one node of the system (the database measures all-reduce there)."""
+    """TP must split the model and fit in one node of the system (the database measures all-reduce there);
+    the model a dense Llama-family one (the layers composed here)."""
+    if model.is_mla or model.sliding_window_layers or model.attention_sinks:
+        raise KernelDatabaseError(
+            f"{model.name} ({model.architecture}): a kernel profile composes Llama-family attention (GQA); the database's "
+            "MLA and sliding-window attention with sinks are not composed yet (the roofline prices it: replay without --profile)"
+        )
     model.check_tp(tp)
     per_node = int(system_spec(system).get("node", {}).get("num_gpus_per_node", 8))
     if tp > per_node:
@@ -233,11 +277,11 @@ def build_kernel_profile(
         if progress:
             progress(phase, done, total)
 
-    per_layer: dict[str, list[float]] = {op: [] for op in LAYER_OPS}
+    per_layer: dict[str, list[float]] = {}
     embedding = []
     for n in tokens:
         for op, t in g.layer_kernels(db, n).items():
-            per_layer[op].append(_seconds(t))
+            per_layer.setdefault(op, []).append(_seconds(t))
         embedding.append(_seconds(g.embedding(db, n)))
         tick("dense")
     lm_head = []

@@ -10,12 +10,13 @@ express is kept, with the reason it is skipped: nothing is dropped silently.
 from __future__ import annotations
 
 import csv
+import functools
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from scheduler.model_config import bundled_model_names
+from scheduler.model_config import ModelConfig, bundled_model_names, load_model_config
 from testbed.errors import ConfigError, TraceError
 
 # Columns a points file must have, and what each means.
@@ -41,6 +42,7 @@ OPTIONAL = (
     "pp_size",
     "attention_dp_size",
     "moe_ep_size",
+    "moe_tp_size",
     "silicon_data_source",
 )
 BACKENDS_WITH_A_SCHEDULER = ("vllm", "sglang")
@@ -75,7 +77,9 @@ class MeasuredPoint:
     pp: int
     attention_dp: int
     moe_ep: int
+    moe_tp: int | None  # the routed experts' TP (a mixture of experts; None where not given)
     gemm_quant: str | None
+    moe_quant: str | None
     ttft_ms: float
     tpot_ms: float
     row: dict  # every column as read, for the output CSV
@@ -120,7 +124,22 @@ class MeasuredPoint:
             return f"attention data parallelism: {self.attention_dp}"
         if self.model is None:
             return f"no model config: {self.model_path} (bundled: {', '.join(bundled_model_names())})"
+        config = _config(self.model)
+        if config.is_mla or config.sliding_window_layers or config.attention_sinks:
+            return (
+                f"mixture of experts: {self.model}'s attention (MLA, or sliding windows with sinks) is not priced from the "
+                "kernel database yet (the roofline prices it in testbed replay)"
+            )
+        if config.is_moe and self.moe_tp not in (None, self.tp):
+            return f"mixture of experts: experts split over {self.moe_tp} GPUs, attention over {self.tp} (priced: the same TP)"
+        if config.is_moe and self.moe_quant and self.gemm_quant and self.moe_quant != self.gemm_quant:
+            return f"mixture of experts: {self.moe_quant} experts beside {self.gemm_quant} GEMMs (priced: one format)"
         return None
+
+
+@functools.cache
+def _config(model: str) -> ModelConfig:
+    return load_model_config(model)
 
 
 def bundled_model_of(model_path: str) -> str | None:
@@ -231,7 +250,9 @@ def _point(path: str, line: int, row: dict) -> MeasuredPoint:
         pp=_int(path, line, text, "pp_size", default=1),
         attention_dp=_int(path, line, text, "attention_dp_size", default=1),
         moe_ep=_int(path, line, text, "moe_ep_size", default=1),
+        moe_tp=_int(path, line, text, "moe_tp_size", minimum=0, default=0) or None,  # dense rows: 0 or empty
         gemm_quant=(text.get("gemm_quant_mode") or None),
+        moe_quant=(text.get("moe_quant_mode") or None),
         ttft_ms=_ms(path, line, text, "silicon_ttft_ms"),
         tpot_ms=_ms(path, line, text, "silicon_tpot_ms"),
         row=text,

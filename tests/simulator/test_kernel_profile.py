@@ -282,3 +282,36 @@ def test_without_the_package_the_error_names_the_extra(tmp_path):
 
 def test_kernel_options_without_source_aiconfigurator_are_refused(tmp_path):
     assert_clean_error(run_cli("calibrate", "--tp", "2", "--out", str(tmp_path / "p.json")), "--source aiconfigurator")
+
+
+# --- a mixture of experts ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def moe_profile(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("moe") / "qwen3-30b-a3b.json"
+    calibrate_kernels("h200_sxm", "vllm", None, "qwen3-30b-a3b", 1, path)
+    return path
+
+
+def test_a_mixture_of_experts_is_priced_from_the_databases_moe_kernel(moe_profile):
+    p = json.loads(moe_profile.read_text())
+    ops = p["kernels"]["per_layer"]
+    # Every layer of Qwen3-30B-A3B routes: no dense MLP, the router and the fused-MoE kernel instead.
+    assert {"router", "experts"} <= set(ops) and not {"gate_up_proj", "down_proj"} & set(ops)
+    assert p["model_shapes"]["num_experts"] == 128 and p["model_shapes"]["num_experts_per_tok"] == 8
+    model = load_model_config("qwen3-30b-a3b")
+    spec = p["hardware_spec"]
+    cost_model = load_profile(moe_profile)
+    # Batch 1 reads its token's 8 experts of 128 a layer: above that floor, far below all the weights.
+    floor = hbm_floor_s(model, 1, spec["mem_bandwidth"])
+    all_weights = model.weight_bytes(2, 1) / spec["mem_bandwidth"]
+    assert floor < decode(cost_model, 1, 1024) < all_weights
+    # A batch of 64 tokens touches most experts: its step costs more than batch 1's, less than 64 of them.
+    assert decode(cost_model, 1, 1024) < decode(cost_model, 64, 1024) < 64 * decode(cost_model, 1, 1024)
+
+
+def test_mla_and_sliding_window_models_are_refused_by_kernel_profiles(tmp_path):
+    for model in ("deepseek-v3", "gpt-oss-120b"):
+        with pytest.raises(ConfigError, match="not composed yet"):
+            calibrate_kernels("h200_sxm", "sglang", None, model, 8, tmp_path / f"{model}.json")

@@ -77,7 +77,10 @@ def test_hugging_face_ids_of_a_bundled_architecture_find_its_config():
     assert bundled_model_of("meta-llama/Llama-3.1-8B-Instruct") == "llama-3.1-8b"
     assert bundled_model_of("nvidia/Llama-3.1-8B-Instruct-FP8") == "llama-3.1-8b"
     assert bundled_model_of("Qwen/Qwen3-32B") == "qwen3-32b"
-    assert bundled_model_of("deepseek-ai/DeepSeek-R1") is None
+    assert bundled_model_of("moonshotai/Kimi-K2.5") is None
+    # Mixtures of experts ship too (issue 37), and their points are skipped with the reason.
+    assert bundled_model_of("deepseek-ai/DeepSeek-R1") == "deepseek-r1"
+    assert bundled_model_of("Qwen/Qwen3-235B-A22B-FP8") == "qwen3-235b-a22b"
 
 
 def test_every_row_of_the_default_file_is_read_and_each_skip_says_why():
@@ -87,6 +90,14 @@ def test_every_row_of_the_default_file_is_read_and_each_skip_says_why():
     assert all(r is None or ": " in r for r in reasons)
     assert sum(r is None for r in reasons) > 100  # dense vLLM/SGLang agg points it can simulate
     assert any(r and r.startswith("backend trtllm") for r in reasons) and any(r and r.startswith("disagg") for r in reasons)
+    # A mixture of experts with GQA attention (Qwen3-235B-A22B) is simulated from the database's MoE kernels where
+    # its experts share the attention's TP; one with MLA (DeepSeek-R1) is skipped with its reason.
+    agg = [p for p in points if p.mode == "agg" and p.backend == "sglang"]
+    qwen = [p.skip_reason() for p in agg if p.model == "qwen3-235b-a22b"]
+    assert qwen and all(r is None for r in qwen)
+    deepseek = [p.skip_reason() or "" for p in agg if p.model == "deepseek-r1"]
+    assert deepseek and all(r.startswith(("mixture of experts", "expert parallelism", "attention data")) for r in deepseek)
+    assert any(r.startswith("mixture of experts") and "MLA" in r for r in deepseek)
     # Weight formats are priced from their own GEMM tables: NVFP4 Llama-3.1-70B on B200, block-fp8 Llama-3.1-8B on H200.
     fp4 = [
         p
@@ -114,7 +125,7 @@ def test_a_small_file_gives_a_group_row_the_skips_and_the_summary_line(small_fil
     assert m, out
     assert (int(m.group(1)), int(m.group(2))) == (4, 3)  # the summary counts the skipped, never drops them
     assert re.search(r"^h200_sxm\s+vllm\s+meta-llama/Llama-3.1-70B\s+fp8\s+1\s", out, re.M), out
-    for skipped in ("skipped 1: backend trtllm", "skipped 1: disagg", "skipped 1: no model config"):
+    for skipped in ("skipped 1: backend trtllm", "skipped 1: disagg", "skipped 1: mixture of experts"):
         assert skipped in out, out
     with open(tmp_path / "out" / "points.csv", newline="") as f:
         rows = list(csv.DictReader(f))
