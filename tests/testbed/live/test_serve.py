@@ -22,7 +22,8 @@ from testbed.runs.folder import load_run
 from testbed.traces.schema import Trace, TraceRequest
 
 pytestmark = pytest.mark.slow
-SERVE = ["--kv-tokens", "20000", "--max-running-requests", "16"]
+# tiny-llama named: on a CUDA machine the default model is llama-3.1-8b (benchmarks/gpu_check.sh runs these there).
+SERVE = ["--model", "tiny-llama", "--kv-tokens", "20000", "--max-running-requests", "16"]
 
 
 def _port() -> int:
@@ -141,7 +142,9 @@ def test_a_trace_sent_to_it_finishes_as_in_real_mode(server, tmp_path):
     assert run.status == "complete" and result.summary["completed"] == 8
     assert (run.requests["output_tokens"] == 8).all()
     assert len(run.steps) >= 1 and (run.steps["mode"] == "scrape").all()
-    real = replay(str(trace), ReplayOptions(mode="real", kv_tokens=20000, max_running_requests=16), out=tmp_path / "real")
+    real = replay(
+        str(trace), ReplayOptions(mode="real", model="tiny-llama", kv_tokens=20000, max_running_requests=16), out=tmp_path / "real"
+    )
     for key in ("mean_ttft_ms", "mean_tpot_ms"):
         s, r = result.summary[key], real.summary[key]
         # The server adds HTTP and streaming to the same engine and scheduler; on this 2-core machine,
