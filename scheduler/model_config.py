@@ -544,6 +544,12 @@ def _checkpoint_format(cfg: dict) -> dict:
     return {"checkpoint_quantization": fmt, "checkpoint_quantizes_experts_only": experts_only}
 
 
+def checkpoint_weight_format(cfg: dict) -> str | None:
+    """The weight format a config.json's quantization_config stores its checkpoint in (fp8, fp8_block,
+    mxfp4), where the simulator prices it; None for 16-bit weights or another method."""
+    return _checkpoint_format(cfg).get("checkpoint_quantization")
+
+
 # --------------------------------------------------------------------- loading
 def bundled_model_names() -> list[str]:
     return sorted(p.stem for p in CONFIGS_DIR.glob("*.json"))

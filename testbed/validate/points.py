@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from scheduler.model_config import ModelConfig, bundled_model_names, load_model_config
+from scheduler.model_config import ModelConfig, bundled_model_names, checkpoint_weight_format, load_model_config
 from testbed.errors import ConfigError, TraceError
 
 # Columns a points file must have, and what each means.
@@ -53,6 +53,7 @@ BACKENDS_WITH_A_SCHEDULER = ("vllm", "sglang")
 # bf16. fp8 without a GEMM format is per tensor (the engines' --quantization fp8).
 UNSTATED = "unstated"
 PRECISIONS = {"bf16": None, "fp16": None, UNSTATED: None, "fp8": "fp8", "fp4": "nvfp4"}
+FP8_FORMATS = ("fp8", "fp8_block")
 GEMM_FORMATS = {"fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4", "bfloat16": None, "float16": None, "bf16": None, "fp16": None}
 # Hugging Face ids name variants of one architecture: the bundled config is the base model's.
 _VARIANT_SUFFIXES = re.compile(r"(-(instruct|chat|base|hf|fp8|fp8-dynamic|nvfp4|fp4|awq|gptq|int4|int8|w8a8))+$")
@@ -91,10 +92,15 @@ class MeasuredPoint:
 
     @property
     def quantization(self) -> str | None:
-        """--quantization for this point: the row's GEMM format where it gives one, else its precision's."""
+        """--quantization for this point: the row's GEMM format where it gives one, else its precision's;
+        but an fp8 checkpoint runs the kernels of its own fp8 format, whatever the row calls it (vLLM's
+        rows of Qwen3-235B-A22B-FP8, 128x128 blocks, say fp8; SGLang's of the same checkpoint fp8_block)."""
         if self.gemm_quant in GEMM_FORMATS and self.precision not in (UNSTATED, "bf16", "fp16"):
-            return GEMM_FORMATS[self.gemm_quant]
-        return PRECISIONS.get(self.precision)
+            label = GEMM_FORMATS[self.gemm_quant]
+        else:
+            label = PRECISIONS.get(self.precision)
+        stored = checkpoint_format(self.model_path)
+        return stored if label in FP8_FORMATS and stored in FP8_FORMATS else label
 
     @property
     def group(self) -> tuple[str, str, str, str]:
@@ -140,6 +146,26 @@ class MeasuredPoint:
 @functools.cache
 def _config(model: str) -> ModelConfig:
     return load_model_config(model)
+
+
+@functools.cache
+def checkpoint_format(model_path: str) -> str | None:
+    """The fp8 format the checkpoint `model_path` is stored in, from its config.json as aiconfigurator-core
+    ships it (model_configs/<org>--<name>_config.json, the configs of its points' models); None where
+    no config ships or it is not an fp8 checkpoint (ModelOpt's per-tensor fp8 states its format elsewhere)."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "model_configs" / f"{model_path.replace('/', '--')}_config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    fmt = checkpoint_weight_format(cfg)
+    return fmt if fmt in FP8_FORMATS else None
 
 
 def bundled_model_of(model_path: str) -> str | None:

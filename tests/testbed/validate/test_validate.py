@@ -117,6 +117,17 @@ def test_every_row_of_the_default_file_is_read_and_each_skip_says_why():
 
 
 @pytest.mark.slow
+def test_an_fp8_checkpoint_runs_its_own_fp8_format_whatever_the_row_calls_it():
+    points = load_points(default_points_path())
+    qwen = [p for p in points if p.model_path == "Qwen/Qwen3-235B-A22B-FP8" and p.mode == "agg" and p.backend in ("vllm", "sglang")]
+    # The checkpoint is stored in 128x128-block fp8 (its config.json); vLLM's rows say fp8, SGLang's fp8_block.
+    assert {p.backend: p.gemm_quant for p in qwen} == {"vllm": "fp8", "sglang": "fp8_block"}
+    assert {p.quantization for p in qwen} == {"fp8_block"}
+    # A bf16 checkpoint quantized online keeps the row's format (per-tensor fp8 for vLLM's --quantization fp8).
+    online = [p for p in points if p.model_path == "Qwen/Qwen3-32B" and p.precision == "fp8" and p.backend == "vllm"]
+    assert online and {p.quantization for p in online} == {"fp8"}
+
+
 def test_a_small_file_gives_a_group_row_the_skips_and_the_summary_line(small_file, tmp_path):
     proc = _testbed("--points", small_file, "--out", tmp_path / "out", "-q")
     assert proc.returncode == 0, proc.stderr
