@@ -36,6 +36,7 @@ MOE_ARCHITECTURES = (
     "DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM",
     "GptOssForCausalLM",
+    "MiniMaxM2ForCausalLM",
 )
 SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES + MOE_ARCHITECTURES
 _MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
@@ -186,7 +187,9 @@ class ModelConfig:
             eos_token_id=eos_ids,
             bos_token_id=cfg.get("bos_token_id"),
             attention_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
-            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
+            # MiniMax-M2's use_qk_norm normalizes all of a layer's q (and k) heads together, Qwen3's each head.
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+            or (arch == "MiniMaxM2ForCausalLM" and bool(cfg.get("use_qk_norm"))),
             sliding_window=int(sliding) if sliding else None,
             **moe,
             **mla,
@@ -462,7 +465,7 @@ def _moe_fields(cfg: dict, arch: str, name: str | None, need, layers: int) -> di
     top_k = _positive(cfg, top_key, name, arch)
     if top_k > experts:
         raise ModelConfigError(f"config of {name!r} ({arch}): {top_key} {top_k} is more than its {experts} experts")
-    if arch in ("MixtralForCausalLM", "GptOssForCausalLM"):  # every layer MoE; intermediate_size is an expert's
+    if arch in ("MixtralForCausalLM", "GptOssForCausalLM", "MiniMaxM2ForCausalLM"):  # every layer MoE; intermediate_size is an expert's
         moe_inter, shared, dense = int(need("intermediate_size")), 0, ()
     elif arch == "Qwen3MoeForCausalLM":
         moe_inter, shared = _positive(cfg, "moe_intermediate_size", name, arch), 0
@@ -492,7 +495,9 @@ def _moe_fields(cfg: dict, arch: str, name: str | None, need, layers: int) -> di
         "moe_intermediate_size": moe_inter,
         "shared_expert_intermediate_size": shared,
         "dense_layers": dense,
-        "router_bias": arch == "GptOssForCausalLM" or (arch == "DeepseekV3ForCausalLM" and cfg.get("topk_method") == "noaux_tc"),
+        "router_bias": arch == "GptOssForCausalLM"
+        or (arch == "DeepseekV3ForCausalLM" and cfg.get("topk_method") == "noaux_tc")
+        or (arch == "MiniMaxM2ForCausalLM" and bool(cfg.get("use_routing_bias"))),
         "expert_bias": arch == "GptOssForCausalLM",
         **(_gpt_oss_fields(cfg, name, layers) if arch == "GptOssForCausalLM" else {}),
     }

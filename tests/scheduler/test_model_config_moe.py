@@ -173,3 +173,13 @@ def test_a_config_json_of_each_family_loads_from_a_folder(tmp_path):
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps(load_model_config(name).raw))
         assert load_model_config(folder).num_params == load_model_config(name).num_params
+
+
+def test_minimax_m2_parses_as_a_mixture_of_experts_with_gqa():
+    m = load_model_config("minimax-m2.5")
+    assert m.architecture == "MiniMaxM2ForCausalLM" and m.is_moe and not m.is_mla
+    assert (m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size, m.num_moe_layers) == (256, 8, 1536, 62)
+    assert m.qk_norm and m.router_bias and m.checkpoint_quantization == "fp8_block"
+    # MiniMax-M2's card: 230B total, 10B active (rounded to whole billions; the embedding table not counted).
+    assert abs(m.num_params - 230e9) / 230e9 < 0.02
+    assert 9.5e9 <= m.active_params(include_embedding=False) <= 10.5e9
