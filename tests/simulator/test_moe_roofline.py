@@ -17,8 +17,6 @@ from simulator.costs.precision import Precision
 from simulator.costs.roofline import RooflineCostModel
 from simulator.hardware.kv_capacity import kv_capacity_tokens
 from simulator.hardware.specs import load_hardware
-from simulator.profiles.kernel_db import KernelDatabaseError
-from simulator.profiles.kernel_profile import check_tp
 
 # (model, hardware, tp, ep, dp): each bundled family on GPUs it fits.
 LAYOUTS = [
@@ -201,9 +199,3 @@ def test_the_dense_roofline_stays_for_dense_models():
     with pytest.raises(ValueError, match="dense model"):
         roofline_cost_model(m, hw, 1, expert_imbalance=1.01)
     assert type(roofline_cost_model(load_model_config("mixtral-8x7b"), hw, 2)) is MoeRooflineCostModel
-
-
-def test_kernel_profiles_refuse_experts_and_mla():
-    for name in ("qwen3-30b-a3b", "deepseek-v3"):
-        with pytest.raises(KernelDatabaseError, match="not composed yet"):
-            check_tp("h100_sxm", load_model_config(name), 1)
