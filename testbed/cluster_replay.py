@@ -11,7 +11,7 @@ throughputs, TTFT) and `load_imbalance` (the most requests an instance completed
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -91,6 +91,69 @@ def instance_summary(requests: dict, num_instances: int) -> tuple[list[dict], fl
     return out, float(served.max() / served.mean()) if served.sum() else 1.0
 
 
+def run_cluster_into_folder(
+    trace,
+    run_dir,
+    meta: dict,
+    build: Callable[[Callable[[int], None], Callable], Any],
+    steps_of: Callable[[Any], ClusterSteps],
+    finish: Callable[[Any, dict, int], tuple[dict, dict]],
+    progress: Callable | None,
+    started: Callable | None,
+    wall_start: float,
+) -> ReplayResult:
+    """Run a cluster and write its run folder, as replay does one instance: the requests journaled
+    as they finish (the steps written at the end, in time order), progress by finished requests,
+    the run's status, a crash's error in run.json. build(after_step, on_finished) makes the cluster
+    (Cluster or PdCluster); steps_of(cluster) is its steps table; finish(cluster, requests, steps)
+    gives the requests table and the summary, once it has run."""
+    total = len(trace)
+    tokens = [r.input_len + r.output_len for r in trace.requests]
+    tokens_total = sum(tokens)
+    finished: list = []  # every instance's done requests, in the order they were reported
+    state = {"tokens_done": 0, "counted": 0}
+    no_steps = StepLog()  # (the steps are written at the end, in time order: the journal keeps the requests)
+
+    def after_step(_done: int) -> None:
+        writer.after_step(no_steps, finished)
+        if progress is not None and len(finished) > state["counted"]:
+            state["tokens_done"] += sum(tokens[r.index] for r in finished[state["counted"] :])
+            state["counted"] = len(finished)
+            progress(ReplayProgress(len(finished), total, state["tokens_done"], tokens_total))
+
+    cluster = build(after_step, finished.append)
+    with deferred_interrupts():
+        writer = RunWriter(run_dir, meta)
+    status = "incomplete"
+    steps = steps_of(cluster)
+    try:
+        if started is not None:
+            started(meta)
+        if progress is not None:
+            progress(ReplayProgress(0, total, 0, tokens_total))
+        try:
+            cluster.run()
+        finally:
+            with deferred_interrupts():
+                writer.finish_steps(steps)
+        for inst in cluster.instances:
+            inst.scheduler.check_invariants()
+        status = "complete"
+    except Exception as e:
+        status = "failed"
+        meta["error"] = f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        with deferred_interrupts():
+            requests, meta["summary"] = finish(cluster, metrics.requests_table(cluster.received), len(steps))
+            meta["status"] = status
+            wall_s = time.perf_counter() - wall_start
+            writer.finish(meta, requests, wall_s)
+    return ReplayResult(
+        run_dir, status, meta["summary"], wall_s, meta, metrics.rejection_counts(requests), metrics.failure_counts(requests)
+    )
+
+
 def replay_cluster(
     trace,
     opts,
@@ -127,66 +190,36 @@ def replay_cluster(
         "versions": versions(),
         "summary": None,
     }
-    total = len(trace)
-    tokens = [r.input_len + r.output_len for r in trace.requests]
-    tokens_total = sum(tokens)
-    finished: list = []  # every instance's done requests, in the order they were reported
-    state = {"tokens_done": 0, "counted": 0}
-    no_steps = StepLog()  # (the steps are written at the end, in time order: the journal keeps the requests)
-
-    def after_step(_done: int) -> None:
-        writer.after_step(no_steps, finished)
-        if progress is not None and len(finished) > state["counted"]:
-            state["tokens_done"] += sum(tokens[r.index] for r in finished[state["counted"] :])
-            state["counted"] = len(finished)
-            progress(ReplayProgress(len(finished), total, state["tokens_done"], tokens_total))
 
     def make_instance(i, env):
         return new_scheduler(opts, config), SimDriver(cost_model, opts.fast_forward, env), backend.kv_tokens
 
-    cluster = Cluster(
-        make_requests(),
-        n,
-        make_instance,
-        Policy(routing_config(opts), n),
-        bool(opts.overlap),
-        refresh_s=opts.router_refresh_ms / 1e3,
-        latency_s=opts.router_latency_ms / 1e3,
-        progress=after_step,
-        on_finished=finished.append,
-    )
-    with deferred_interrupts():
-        writer = RunWriter(run_dir, meta)
-    status = "incomplete"
-    steps = ClusterSteps([inst.loop.steps for inst in cluster.instances])
-    try:
-        if started is not None:
-            started(meta)
-        if progress is not None:
-            progress(ReplayProgress(0, total, 0, tokens_total))
-        try:
-            cluster.run()
-        finally:
-            with deferred_interrupts():
-                writer.finish_steps(steps)
-        for inst in cluster.instances:
-            inst.scheduler.check_invariants()
-        status = "complete"
-    except Exception as e:
-        status = "failed"
-        meta["error"] = f"{type(e).__name__}: {e}"
-        raise
-    finally:
-        with deferred_interrupts():
-            requests = metrics.requests_table(cluster.received)
-            meta["status"] = status
-            per_instance, imbalance = instance_summary(requests, n)
-            meta["summary"] = metrics.run_summary(requests, len(steps), cluster.clock(), backend.kv_tokens) | {
-                "instances": per_instance,
-                "load_imbalance": imbalance,
-            }
-            wall_s = time.perf_counter() - wall_start
-            writer.finish(meta, requests, wall_s)
-    return ReplayResult(
-        run_dir, status, meta["summary"], wall_s, meta, metrics.rejection_counts(requests), metrics.failure_counts(requests)
+    def build(after_step, on_finished) -> Cluster:
+        return Cluster(
+            make_requests(),
+            n,
+            make_instance,
+            Policy(routing_config(opts), n),
+            bool(opts.overlap),
+            refresh_s=opts.router_refresh_ms / 1e3,
+            latency_s=opts.router_latency_ms / 1e3,
+            progress=after_step,
+            on_finished=on_finished,
+        )
+
+    def finish(cluster: Cluster, requests: dict, num_steps: int) -> tuple[dict, dict]:
+        per_instance, imbalance = instance_summary(requests, n)
+        summary = metrics.run_summary(requests, num_steps, cluster.clock(), backend.kv_tokens)
+        return requests, summary | {"instances": per_instance, "load_imbalance": imbalance}
+
+    return run_cluster_into_folder(
+        trace,
+        run_dir,
+        meta,
+        build,
+        lambda cluster: ClusterSteps([inst.loop.steps for inst in cluster.instances]),
+        finish,
+        progress,
+        started,
+        wall_start,
     )

@@ -22,13 +22,11 @@ back at least once) and `decode_held_mean_ms` (their mean wait).
 from __future__ import annotations
 
 import math
-import time
 from typing import Callable
 
 import numpy as np
 import pandas as pd
 
-from scheduler.loop.step_log import StepLog
 from scheduler.model_config import ModelConfig
 from simulator.cluster.cluster import Instance
 from simulator.cluster.kv_link import parse_kv_link
@@ -36,13 +34,11 @@ from simulator.cluster.pd import DECODE_ROUTER, PdCluster
 from simulator.cluster.routing import Policy
 from simulator.costs.precision import Precision
 from simulator.driver.sim_driver import SimDriver
-from testbed.cluster_replay import ClusterSteps, routing_config
-from testbed.interrupts import deferred_interrupts
+from testbed.cluster_replay import ClusterSteps, routing_config, run_cluster_into_folder
 from testbed.replay_options import ReplayOptions, recorded_options
-from testbed.replay_result import ReplayProgress, ReplayResult, default_run_dir, trace_record
+from testbed.replay_result import ReplayResult, default_run_dir, trace_record
 from testbed.runs import metrics
 from testbed.runs.folder import check_out_folder, versions
-from testbed.runs.writer import RunWriter
 from testbed.schedulers import scheduler_kind
 
 
@@ -156,72 +152,41 @@ def replay_pd(
         "versions": versions(),
         "summary": None,
     }
-    total = len(trace)
-    tokens = [r.input_len + r.output_len for r in trace.requests]
-    tokens_total = sum(tokens)
-    finished: list = []  # requests done on their decode instance, in the order they were reported
-    state = {"tokens_done": 0, "counted": 0}
-    no_steps = StepLog()  # (the steps are written at the end, in time order: the journal keeps the requests)
-
-    def after_step(_done: int) -> None:
-        writer.after_step(no_steps, finished)
-        if progress is not None and len(finished) > state["counted"]:
-            state["tokens_done"] += sum(tokens[r.index] for r in finished[state["counted"] :])
-            state["counted"] = len(finished)
-            progress(ReplayProgress(len(finished), total, state["tokens_done"], tokens_total))
 
     def make_instance(i, env, role):
         new = kind.new_prefill if role == "prefill" else kind.new_decode
         return new(config), SimDriver(cost_model, opts.fast_forward, env, wakeable=True), backend.kv_tokens
 
-    cluster = PdCluster(
-        make_requests(),
-        num_prefill,
-        num_decode,
-        make_instance,
-        Policy(routing_config(opts), num_prefill),
-        bool(opts.overlap),
-        link,
-        per_token,
-        refresh_s=opts.router_refresh_ms / 1e3,
-        latency_s=opts.router_latency_ms / 1e3,
-        progress=after_step,
-        on_finished=finished.append,
-    )
-    with deferred_interrupts():
-        writer = RunWriter(run_dir, meta)
-    status = "incomplete"
-    steps = ClusterSteps([inst.loop.steps for inst in cluster.instances], cluster.roles)
-    try:
-        if started is not None:
-            started(meta)
-        if progress is not None:
-            progress(ReplayProgress(0, total, 0, tokens_total))
-        try:
-            cluster.run()
-        finally:
-            with deferred_interrupts():
-                writer.finish_steps(steps)
-        for inst in cluster.instances:
-            inst.scheduler.check_invariants()
-        status = "complete"
-    except Exception as e:
-        status = "failed"
-        meta["error"] = f"{type(e).__name__}: {e}"
-        raise
-    finally:
-        with deferred_interrupts():
-            requests = metrics.requests_table(cluster.received)
-            requests |= pd_columns(cluster, requests)
-            meta["status"] = status
-            summary = metrics.run_summary(requests, len(steps), cluster.clock(), backend.kv_tokens)
-            meta["summary"] = (
-                summary
-                | pd_summary(requests, cluster.instances, cluster.roles)
-                | {"kv_transferred_gb": sum(r.nbytes for r in cluster.records.values() if r.transfer is not None) / 1e9}
-            )
-            wall_s = time.perf_counter() - wall_start
-            writer.finish(meta, requests, wall_s)
-    return ReplayResult(
-        run_dir, status, meta["summary"], wall_s, meta, metrics.rejection_counts(requests), metrics.failure_counts(requests)
+    def build(after_step, on_finished) -> PdCluster:
+        return PdCluster(
+            make_requests(),
+            num_prefill,
+            num_decode,
+            make_instance,
+            Policy(routing_config(opts), num_prefill),
+            bool(opts.overlap),
+            link,
+            per_token,
+            refresh_s=opts.router_refresh_ms / 1e3,
+            latency_s=opts.router_latency_ms / 1e3,
+            progress=after_step,
+            on_finished=on_finished,
+        )
+
+    def finish(cluster: PdCluster, requests: dict, num_steps: int) -> tuple[dict, dict]:
+        requests |= pd_columns(cluster, requests)
+        summary = metrics.run_summary(requests, num_steps, cluster.clock(), backend.kv_tokens)
+        moved = sum(r.nbytes for r in cluster.records.values() if r.transfer is not None) / 1e9
+        return requests, summary | pd_summary(requests, cluster.instances, cluster.roles) | {"kv_transferred_gb": moved}
+
+    return run_cluster_into_folder(
+        trace,
+        run_dir,
+        meta,
+        build,
+        lambda cluster: ClusterSteps([inst.loop.steps for inst in cluster.instances], cluster.roles),
+        finish,
+        progress,
+        started,
+        wall_start,
     )
