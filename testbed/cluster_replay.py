@@ -21,10 +21,9 @@ from simulator.cluster.cluster import Cluster
 from simulator.cluster.routing import Policy, RoutingConfig, parse_weights
 from simulator.driver.sim_driver import SimDriver
 from testbed.interrupts import deferred_interrupts
-from testbed.replay_options import recorded_options
-from testbed.replay_result import ReplayProgress, ReplayResult, default_run_dir, trace_record
+from testbed.replay_result import ReplayProgress, ReplayResult, default_run_dir, run_meta
 from testbed.runs import metrics
-from testbed.runs.folder import check_out_folder, versions
+from testbed.runs.folder import check_out_folder
 from testbed.runs.writer import RunWriter
 
 
@@ -173,23 +172,20 @@ def replay_cluster(
     cost_model = backend.driver.cost_model
     n = opts.replicas
     run_dir = check_out_folder(out) if out is not None else default_run_dir(trace_path, opts)
-    meta = {
-        "status": "running",
-        "mode": opts.mode,
-        "trace": trace_record(trace, trace_path, opts),
-        "options": recorded_options(opts),
-        "model": model.name,
-        **backend.meta,
-        "scheduler": config.to_dict() | {"max_running_requests": config.effective_max_running_requests},
-        "cluster": {
+    meta = run_meta(
+        trace,
+        trace_path,
+        opts,
+        model,
+        backend,
+        config,
+        cluster={
             "replicas": n,
             "router": opts.router,
             "router_refresh_ms": opts.router_refresh_ms,
             "router_latency_ms": opts.router_latency_ms,
         },
-        "versions": versions(),
-        "summary": None,
-    }
+    )
 
     def make_instance(i, env):
         return new_scheduler(opts, config), SimDriver(cost_model, opts.fast_forward, env), backend.kv_tokens

@@ -35,10 +35,10 @@ from simulator.cluster.routing import Policy
 from simulator.costs.precision import Precision
 from simulator.driver.sim_driver import SimDriver
 from testbed.cluster_replay import ClusterSteps, routing_config, run_cluster_into_folder
-from testbed.replay_options import ReplayOptions, recorded_options
-from testbed.replay_result import ReplayResult, default_run_dir, trace_record
+from testbed.replay_options import ReplayOptions
+from testbed.replay_result import ReplayResult, default_run_dir, run_meta
 from testbed.runs import metrics
-from testbed.runs.folder import check_out_folder, versions
+from testbed.runs.folder import check_out_folder
 from testbed.schedulers import scheduler_kind
 
 
@@ -131,15 +131,14 @@ def replay_pd(
     link = parse_kv_link(opts.kv_link)
     per_token = kv_bytes_per_token(model, opts)
     run_dir = check_out_folder(out) if out is not None else default_run_dir(trace_path, opts)
-    meta = {
-        "status": "running",
-        "mode": opts.mode,
-        "trace": trace_record(trace, trace_path, opts),
-        "options": recorded_options(opts),
-        "model": model.name,
-        **backend.meta,
-        "scheduler": config.to_dict() | {"max_running_requests": config.effective_max_running_requests},
-        "cluster": {
+    meta = run_meta(
+        trace,
+        trace_path,
+        opts,
+        model,
+        backend,
+        config,
+        cluster={
             "prefill_replicas": num_prefill,
             "decode_replicas": num_decode,
             "router": opts.router,  # picks the prefill instance
@@ -149,9 +148,7 @@ def replay_pd(
             "kv_link": link.record(),
             "kv_bytes_per_token": per_token,  # per GPU of a TP group: what a transfer carries a prompt token
         },
-        "versions": versions(),
-        "summary": None,
-    }
+    )
 
     def make_instance(i, env, role):
         new = kind.new_prefill if role == "prefill" else kind.new_decode

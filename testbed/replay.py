@@ -19,9 +19,9 @@ from scheduler.vllm.config import VllmSchedulerConfig
 from testbed.backends import build_real, build_sim
 from testbed.interrupts import deferred_interrupts, interrupt_once
 from testbed.options import ReplayOptions, check_options, closed_loop_note, recorded_options, resolved_options, with_scheduler_defaults
-from testbed.replay_result import ReplayProgress, ReplayResult, default_run_dir, trace_record  # noqa: F401 - re-exported
+from testbed.replay_result import ReplayProgress, ReplayResult, default_run_dir, run_meta, trace_record  # noqa: F401 - re-exported
 from testbed.runs import metrics
-from testbed.runs.folder import REQUESTS_FILE, STEPS_FILE, RunLoadError, check_out_folder, read_run_meta, versions
+from testbed.runs.folder import REQUESTS_FILE, STEPS_FILE, RunLoadError, check_out_folder, read_run_meta
 from testbed.runs.writer import RunWriter
 from testbed.schedulers import scheduler_kind
 from testbed.traces.formats import detect_format, load_trace
@@ -155,18 +155,8 @@ def _replay(trace_path, opts, out, progress, started) -> ReplayResult:
         )
 
     run_dir = check_out_folder(out) if out is not None else default_run_dir(trace_path, opts)
-    meta = {
-        "status": "running",
-        "mode": opts.mode,
-        "trace": trace_record(trace, trace_path, opts),
-        "options": recorded_options(opts),
-        **({"arrivals": note} if (note := closed_loop_note(opts)) is not None else {}),
-        "model": model.name,
-        **backend.meta,
-        "scheduler": config.to_dict() | {"max_running_requests": config.effective_max_running_requests},
-        "versions": versions(),
-        "summary": None,
-    }
+    note = closed_loop_note(opts)
+    meta = run_meta(trace, trace_path, opts, model, backend, config, **({"arrivals": note} if note is not None else {}))
     scheduler = new_scheduler(opts, config)
     driver = backend.driver
     total = len(trace)

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from testbed.replay_options import ReplayOptions
-from testbed.runs.folder import unused_path
+from testbed.replay_options import ReplayOptions, recorded_options
+from testbed.runs.folder import unused_path, versions
 
 
 @dataclass(frozen=True)
@@ -49,4 +49,22 @@ def trace_record(trace, trace_path: str, opts: ReplayOptions) -> dict:
         "output_tokens": sum(r.output_len for r in trace.requests),
         # how long the arrivals last on the replay's clock (a closed loop has no arrival times)
         "arrival_span_s": trace.duration_s * opts.time_scale if opts.concurrency is None else None,
+    }
+
+
+def run_meta(trace, trace_path: str, opts: ReplayOptions, model, backend, config, **extra) -> dict:
+    """run.json as a replay of the simulator or the engine starts it: the trace, the options, the
+    model, what the backend says of itself, the scheduler's config; then `extra` (a closed loop's
+    note, a cluster's layout)."""
+    return {
+        "status": "running",
+        "mode": opts.mode,
+        "trace": trace_record(trace, trace_path, opts),
+        "options": recorded_options(opts),
+        "model": model.name,
+        **backend.meta,
+        "scheduler": config.to_dict() | {"max_running_requests": config.effective_max_running_requests},
+        **extra,
+        "versions": versions(),
+        "summary": None,
     }
