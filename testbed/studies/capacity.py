@@ -291,7 +291,12 @@ def rank(results: Sequence[CapacityResult]) -> list[CapacityResult]:
 
 
 def plan_capacity(
-    trace_path: str, base: ReplayOptions, axes: Sequence[GridAxis], out_dir: str | Path, resolution: float = DEFAULT_RESOLUTION
+    trace_path: str,
+    base: ReplayOptions,
+    axes: Sequence[GridAxis],
+    out_dir: str | Path,
+    resolution: float = DEFAULT_RESOLUTION,
+    gpus: int | None = None,
 ) -> Sweep:
     """The configs to search (a sweep's points without time_scale), checked before any work."""
     if not MIN_RESOLUTION <= resolution < 1:
@@ -304,7 +309,7 @@ def plan_capacity(
         raise ConfigError(f"--concurrency {base.concurrency}: {CLOSED_LOOP_HAS_NO_RATE}")
     if any(a.name == "concurrency" for a in axes):
         raise ConfigError(f"--grid concurrency: {CLOSED_LOOP_HAS_NO_RATE}")
-    sweep = plan_sweep(trace_path, base, axes, out_dir)
+    sweep = plan_sweep(trace_path, base, axes, out_dir, gpus)
     if not math.isfinite(sweep.trace_info.rate):
         raise ConfigError(f"{trace_path}: all requests arrive at once, so scaling the arrivals changes nothing")
     return sweep

@@ -119,6 +119,14 @@ def _add_common(p: argparse.ArgumentParser, out_help: str) -> None:
     )
     p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the tables")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--gpus",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="a GPU budget: only the grid's configs on N GPUs run ((replicas, or prefill + decode replicas) x tp x dp), "
+        "e.g. the splits of N into --grid prefill-replicas and decode-replicas",
+    )
 
 
 def _default_out(kind: str, trace: str) -> Path:
@@ -223,7 +231,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     axes = parse_grid(args.grid)
     out_dir = Path(args.out or _default_out("sweep", args.trace))
     try:  # loading the trace and starting the processes (or Ray) takes a while
-        sweep = plan_sweep(args.trace, options_from_args(args), axes, out_dir)
+        sweep = plan_sweep(args.trace, options_from_args(args), axes, out_dir, args.gpus)
         check_out_dir(sweep.out_dir, args.resume)  # before starting processes or Ray
         runner = _runner(args, len(sweep.points))
     except KeyboardInterrupt:
@@ -335,7 +343,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     axes = parse_grid(args.grid, forbidden={"time_scale": SCALES_ITSELF, "concurrency": CLOSED_LOOP_HAS_NO_RATE})
     out_dir = Path(args.out or _default_out("capacity", args.trace))
     try:  # loading the trace and starting the processes (or Ray) takes a while
-        sweep = plan_capacity(args.trace, options_from_args(args), axes, out_dir, args.resolution)
+        sweep = plan_capacity(args.trace, options_from_args(args), axes, out_dir, args.resolution, args.gpus)
         check_out_dir(sweep.out_dir, args.resume)  # before starting processes or Ray
         configs = len(sweep.points)
         runner = _runner(args, configs)

@@ -138,11 +138,22 @@ def check_named_values(axes: Sequence[GridAxis]) -> None:
                 raise ConfigError(f"--grid {axis.name}={value}: {e}") from None
 
 
-def expand(base: ReplayOptions, axes: Sequence[GridAxis], out_dir: Path) -> tuple[list[SweepPoint], dict[str, str]]:
+def gpus_used(opts: ReplayOptions) -> int:
+    """The GPUs a configuration runs on: its instances (replicas, or prefill + decode ones), each
+    over tp x dp GPUs."""
+    instances = opts.prefill_replicas + opts.decode_replicas if opts.disaggregated else opts.replicas
+    return instances * opts.tp * opts.dp
+
+
+def expand(
+    base: ReplayOptions, axes: Sequence[GridAxis], out_dir: Path, gpus: int | None = None
+) -> tuple[list[SweepPoint], dict[str, str]]:
     """The cross product of the axes over the base options, in grid order (last axis fastest),
     and the points whose options cannot run together (name -> why), which are skipped: lpm
-    with --scheduler vllm, in a grid of both policies and both schedulers. A value no point
-    can run with (every combination of it refused) is a mistake in the grid: ConfigError."""
+    with --scheduler vllm, in a grid of both policies and both schedulers; with a GPU budget
+    (`gpus`), the points that use another number of GPUs (the splits of a budget into prefill
+    and decode instances, from a grid of both). A value no point can run with (every combination
+    of it refused) is a mistake in the grid: ConfigError."""
     check_named_values(axes)
     points: list[SweepPoint] = []
     skipped: dict[str, str] = {}
@@ -152,6 +163,8 @@ def expand(base: ReplayOptions, axes: Sequence[GridAxis], out_dir: Path) -> tupl
         name = point_name(values)
         try:
             check_options(opts)  # every point can start, before any of them does
+            if gpus is not None and gpus_used(opts) != gpus:
+                raise ConfigError(f"it uses {gpus_used(opts)} GPUs, not the --gpus budget of {gpus}")
         except ConfigError as e:
             skipped[name] = str(e)
         points.append(SweepPoint(name, values, opts, Path(out_dir) / POINTS_DIR / name))
@@ -210,11 +223,12 @@ class Sweep:
         return PointResult(point.name, "skipped", None, self.skipped[point.name])
 
 
-def plan_sweep(trace_path: str, base: ReplayOptions, axes: Sequence[GridAxis], out_dir: str | Path) -> Sweep:
-    """The points of a sweep, checked: every option combination can start, and the trace loads
-    (a bad trace is one error, not one failed point per point)."""
+def plan_sweep(trace_path: str, base: ReplayOptions, axes: Sequence[GridAxis], out_dir: str | Path, gpus: int | None = None) -> Sweep:
+    """The points of a sweep, checked: every option combination can start (and uses `gpus` GPUs,
+    where a budget is given), and the trace loads (a bad trace is one error, not one failed point
+    per point)."""
     out_dir = Path(out_dir).absolute()
-    grid, skipped = expand(base, axes, out_dir)
+    grid, skipped = expand(base, axes, out_dir, gpus)
     runs = next(p for p in grid if p.name not in skipped)
     return Sweep(str(trace_path), trace_info(trace_path, runs.options), list(axes), grid, out_dir, skipped)
 

@@ -212,3 +212,19 @@ def test_fewest_replicas_that_hold_the_slo_at_the_trace_rate(trace, limit, tmp_p
     (fewest,) = report["fewest_replicas"]
     assert fewest == {"axes": {}, "replicas": holding[0], "most_tried": 4}
     assert f"fewest replicas that meet the SLOs at the trace's rate (x1): {holding[0]} replicas" in proc.stdout
+
+
+def test_a_gpu_budget_keeps_the_splits_of_it(trace, tmp_path):
+    from testbed.studies.capacity import plan_capacity
+    from testbed.studies.sweep import parse_grid
+
+    axes = parse_grid(["prefill-replicas=1,2,3", "decode-replicas=1,2,3"])
+    sweep = plan_capacity(str(trace), ReplayOptions(), axes, tmp_path / "cap", gpus=4)
+    runnable = [dict(p.axes) for p in sweep.points if p.name not in sweep.skipped]
+    assert runnable == [
+        {"prefill_replicas": 1, "decode_replicas": 3},
+        {"prefill_replicas": 2, "decode_replicas": 2},
+        {"prefill_replicas": 3, "decode_replicas": 1},
+    ]
+    assert len(sweep.skipped) == 6
+    assert sweep.skipped["prefill_replicas=3,decode_replicas=3"] == "it uses 6 GPUs, not the --gpus budget of 4"
