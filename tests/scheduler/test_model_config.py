@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.model_config import (
+    DENSE_ARCHITECTURES,
     SUPPORTED_ARCHITECTURES,
     ModelConfig,
     ModelConfigError,
@@ -59,7 +60,9 @@ def test_every_bundled_config_loads():
         assert cfg.num_attention_heads % cfg.num_key_value_heads == 0
         assert cfg.context_len == cfg.max_position_embeddings > 0
         assert cfg.raw["architectures"][0] == cfg.architecture
-        assert cfg.eos_token_id and all(isinstance(e, int) for e in cfg.eos_token_id)
+        assert all(isinstance(e, int) for e in cfg.eos_token_id)
+        if cfg.architecture in DENSE_ARCHITECTURES:  # what the real engine runs stops at an EOS id
+            assert cfg.eos_token_id, name
 
 
 def test_llama_3_1_8b_fields():
