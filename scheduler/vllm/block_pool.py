@@ -10,25 +10,32 @@ and the prefix cache that maps a block hash to the blocks holding it.
   whether or not uncached free blocks wait behind it.
 - A hit takes a cached block (touch): its count goes up, and a free one leaves the queue.
 - The cache keeps duplicates: two requests that filled the same block each cache theirs, and
-  a lookup gets the one cached first.
+  a lookup gets the one cached first (of those still cached).
 
 There is no null block: vLLM sets block 0 aside for sliding windows, which this pool has not,
 so a pool here of N blocks is a vLLM pool of N + 1.
 
 The counts and hashes are arrays with numpy views of the same memory: one block at a time goes
 through the array (a decode), a run of blocks (a prefill, a freed request, a decode stretch)
-through numpy.
+through numpy; so does the map from hash to blocks (block_hash_index.py), which gets a cached
+block's hash only once a lookup may need it (add_hashes; kv_blocks.py and unhashed_blocks.py
+say when).
 """
 
 from __future__ import annotations
 
 from array import array
-from collections import deque
 from typing import Sequence
 
 import numpy as np
 
+from scheduler.vllm.block_hash_index import BlockHashIndex
 from scheduler.vllm.free_block_queue import FreeBlockQueue
+
+# Hashes a lookup tries at first, then twice as many each time all of them hit: a prompt's
+# cached prefix is mostly short beside its length (the Mooncake trace: 33 of ~750 blocks on
+# average), and a lookup stops at its first miss. 64: one try for nearly every lookup there.
+FIRST_PROBES = 64
 
 
 class BlockPool:
@@ -38,14 +45,12 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.ref_cnt = array("i", bytes(4 * num_blocks))
         self._ref = np.frombuffer(self.ref_cnt, dtype=np.int32)
-        self.block_hash = array("Q", bytes(8 * num_blocks))  # meaningful where is_cached
+        self.block_hash = array("Q", bytes(8 * num_blocks))  # meaningful where is_cached, once added (add_hashes)
         self._hash = np.frombuffer(self.block_hash, dtype=np.uint64)
         self.is_cached = bytearray(num_blocks)
         self._is_cached = np.frombuffer(self.is_cached, dtype=np.uint8)
         self.free_queue = FreeBlockQueue(num_blocks)
-        # hash -> the block holding it, or {block: None, ...} in caching order when several do.
-        self.cached: dict[int, int | dict[int, None]] = {}
-        self.num_duplicated = 0  # hashes that several blocks hold
+        self.index = BlockHashIndex(num_blocks, self._hash)  # hash -> the cached blocks holding it
         self.num_cached_free = 0  # free blocks that are cached: what eviction can take
         self.num_evicted = 0  # blocks evicted so far
 
@@ -54,24 +59,34 @@ class BlockPool:
         """Free blocks, cached ones included (vLLM's get_num_free_blocks)."""
         return len(self.free_queue)
 
-    def longest_hit(self, hashes: Sequence[int]) -> list[int]:
+    def longest_hit(self, hashes: np.ndarray) -> list[int]:
         """The cached blocks of the longest run of these block hashes, from the first, that are
         all cached (the block cached first under each)."""
-        found = list(map(self.cached.get, hashes))
-        try:
-            found = found[: found.index(None)]
-        except ValueError:
-            pass
-        if self.num_duplicated:
-            found = [b if type(b) is int else next(iter(b)) for b in found]
+        found, start, n = [], 0, FIRST_PROBES
+        while start < len(hashes):
+            blocks = self.index.first_blocks(hashes[start : start + n])
+            missed = (blocks < 0).nonzero()[0]
+            if len(missed):
+                found.extend(blocks[: missed[0]].tolist())
+                break
+            found.extend(blocks.tolist())
+            start, n = start + n, 2 * n
         return found
+
+    @property
+    def cached(self) -> dict[int, tuple[int, ...]]:
+        """Every hash in the cache -> the blocks holding it, in caching order (for checks)."""
+        return self.index.holders()
 
     # -- taking and freeing ----------------------------------------------------------
     def get_new_block(self) -> int:
         """The front block of the free queue, evicted from the cache if cached."""
         b = self.free_queue.popleft()
         if self.is_cached[b]:
-            self._evict_one(b)
+            self.index.uncache_one(b)
+            self.is_cached[b] = 0
+            self.num_cached_free -= 1
+            self.num_evicted += 1
         self.ref_cnt[b] = 1
         return b
 
@@ -80,7 +95,7 @@ class BlockPool:
         places among the n appended to evicted_at, if given)."""
         blocks = self.free_queue.popleft_n(n)
         if self.num_cached_free:
-            places = np.flatnonzero(self._is_cached[blocks])
+            places = self._is_cached[blocks].nonzero()[0]
             if len(places):
                 self._evict(blocks[places])
                 if evicted_at is not None:
@@ -88,27 +103,9 @@ class BlockPool:
         self._ref[blocks] = 1
         return blocks
 
-    def _evict_one(self, b: int) -> None:
-        h = self.block_hash[b]
-        blocks = self.cached.pop(h)
-        if type(blocks) is not int:
-            del blocks[b]
-            if len(blocks) == 1:
-                self.cached[h] = next(iter(blocks))
-                self.num_duplicated -= 1
-            else:
-                self.cached[h] = blocks
-        self.is_cached[b] = 0
-        self.num_cached_free -= 1
-        self.num_evicted += 1
-
     def _evict(self, blocks: np.ndarray) -> None:
         """Drop these free cached blocks from the cache (they are being taken)."""
-        if self.num_duplicated:
-            for b in blocks.tolist():
-                self._evict_one(b)
-            return
-        deque(map(self.cached.pop, self._hash[blocks].tolist()), 0)
+        self.index.uncache(blocks)
         self._is_cached[blocks] = 0
         self.num_cached_free -= len(blocks)
         self.num_evicted += len(blocks)
@@ -134,30 +131,24 @@ class BlockPool:
             self.free_queue.append_n(zero)
             self.num_cached_free += int(np.count_nonzero(self._is_cached[zero]))
 
-    def cache_block(self, b: int, block_hash: int) -> None:
-        """Block b (held, full) enters the cache under block_hash, beside any duplicate."""
-        self.block_hash[b] = block_hash
-        self.is_cached[b] = 1
-        blocks = self.cached.get(block_hash)
-        if blocks is None:
-            self.cached[block_hash] = b
-        elif type(blocks) is int:
-            self.cached[block_hash] = {blocks: None, b: None}
-            self.num_duplicated += 1
-        else:
-            blocks[b] = None
-
-    def cache_blocks(self, blocks: np.ndarray, hashes: np.ndarray) -> None:
-        """These blocks (held, full) enter the cache under these hashes, in order."""
-        self._hash[blocks] = hashes
+    def cache_blocks(self, blocks: np.ndarray) -> None:
+        """These blocks (held, full, not cached) enter the cache now, in this order, beside any
+        duplicate; their hashes come later (add_hashes), before any lookup."""
         self._is_cached[blocks] = 1
-        keys = hashes.tolist()
-        cached = self.cached
-        if any(map(cached.__contains__, keys)) or len(set(keys)) != len(keys):
-            for b, h in zip(blocks.tolist(), keys):
-                self.cache_block(b, h)
-        else:
-            cached.update(zip(keys, blocks.tolist()))
+        self.index.cache(blocks)
+
+    def cache_block(self, b: int) -> None:
+        self.is_cached[b] = 1
+        self.index.cache_one(b)
+
+    def entries(self, blocks: np.ndarray) -> np.ndarray:
+        """These cached blocks' entries (block_hash_index.py), to give add_hashes."""
+        return self.index.entries_of(blocks)
+
+    def add_hashes(self, blocks: np.ndarray, hashes: np.ndarray, entries: np.ndarray) -> None:
+        """The hashes of blocks cached (with these entries) since, for lookups: those evicted
+        meanwhile are left out."""
+        self.index.add(blocks, hashes, entries)
 
     # -- checks ------------------------------------------------------------------------
     def errors_when_idle(self) -> list[str]:
@@ -169,9 +160,7 @@ class BlockPool:
         order = self.free_queue.order()
         if len(order) != self.num_blocks or len(self.free_queue) != self.num_blocks or len(np.unique(order)) != len(order):
             errors.append(f"KV leak: {self.num_blocks - len(np.unique(order))} blocks neither free nor held")
-        in_map = {b: h for h, v in self.cached.items() for b in ([v] if type(v) is int else v)}
-        hashed = {b: self.block_hash[b] for b in np.flatnonzero(self._is_cached).tolist()}
-        duplicated = sum(1 for v in self.cached.values() if type(v) is not int)
-        if in_map != hashed or self.num_cached_free != len(hashed) or duplicated != self.num_duplicated:
+        cached = self._is_cached != 0
+        if not np.array_equal(cached, self.index.cached()) or self.num_cached_free != int(np.count_nonzero(cached)):
             errors.append("the prefix cache's map, the blocks' hashes and its evictable count disagree")
-        return errors
+        return errors + self.index.errors()

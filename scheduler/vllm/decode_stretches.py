@@ -14,7 +14,7 @@ one of those does more than take blocks and give tokens."""
 
 from __future__ import annotations
 
-import heapq
+import bisect
 from array import array
 from typing import TYPE_CHECKING
 
@@ -32,6 +32,7 @@ from scheduler.fast_forward.decode_stretch import (
 )
 from scheduler.memory.memory_pool import dealt
 from scheduler.vllm.kv_blocks import ids_of
+from scheduler.vllm.stretch_blocks import filled_blocks
 
 if TYPE_CHECKING:
     from scheduler.core.launched_batch import LaunchedBatch
@@ -122,15 +123,9 @@ class _StretchRun:
         self.segments = stretch.taken(num_steps)
         self.scheduled = 0  # steps scheduled: 0 .. scheduled - 1
         self.processed = 0  # processings done
-        ps = sched.page_size
         # A request's known tokens at schedule s are those at schedule 0 plus s (it gets a token
-        # at every processing until it leaves), and its next step with a block to cache is the
-        # one whose known tokens fill the block after its cached ones.
-        kv = sched.kv
+        # at every processing until it leaves): a block is cached at the step they fill it.
         self.known = {id(r): r.input_len + len(r.output_ids) for r in running}
-        self.due = {
-            id(r): max(0, (kv.reqs[r].num_cached + 1) * ps - self.known[id(r)]) if kv.enable_caching else num_steps for r in running
-        }
         # Who processing x gives a token: step x's batch, or with overlap step x - 1's (at 0 the
         # batch in flight, the running requests); and who it finishes.
         self.receivers: list[tuple[int, int, list[Req]]] = []
@@ -146,13 +141,15 @@ class _StretchRun:
                 self.receivers.append((seg.first_step, seg.stop, seg.reqs))
                 if seg.finishing:
                     self.finishes[seg.stop - 1] = seg.finishing
+        self.finish_steps = sorted(self.finishes)
 
     def segment(self, step: int) -> StretchSegment:
         return next(seg for seg in self.segments if seg.first_step <= step < seg.stop)
 
     def _next_finish(self, x: int, default: int) -> int:
         """The first processing from x on that finishes requests (default if none)."""
-        return min((f for f in self.finishes if f >= x), default=default)
+        at = bisect.bisect_left(self.finish_steps, x)
+        return self.finish_steps[at] if at < len(self.finish_steps) else default
 
     def schedule_until(self, stop: int) -> None:
         """Schedule steps up to stop - 1 (processing those before each first): their blocks,
@@ -179,12 +176,16 @@ class _StretchRun:
             blocks = pool.get_new_blocks(pages_taken(cycle, n), evicted_at)
             if evicted_at:
                 self._record_evictions(s, cycle, evicted_at, cached_before)
-            bulk_decode_slots(sched.req_to_token_pool, reqs, n, ps, _handing_out(ids_of(blocks), ps))
-            sched.kv.blocks_from_rows(reqs)
+            if ps == 1:
+                bulk_decode_slots(sched.req_to_token_pool, reqs, n, ps, _handing_out(ids_of(blocks), ps))
+                sched.kv.blocks_from_rows(reqs)
+            else:
+                sched.kv.extend_decoding(reqs, n, blocks)
             if sched.config.overlap:
                 sched.future.skip(len(reqs), n)
             self.scheduled = s + n
-            self._cache_filled_blocks(reqs, s + n)
+            if sched.kv.enable_caching:
+                self._cache_filled_blocks(reqs, s + n)
 
     def _record_evictions(self, first: int, cycle: list[int], evicted_at: list[int], cached_before: int) -> None:
         """The cache's evictable tokens after each step from `first` on whose blocks included
@@ -201,22 +202,14 @@ class _StretchRun:
 
     def _cache_filled_blocks(self, reqs: list[Req], stop: int) -> None:
         """cache_known_blocks of the steps scheduled before `stop` that fill a block, step by
-        step (each after the processings before it), for each step's requests in order."""
-        kv, ps, due, known = self.sched.kv, self.sched.page_size, self.due, self.known
-        queue = [(due[id(r)], i) for i, r in enumerate(reqs) if due[id(r)] < stop]
-        heapq.heapify(queue)
-        while queue:
-            step = queue[0][0]
-            self.process_until(step)
-            filling = []
-            while queue and queue[0][0] == step:
-                filling.append(heapq.heappop(queue)[1])
-            kv.cache_known_blocks_of([reqs[i] for i in filling])
-            for i in filling:
-                r = reqs[i]
-                due[id(r)] = nxt = (kv.reqs[r].num_cached + 1) * ps - known[id(r)]
-                if nxt < stop:
-                    heapq.heappush(queue, (nxt, i))
+        step, for each step's requests in order (stretch_blocks.filled_blocks). Their tokens
+        come with the processings before each such step, done before anything reads the
+        blocks' hashes (kv_blocks.VllmKVBlocks.cache_blocks); no processing before `stop`
+        finishes a request (the window ends there)."""
+        kv, known = self.sched.kv, self.known
+        filled = filled_blocks([kv.reqs[r].num_cached for r in reqs], [known[id(r)] for r in reqs], stop, kv.page_size)
+        if filled:
+            kv.cache_filled(reqs, filled)
 
     def process_until(self, stop: int) -> None:
         """Processings up to stop - 1: each receiver gets its token; the finishing ones finish."""

@@ -69,7 +69,7 @@ class FreeBlockQueue:
         while need:
             end = min(self.tail, h + max(2 * need, 64))
             chunk = entries[h:end]
-            live = np.flatnonzero(where[chunk] == np.arange(h, end))
+            live = (where[chunk] == np.arange(h, end)).nonzero()[0]
             if len(live) >= need:
                 live = live[:need]
                 h += int(live[-1]) + 1

@@ -10,36 +10,29 @@ ReqToTokenPool lists the slots of its tokens, which is what a forward reads.
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from scheduler.core.ids import extend_range, ids
 from scheduler.core.req import Req
 from scheduler.memory.memory_pool import ReqToTokenPool
-from scheduler.vllm.block_hashes import block_hashes, hashes_of_runs
+from scheduler.vllm.block_hashes import block_hashes
 from scheduler.vllm.block_pool import BlockPool
+from scheduler.vllm.request_blocks import RequestBlocks, known_tokens_between
+from scheduler.vllm.stretch_blocks import window_slots
+from scheduler.vllm.unhashed_blocks import UnhashedBlocks
 
-_NO_HASHES = np.empty(0, dtype=np.uint64)
+__all__ = ["RequestBlocks", "VllmKVBlocks", "ids_of"]
+
 # Runs of blocks shorter than this are counted in a Python loop: numpy's fixed cost (a few
 # microseconds a call) is more than a loop over so few.
 NUMPY_FROM = 16
 
 
-@dataclass(eq=False, slots=True)
-class RequestBlocks:
-    """What the manager keeps for one request (vLLM: req_to_blocks, num_cached_block, and the
-    request's block_hashes, which outlive a preemption)."""
-
-    blocks: array = field(default_factory=ids)
-    num_cached: int = 0  # its first blocks that are in the cache
-    hashes: np.ndarray = field(default_factory=lambda: _NO_HASHES)  # of its full blocks of known tokens, so far
-
-
 def ids_of(blocks: np.ndarray) -> array:
     """A numpy array of block ids or slots as an int64 array."""
     out = ids()
-    out.frombytes(blocks.astype(np.int64, copy=False).tobytes())
+    out.frombytes(memoryview(np.ascontiguousarray(blocks, dtype=np.int64)).cast("B"))
     return out
 
 
@@ -50,21 +43,9 @@ class VllmKVBlocks:
         self.page_size = page_size
         self.enable_caching = enable_caching
         self.reqs: dict[Req, RequestBlocks] = {}
-        # Blocks to cache, not yet in the pool's map, in caching order: (request, its state,
-        # first block, end block) (cache_blocks says why).
-        self.pending: list[tuple[Req, RequestBlocks, int, int]] = []
+        self.unhashed = UnhashedBlocks(self.pool, page_size)  # cached blocks not in the map yet
 
     # -- tokens and hashes ------------------------------------------------------------
-    @staticmethod
-    def known_tokens_between(req: Req, start: int, end: int) -> array:
-        """Known tokens start .. end - 1 (of the prompt, then the outputs)."""
-        prompt = req.origin_input_ids
-        n = len(prompt)
-        if end <= n:
-            return prompt[start:end]
-        outs = ids(req.output_ids[max(start - n, 0) : end - n])
-        return prompt[start:] + outs if start < n else outs
-
     def _state(self, req: Req) -> RequestBlocks:
         st = self.reqs.get(req)
         if st is None:
@@ -76,7 +57,10 @@ class VllmKVBlocks:
         have = len(st.hashes)
         if have < num_blocks:
             ps = self.page_size
-            tokens = np.frombuffer(self.known_tokens_between(req, have * ps, num_blocks * ps), dtype=np.int64)
+            if num_blocks * ps <= req.input_len:  # (the prompt's, read in place)
+                tokens = np.frombuffer(req.origin_input_ids, dtype=np.int64)[have * ps : num_blocks * ps]
+            else:
+                tokens = np.frombuffer(known_tokens_between(req, have * ps, num_blocks * ps), dtype=np.int64)
             more = block_hashes(tokens, have, int(st.hashes[have - 1]) if have else 0, ps)
             st.hashes = np.concatenate((st.hashes, more)) if have else more
         return st.hashes
@@ -91,8 +75,12 @@ class VllmKVBlocks:
         max_blocks = (known - 1) // self.page_size
         if not max_blocks:
             return []
-        self.flush_cache()
-        return self.pool.longest_hit(self._hashes(req, self._state(req), max_blocks)[:max_blocks].tolist())
+        hashes = self._hashes(req, self._state(req), max_blocks)[:max_blocks]
+        hit = self.pool.longest_hit(hashes)
+        if len(hit) < max_blocks and self.unhashed.may_hold(len(hit), hashes[len(hit)]):
+            self.unhashed.flush()
+            hit = self.pool.longest_hit(hashes)
+        return hit
 
     def _blocks_to_allocate(self, held: int, num_tokens: int, hit: list[int]) -> int:
         """New blocks for num_tokens slots, beside the held ones and the hits, plus the hits
@@ -141,7 +129,7 @@ class VllmKVBlocks:
         if new_req:
             pool.touch(hit)
             st.blocks = ids(hit)
-            st.num_cached = len(hit)
+            st.num_cached = st.num_hashed = len(hit)  # (hits: cached, hashes in the pool)
             req.req_pool_idx = rows.alloc()
             assert req.req_pool_idx is not None, "max_num_seqs rows serve max_num_seqs running requests"
             if hit:
@@ -162,6 +150,28 @@ class VllmKVBlocks:
             self.cache_known_blocks(req)
         return locs
 
+    def allocate_decode(self, req: Req) -> array | None:
+        """allocate_slots(req, 1, cache=False) of a running request (a row, its blocks covering
+        its computed tokens): the slot after its last, in a new block when that one is full.
+        The step's most common call, kept to a few operations."""
+        rows = self.req_to_token_pool
+        before, ps = req.seq_len, self.page_size
+        row = rows.req_to_token[req.req_pool_idx]
+        if rows.journal is not None or len(row) != before:
+            return self.allocate_slots(req, 1, cache=False)
+        blocks = self.reqs[req].blocks
+        if -(-(before + 1) // ps) > len(blocks):
+            if not len(self.pool.free_queue):
+                return None
+            b = self.pool.get_new_block()
+            blocks.append(b)
+            loc = b * ps
+        else:
+            loc = row[before - 1] + 1
+        row.append(loc)
+        req.seq_len = before + 1
+        return ids((loc,))
+
     def blocks_from_rows(self, reqs: list[Req]) -> None:
         """Each request's blocks extended by those its row's new slots lie in (slots written in
         bulk, by a decode stretch)."""
@@ -174,6 +184,29 @@ class VllmKVBlocks:
                 firsts = np.frombuffer(row, dtype=np.int64)[len(blocks) * ps : r.seq_len : ps]
                 blocks.frombytes((firsts // ps).tobytes())
 
+    def extend_decoding(self, reqs: list[Req], num_steps: int, taken: np.ndarray) -> None:
+        """num_steps decode steps of these requests at once (a decode stretch's, blocks of more
+        than one slot): each request's slots, written into its row, and its blocks, from those
+        the steps took (stretch_blocks.window_slots)."""
+        rows = self.req_to_token_pool.req_to_token
+        w = window_slots([r.seq_len for r in reqs], [rows[r.req_pool_idx][r.seq_len - 1] for r in reqs], taken, num_steps, self.page_size)
+        assert sum(map(len, w.new_blocks)) == len(taken), "a decode stretch took other blocks than its steps need"
+        for r, slots, blocks in zip(reqs, w.slots, w.new_blocks):
+            rows[r.req_pool_idx].frombytes(memoryview(slots).cast("B"))
+            r.seq_len += num_steps
+            if len(blocks):
+                self.reqs[r].blocks.frombytes(memoryview(blocks).cast("B"))
+
+    def cache_filled(self, reqs: list[Req], filled: list[tuple[int, int, int]]) -> None:
+        """Blocks of these requests enter the cache in this order: (step, i, b) is block b of
+        reqs[i], after those it has in (a decode stretch's filled blocks:
+        stretch_blocks.filled_blocks)."""
+        states = [self.reqs[r] for r in reqs]
+        self.pool.cache_blocks(np.array([states[i].blocks[b] for _, i, b in filled], dtype=np.int64))
+        for _, i, _ in filled:
+            states[i].num_cached += 1
+            self.unhashed.pending[states[i]] = reqs[i]
+
     def cache_known_blocks(self, req: Req) -> None:
         """req's full blocks of known tokens whose KV its steps compute enter the cache."""
         self.cache_blocks(req, min(req.seq_len, req.input_len + len(req.output_ids)))
@@ -184,58 +217,35 @@ class VllmKVBlocks:
             self.cache_blocks(r, min(r.seq_len, r.input_len + len(r.output_ids)))
 
     def cache_blocks(self, req: Req, num_tokens: int) -> None:
-        """req's full blocks among its first num_tokens tokens enter the cache (those not in yet).
-
-        They are logged, and hashed and put in the pool's map in the logged order when the map
-        is next read (flush_cache): a lookup, or the request freeing them (only then can they
-        be evicted). Until then nothing reads which blocks are cached: the blocks are held, so
-        neither the free queue nor the evictable count sees them. One vector pass then hashes
-        many steps' blocks instead of one pass a step."""
+        """req's full blocks among its first num_tokens tokens enter the cache (those not in yet):
+        counted, evictable once free and in caching order now, hashed and in the pool's map of
+        hashes when a lookup may need them (unhashed_blocks.py)."""
         if not self.enable_caching:
             return
         st = self.reqs[req]
-        full = num_tokens // self.page_size
-        if full > st.num_cached:
-            self.pending.append((req, st, st.num_cached, full))
+        full, start = num_tokens // self.page_size, st.num_cached
+        if full > start:
+            if full == start + 1:
+                self.pool.cache_block(st.blocks[start])
+            else:
+                self.pool.cache_blocks(np.frombuffer(st.blocks, dtype=np.int64)[start:full])
             st.num_cached = full
+            self.unhashed.pending[st] = req
 
     def flush_cache(self) -> None:
-        """Put the logged blocks in the cache, in the order they were logged."""
-        pending = self.pending
-        if not pending:
-            return
-        self.pending = []
-        ps, ends = self.page_size, {}
-        for req, st, _, end in pending:
-            ends[req] = (st, max(end, ends[req][1]) if req in ends else end)
-        runs, firsts, parents, hashed = [], [], [], []
-        for req, (st, end) in ends.items():
-            have = len(st.hashes)
-            if have < end:
-                runs.append(np.frombuffer(self.known_tokens_between(req, have * ps, end * ps), dtype=np.int64))
-                firsts.append(have)
-                parents.append(int(st.hashes[have - 1]) if have else 0)
-                hashed.append(st)
-        if runs:
-            for st, more in zip(hashed, hashes_of_runs(runs, firsts, parents, ps)):
-                st.hashes = np.concatenate((st.hashes, more)) if len(st.hashes) else more
-        if len(pending) == 1:
-            _, st, start, end = pending[0]
-            blocks, hashes = np.frombuffer(st.blocks, dtype=np.int64)[start:end], st.hashes[start:end]
-        else:
-            blocks = np.concatenate([np.frombuffer(st.blocks, dtype=np.int64)[start:end] for _, st, start, end in pending])
-            hashes = np.concatenate([st.hashes[start:end] for _, st, start, end in pending])
-        self.pool.cache_blocks(blocks, hashes)
+        """Every cached block's hash in the pool's map (for checks that read it)."""
+        self.unhashed.flush()
 
     def free(self, req: Req) -> None:
         """Free req's blocks, its last block first (evicted first), and its row. Its hashes stay
         (a preempted request looks them up again); forget() drops them."""
         st = self.reqs.get(req)
         if st is not None and st.blocks:
-            if self.pending:
-                self.flush_cache()
+            self.unhashed.freeing(req, st)
+            if self.unhashed.too_many():  # (what freed requests keep stays small)
+                self.unhashed.flush()
             self.pool.free_blocks(np.frombuffer(st.blocks, dtype=np.int64)[::-1].copy())
-            st.blocks, st.num_cached = ids(), 0
+            st.blocks, st.num_cached, st.num_hashed = ids(), 0, 0
         if req.req_pool_idx is not None:
             self.req_to_token_pool.free(req.req_pool_idx)
         req.req_pool_idx, req.seq_len = None, 0

@@ -176,7 +176,7 @@ class VllmScheduler(SchedulerBase):
                 i += 1
                 continue
             before = req.seq_len
-            locs = self.kv.allocate_slots(req, num_new, cache=False)
+            locs = self.kv.allocate_decode(req) if num_new == 1 else self.kv.allocate_slots(req, num_new, cache=False)
             while locs is None:
                 victim = self._pick_victim()
                 num_preempted += 1

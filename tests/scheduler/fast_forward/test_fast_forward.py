@@ -282,7 +282,14 @@ class _StretchRecordingVllm(VllmScheduler):
             self.bulk_evictions += self._in_bulk * (self.kv.pool.num_evicted - before)
             return blocks
 
+        cache_filled = self.kv.cache_filled
+
+        def counting_filled(reqs: list[Req], filled) -> None:
+            cache_filled(reqs, filled)
+            self.bulk_cached_blocks += self._in_bulk * len(filled)
+
         self.kv.cache_known_blocks_of, self.kv.pool.get_new_blocks = counting_cache, counting_take
+        self.kv.cache_filled = counting_filled
         self.decode_stretches = _BulkMarkingVllmStretches(self)
 
     def get_next_batch_to_run(self):

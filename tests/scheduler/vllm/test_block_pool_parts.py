@@ -1,5 +1,6 @@
-"""The vLLM block pool's parts on their own: block hashes follow whole prefixes, and the free
-queue behaves as vLLM's linked list (an ordered dict here) under any mix of operations."""
+"""The vLLM block pool's parts on their own: block hashes follow whole prefixes, the free
+queue behaves as vLLM's linked list (an ordered dict here) and the hash index as vLLM's map of
+hashes to blocks under any mix of operations."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scheduler.vllm import block_hashes as block_hashes_module
+from scheduler.vllm.block_hash_index import BlockHashIndex
 from scheduler.vllm.block_hashes import block_hashes, hashes_of_runs
 from scheduler.vllm.free_block_queue import FreeBlockQueue
 
@@ -87,3 +90,72 @@ def test_the_free_queue_is_vllms_ordered_free_list(seed, n):
         assert len(q) == len(model)
         assert q.order().tolist() == list(model)
         assert all((b in q) == (b in model) for b in range(n))
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10**6), n=st.integers(1, 120))
+def test_the_hash_index_answers_as_vllms_map(seed, n):
+    """Blocks cached in runs (few distinct hashes, so duplicates abound, also within one run),
+    their hashes added later in any grouping, evictions in between, rebuilds as it fills: every
+    lookup gets the block cached first among those still cached under its hash, as vLLM's
+    dict of dicts gives it."""
+    rng = random.Random(seed)
+    hashes = np.zeros(n, dtype=np.uint64)
+    index = BlockHashIndex(n, hashes)
+    keys = [rng.getrandbits(64) for _ in range(max(2, n // 3))]
+    model: dict[int, OrderedDict[int, None]] = {}  # hash -> blocks in caching order (vLLM's map)
+    cached: dict[int, int] = {}  # block -> its hash, for blocks whose hash is added
+    waiting: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # cached, hashes not added yet
+    free = list(range(n))
+    for _ in range(200):
+        op = rng.random()
+        if op < 0.4 and free:
+            run = np.array(rng.sample(free, rng.randint(1, min(len(free), 12))), dtype=np.int64)
+            free = [b for b in free if b not in set(run.tolist())]
+            index.cache(run)
+            run_hashes = np.array([rng.choice(keys) for _ in run], dtype=np.uint64)
+            waiting.append((run, run_hashes, index.entries_of(run)))
+            for b, h in zip(run.tolist(), run_hashes.tolist()):
+                model.setdefault(h, OrderedDict())[b] = None
+        elif op < 0.6 and waiting:
+            k = rng.randint(1, len(waiting))
+            rng.shuffle(waiting)
+            group, waiting = waiting[:k], waiting[k:]
+            blocks = np.concatenate([g[0] for g in group])
+            index.add(blocks, np.concatenate([g[1] for g in group]), np.concatenate([g[2] for g in group]))
+            for g in group:
+                cached.update(zip(g[0].tolist(), g[1].tolist()))
+        elif op < 0.8:
+            gone = [b for b in range(n) if b not in free and rng.random() < 0.3]
+            if gone:
+                index.uncache(np.array(gone, dtype=np.int64))
+                for b in gone:
+                    for blocks in model.values():
+                        blocks.pop(b, None)
+                    cached.pop(b, None)
+                free += gone
+        if not waiting:  # (a lookup reads the index once every cached block's hash is in)
+            asked = keys + [rng.getrandbits(64)]
+            got = index.first_blocks(np.array(asked, dtype=np.uint64)).tolist()
+            want = [next(iter(model[h]), -1) if model.get(h) else -1 for h in asked]
+            assert got == want
+            assert not index.errors()
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10**6), num_big=st.integers(0, 9))
+def test_a_tokens_key_is_the_same_however_it_is_made(seed, num_big):
+    """Ids past the key table (markers, 40-bit ids, negative ones) are mixed in numpy or, a few,
+    in Python: the same hashes either way."""
+    rng = random.Random(seed)
+    tokens = np.array([rng.randrange(0, 1000) for _ in range(64)], dtype=np.int64)
+    for i in rng.sample(range(64), num_big):
+        tokens[i] = rng.choice([rng.randrange(1 << 18, 1 << 62), -rng.randrange(1, 1 << 62)])
+    got = []
+    for few in (0, 64):
+        old, block_hashes_module.FEW_BIG = block_hashes_module.FEW_BIG, few
+        try:
+            got.append(block_hashes(tokens, 0, 0, 16).tolist())
+        finally:
+            block_hashes_module.FEW_BIG = old
+    assert got[0] == got[1]
