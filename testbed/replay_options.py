@@ -90,7 +90,7 @@ class ReplayOptions:
     prefill_replicas: int | None = None
     decode_replicas: int | None = None
     kv_link: str = "rdma"
-    # A mixture of experts (issue 37; simulator/costs/moe_roofline.py): expert parallelism over ep
+    # A mixture of experts (simulator/costs/moe_roofline.py): expert parallelism over ep
     # of the tp x dp GPUs, attention data parallelism over dp ranks (with enable_dp_attention, as
     # SGLang names it), the experts' load (None: balanced; ALPHA: AIConfigurator's power law).
     ep: int = 1
@@ -116,14 +116,14 @@ def recorded_options(opts: ReplayOptions) -> dict:
     if not opts.disaggregated:
         for name in PD_FIELDS:
             del out[name]
-    # The MoE options likewise: recorded only where a run sets one (issue 37).
+    # The MoE options likewise: recorded only where a run sets one.
     for name in MOE_FIELDS:
         if out[name] == getattr(_DEFAULT_OPTIONS, name):
             del out[name]
     return out
 
 
-# A mixture of experts' own options (issue 37), recorded only away from their defaults.
+# A mixture of experts' own options, recorded only away from their defaults.
 MOE_FIELDS = ("ep", "dp", "enable_dp_attention", "expert_imbalance")
 _DEFAULT_OPTIONS = ReplayOptions()
 

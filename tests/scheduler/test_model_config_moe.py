@@ -1,4 +1,4 @@
-"""ModelConfig of mixtures of experts and MLA (issue 37): the bundled configs parse to the published
+"""ModelConfig of mixtures of experts and MLA: the bundled configs parse to the published
 sizes, each family's own keys are read, KV and weights per GPU follow the layout, and a shape the
 simulator cannot price is a ModelConfigError naming it."""
 

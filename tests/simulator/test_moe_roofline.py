@@ -1,5 +1,5 @@
 """The roofline of mixtures of experts and MLA (simulator/costs/moe_roofline.py), the experts' load
-(expert_load.py) and KV sizing with --ep / --dp (issue 37)."""
+(expert_load.py) and KV sizing with --ep / --dp."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`testbed replay` of a mixture of experts (issue 37), as a user runs it: the bundled MoE and MLA
+"""`testbed replay` of a mixture of experts, as a user runs it: the bundled MoE and MLA
 models simulate end to end, --ep / --dp / --expert-imbalance reach the cost model and run.json
 (only where set, so every other run's run.json is as before), and bad input is one line, exit 2."""
 

@@ -78,7 +78,7 @@ def test_hugging_face_ids_of_a_bundled_architecture_find_its_config():
     assert bundled_model_of("nvidia/Llama-3.1-8B-Instruct-FP8") == "llama-3.1-8b"
     assert bundled_model_of("Qwen/Qwen3-32B") == "qwen3-32b"
     assert bundled_model_of("moonshotai/Kimi-K2.5") is None
-    # Mixtures of experts ship too (issue 37), and their points are skipped with the reason.
+    # Mixtures of experts ship too, and their points are skipped with the reason.
     assert bundled_model_of("deepseek-ai/DeepSeek-R1") == "deepseek-r1"
     assert bundled_model_of("Qwen/Qwen3-235B-A22B-FP8") == "qwen3-235b-a22b"
 
