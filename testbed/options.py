@@ -29,7 +29,6 @@ from testbed.option_checks import SCHEDULERS, SIZE_LIMITS, check_options, closed
 from testbed.replay_options import (  # noqa: F401 - re-exported
     MODES,
     OPTION_FIELDS,
-    PD_FIELDS,
     ReplayOptions,
     default_hardware,
     default_model,

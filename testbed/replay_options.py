@@ -104,28 +104,11 @@ class ReplayOptions:
 
 
 OPTION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ReplayOptions))
-# A PD run's own options: run.json and a sweep's table record them only where a run is one, so
-# every other run records the options it recorded before they existed.
-PD_FIELDS = ("prefill_replicas", "decode_replicas", "kv_link")
 
 
 def recorded_options(opts: ReplayOptions) -> dict:
-    """The options as run.json records them: every field, a PD run's own only in a PD run (a run
-    without them had them at their defaults; the checks refuse anything else)."""
-    out = asdict(opts)
-    if not opts.disaggregated:
-        for name in PD_FIELDS:
-            del out[name]
-    # The MoE options likewise: recorded only where a run sets one.
-    for name in MOE_FIELDS:
-        if out[name] == getattr(_DEFAULT_OPTIONS, name):
-            del out[name]
-    return out
-
-
-# A mixture of experts' own options, recorded only away from their defaults.
-MOE_FIELDS = ("ep", "dp", "enable_dp_attention", "expert_imbalance")
-_DEFAULT_OPTIONS = ReplayOptions()
+    """The options as run.json and a sweep's table record them: every field."""
+    return asdict(opts)
 
 
 # --- defaults that depend on the machine ------------------------------------------------------

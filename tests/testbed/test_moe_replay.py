@@ -84,9 +84,8 @@ def test_bad_parallelism_is_one_line_exit_2(tmp_path, args, needles):
     assert_clean_error(proc, *needles)
 
 
-def test_the_moe_options_are_recorded_only_where_set_and_sweep_as_axes():
-    assert not {"ep", "dp", "enable_dp_attention", "expert_imbalance"} & set(recorded_options(ReplayOptions()))
+def test_the_moe_options_are_recorded_and_sweep_as_axes():
     rec = recorded_options(ReplayOptions(ep=4, expert_imbalance=1.2))
-    assert rec["ep"] == 4 and rec["expert_imbalance"] == 1.2 and "dp" not in rec
+    assert rec["ep"] == 4 and rec["expert_imbalance"] == 1.2 and rec["dp"] == 1 and rec["enable_dp_attention"] is False
     assert parse_option_value("ep", "8") == 8 and parse_option_value("expert_imbalance", "1.01") == 1.01
     assert parse_option_value("enable_dp_attention", "on") is True and parse_option_value("expert_imbalance", "none") is None

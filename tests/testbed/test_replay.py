@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from scheduler.loop.step_log import STEP_COLUMNS
-from testbed.options import PD_FIELDS, ReplayOptions, recorded_options
+from testbed.options import OPTION_FIELDS, ReplayOptions, recorded_options
 from testbed.replay import ReplayProgress, replay
 from testbed.runs.folder import load_run
 from testbed.traces.gen import GenConfig, generate_trace
@@ -80,10 +80,10 @@ def test_run_json_records_status_options_versions_and_trace(run):
     assert meta["status"] == "complete"
     # run.json records the options that ran: a default model and hardware are resolved to their
     # names, the memory fraction to SGLang's for the device (an H100 with 256-token chunks: 0.874).
-    # Every option, but a PD run's own (prefill_replicas, decode_replicas, kv_link), recorded in PD runs only.
+    # Every option.
     resolved = {"model": opts.model or "llama-3.1-8b", "hardware": opts.hardware or "h100", "mem_fraction_static": 0.874}
     assert meta["options"] == json.loads(json.dumps(recorded_options(opts) | resolved))
-    assert not set(PD_FIELDS) & set(meta["options"])
+    assert set(meta["options"]) == set(OPTION_FIELDS)
     assert meta["mode"] == "sim"
     assert meta["model"] == resolved["model"] and meta["hardware"] == resolved["hardware"]
     sched = meta["scheduler"]

@@ -75,8 +75,7 @@ def test_points_are_the_cross_product_with_their_options(sweep):
     assert sorted(zip(df["policy"], df["chunked_prefill_size"], df["overlap"])) == sorted(itertools.product(*axes.values()))
     assert [a["name"] for a in meta["axes"]] == list(axes) and [a["values"] for a in meta["axes"]] == list(axes.values())
     for row in df.to_dict("records"):
-        # Every option of the row is the base options (--max-requests, --seed) with the row's axis values
-        # (a PD run's own options only in a sweep of PD runs, as run.json records them).
+        # Every option of the row is the base options (--max-requests, --seed) with the row's axis values.
         expected = recorded_options(
             resolved_options(
                 ReplayOptions(
