@@ -66,10 +66,11 @@ def test_a_tight_decode_pool_holds_requests_back_and_the_summary_counts_them(tmp
     assert (held["kv_transfer_start"] > held["arrival"] + held["decode_held_s"]).all()
 
 
-def test_a_run_without_pd_records_the_options_it_recorded_before(tmp_path):
+def test_a_run_without_pd_records_no_pd_layout(tmp_path):
     replay(TRACE, ReplayOptions(max_requests=5), out=tmp_path / "run")
-    options = load_run(tmp_path / "run").meta["options"]
-    assert not {"prefill_replicas", "decode_replicas", "kv_link"} & set(options)
+    meta = load_run(tmp_path / "run").meta
+    assert (meta["options"]["prefill_replicas"], meta["options"]["decode_replicas"]) == (None, None)
+    assert "cluster" not in meta
 
 
 def test_a_slower_link_shows_in_ttft(tmp_path):
