@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 from engine_helpers import ManualRun, check_record_against_hf, make_req, make_runner, prompt, save_hf_model, scheduler_config
 
-from engine.cuda_graph import MAX_PADDED_KEYS, DecodeGraphs
+from engine import cuda_graph
+from engine.cuda_graph import DecodeGraphs
 from scheduler.core.forward_plan import ForwardMode, synthetic_plan
 
 
@@ -58,7 +59,7 @@ def test_decode_past_a_context_bucket_moves_to_the_next(model):
     runner.graphs = None
 
 
-def test_what_runs_eagerly(model):
+def test_what_runs_eagerly(model, monkeypatch):
     _, runner = model
     config = padded_runner(runner, max_running_requests=16)
     graphs = runner.graphs
@@ -66,5 +67,10 @@ def test_what_runs_eagerly(model):
     assert graphs.shape_for(synthetic_plan(ForwardMode.EXTEND, [0], [8], with_rows=False)) is None
     assert graphs.shape_for(synthetic_plan(ForwardMode.DECODE, [100] * 17, [1] * 17, with_rows=False)) is None
     assert graphs.shape_for(synthetic_plan(ForwardMode.DECODE, [100] * 9, [1] * 9, with_rows=False)) == (16, 256)
-    assert config.max_running_requests == 16 and 16 * 512 <= MAX_PADDED_KEYS
+    # A batch whose padded keys pass the bound runs eagerly: 16 requests of 512 keys fit it, at a
+    # smaller bound they would not.
+    assert graphs.shape_for(synthetic_plan(ForwardMode.DECODE, [400] * 16, [1] * 16, with_rows=False)) == (16, 512)
+    monkeypatch.setattr(cuda_graph, "MAX_PADDED_KEYS", 16 * 256)
+    assert graphs.shape_for(synthetic_plan(ForwardMode.DECODE, [400] * 16, [1] * 16, with_rows=False)) is None
+    assert config.max_running_requests == 16
     runner.graphs = None
