@@ -4,6 +4,7 @@
 #      and the real-mode CLI tests there (bf16, CUDA overlap on a forward stream);
 #   2. real-engine throughput with overlap on and off, device idle share, and decode at
 #      batch 1 against the floor (weight bytes / HBM bandwidth) (benchmarks/engine_throughput.py);
+#      where the host's time in a launch goes with overlap on and off (benchmarks/cuda_overlap_probe.py);
 #   3. `testbed calibrate` of this GPU (llama-3.1-8b, dummy weights) and that profile against
 #      the AIConfigurator profile of the same GPU, shape by shape (benchmarks/gpu_profile_compare.py);
 #   4. the simulator with that profile against the real engine on traces it was not made from
@@ -72,7 +73,8 @@ if [ -f "$OUT/calibrated-$MODEL.json" ]; then
   TAIL=4 step profile-compare 60 $PY benchmarks/gpu_profile_compare.py "$OUT/calibrated-$MODEL.json" "$KERNELS" --json "$OUT/profile-compare.json"
 fi
 step throughput 120 $PY benchmarks/engine_throughput.py -n "${THROUGHPUT_REQUESTS:-64}" --hi "${THROUGHPUT_HI:-512}" \
-  --model "$MODEL" --device "$DEVICE"
+  --model "$MODEL" --device "$DEVICE" --order on,off,on,off
+TAIL=40 step overlap-probe 150 $PY benchmarks/cuda_overlap_probe.py --model "$MODEL"
 TAIL=6 step real-cli 150 $PY -m pytest -q -p no:cacheprovider tests/engine/test_engine_replay.py
 if [ -f "$OUT/calibrated-$MODEL.json" ]; then
   TAIL=12 step fidelity 150 $PY benchmarks/fidelity.py --device "$DEVICE" --model "$MODEL" --hardware "$HARDWARE" \

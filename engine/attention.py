@@ -18,13 +18,29 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from engine.forward_batch import ForwardBatch
 from engine.kv_cache import KVCache
 from scheduler.core.forward_plan import ForwardMode
+
+
+# The SDPA kernels the torch backend lets torch choose from on CUDA. cuDNN's is left out: it
+# builds an execution plan for every new (batch, query length, key length), tens of ms each
+# (on an H100 eager decodes took 108 ms a step while every step's key length was new and 38 ms
+# when the same lengths came again), and a served trace brings new lengths all the time.
+# Flash takes the causal prefills, the memory-efficient kernel the masked decodes and float32.
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def sdpa_backends(device: torch.device) -> contextlib.AbstractContextManager:
+    """The context a forward runs in: SDPA_BACKENDS on CUDA; on a CPU torch's own choice."""
+    return sdpa_kernel(SDPA_BACKENDS) if device.type == "cuda" else contextlib.nullcontext()
 
 
 class AttentionBackend(Protocol):

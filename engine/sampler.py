@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.forward_batch import to_device
 from scheduler.core.sampling import SamplingParams
 
 
@@ -81,7 +82,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         return logits.argmax(dim=-1)
 
     device = logits.device
-    temps = torch.tensor(batch.temperatures, dtype=torch.float32, device=device)
+    temps = to_device(batch.temperatures, torch.float32, device)
     greedy = temps == 0
     # Greedy rows ride along with temperature 1; their argmax replaces the draw.
     logits = logits.float() / torch.where(greedy, 1.0, temps).unsqueeze(1)
@@ -102,10 +103,10 @@ def _filter_top_k_top_p(logits: torch.Tensor, batch: SamplingBatch) -> torch.Ten
     ranks = torch.arange(vocab, device=device).unsqueeze(0)
     drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
     if batch.any_top_k:
-        ks = torch.tensor([k if k > 0 else vocab for k in batch.top_ks], device=device)
+        ks = to_device([k if k > 0 else vocab for k in batch.top_ks], torch.int64, device)
         drop |= ranks >= ks.unsqueeze(1)
     if batch.any_top_p:
-        top_ps = torch.tensor(batch.top_ps, dtype=torch.float32, device=device)
+        top_ps = to_device(batch.top_ps, torch.float32, device)
         probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
         mass_before = probs.cumsum(dim=-1) - probs
         drop |= mass_before >= top_ps.unsqueeze(1)
@@ -130,7 +131,7 @@ def _exponential_noise(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tenso
             noise.exponential_(generator=gen)
         else:
             rows = torch.empty((len(unseeded), probs.shape[1]), device=device)
-            noise[torch.tensor(unseeded, device=device)] = rows.exponential_(generator=gen)
+            noise[to_device(unseeded, torch.int64, device)] = rows.exponential_(generator=gen)
     # exponential_ may return 0 on some backends: 0/0 would be NaN, which
     # argmax would pick even for a filtered token.
     return noise.clamp_min_(torch.finfo(noise.dtype).tiny)
