@@ -66,7 +66,7 @@ backends=(torch)
 $PY -c 'import flashinfer' 2>/dev/null && backends+=(flashinfer)
 for backend in "${backends[@]}"; do
   TAIL=6 TESTBED_TEST_DEVICE=$DEVICE TESTBED_TEST_ATTENTION=$backend \
-    step "equivalence-$DEVICE-$backend" 120 $PY -m pytest -q -p no:cacheprovider tests/engine/test_engine_equivalence.py tests/engine/test_engine_sampler.py
+    step "equivalence-$DEVICE-$backend" 150 $PY -m pytest -q -p no:cacheprovider tests/engine/test_engine_equivalence.py tests/engine/test_engine_sampler.py tests/engine/test_moe_equivalence.py
 done
 step calibrate 180 $PY -m testbed calibrate --model "$MODEL" --hardware "$HARDWARE" --out "$OUT/calibrated-$MODEL.json"
 if [ -f "$OUT/calibrated-$MODEL.json" ]; then

@@ -16,9 +16,8 @@ CUDA's fused kernels take without building the [queries, keys] mask: an 8B model
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import contextlib
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +27,6 @@ from torch.nn.attention.bias import causal_lower_right
 from engine.forward_batch import ForwardBatch
 from engine.kv_cache import KVCache
 from scheduler.core.forward_plan import ForwardMode
-
 
 # The SDPA kernels the torch backend lets torch choose from on CUDA. cuDNN's is left out: it
 # builds an execution plan for every new (batch, query length, key length), tens of ms each

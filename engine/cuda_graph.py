@@ -15,7 +15,9 @@ H100 or H200) and the lengths whose padded
 KV fits a bound (below); anything else runs eagerly. The graph ends at the final norm: the
 vocab-wide projection and sampling run eagerly after it, so no graph keeps a [batch, vocab]
 output alive. Only the torch attention backend is captured (flashinfer's decode wrapper
-needs its own graph-safe plan).
+needs its own graph-safe plan). A mixture of experts' block runs every expert densely in a
+graph (engine/moe.py): its eager path sizes each expert's matmul by the routing, which a
+graph cannot replay.
 """
 
 from __future__ import annotations
@@ -123,6 +125,7 @@ class DecodeGraphs:
             req_pool_indices=self.req_pool_indices[:padded],
             seq_lens=self.seq_lens[:padded],
             last_token_index=torch.arange(padded, device=self.cache.device),
+            graph_safe=True,
         )
 
         def body() -> torch.Tensor:

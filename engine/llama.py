@@ -1,10 +1,13 @@
-"""The Llama-family decoder (Llama 2/3, Qwen2/2.5/3, Mistral) over the paged KV cache.
+"""The Llama-family decoder (Llama 2/3, Qwen2/2.5/3, Mistral, and the mixtures of experts
+Qwen3-MoE and Mixtral) over the paged KV cache.
 
 Parameter names are the Hugging Face checkpoint names, so weights load by name.
 Differences between the family members are config flags: Qwen2's q/k/v biases
 (attention_bias), Qwen3's per-head q/k RMSNorm (qk_norm), tied embeddings, the
-RoPE scaling. Tokens of all requests are packed into one [T, hidden] tensor;
-attention (engine/attention.py) knows which request each token belongs to.
+RoPE scaling; a mixture of experts has a sparse MoE block (engine/moe.py) in place of
+the MLP in each layer not listed in dense_layers. Tokens of all requests are packed
+into one [T, hidden] tensor; attention (engine/attention.py) knows which request each
+token belongs to.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from torch import nn
 
 from engine.attention import AttentionBackend
 from engine.forward_batch import ForwardBatch
+from engine.moe import SparseMoeBlock, is_moe_layer, moe_family
 from engine.rope import RotaryEmbedding
 from scheduler.core.forward_plan import ForwardMode
 from scheduler.model_config import ModelConfig
@@ -78,11 +82,21 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer_id)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        # The feed-forward under its checkpoint name: Mixtral's experts are block_sparse_moe.
+        self.ffn_name = "mlp"
+        if is_moe_layer(cfg, layer_id):
+            family = moe_family(cfg)
+            self.ffn_name = family.block
+            self.add_module(family.block, SparseMoeBlock(cfg, family))
+        else:
+            self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, attn: AttentionBackend) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, attn: AttentionBackend, graph_safe: bool = False
+    ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), positions, rope, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        ffn, h = self._modules[self.ffn_name], self.post_attention_layernorm(x)
+        return x + (ffn(h, graph_safe) if isinstance(ffn, SparseMoeBlock) else ffn(h))
 
 
 class LlamaModel(nn.Module):
@@ -113,7 +127,7 @@ class LlamaForCausalLM(nn.Module):
         decode CUDA graph captures (engine/cuda_graph.py), leaving the vocab-wide logits out."""
         x = self.model.embed_tokens(batch.input_ids)
         for layer in self.model.layers:
-            x = layer(x, batch.positions, self.rope, attn)
+            x = layer(x, batch.positions, self.rope, attn, batch.graph_safe)
         if batch.mode is not ForwardMode.DECODE:  # a decode's tokens are all last tokens
             x = x[batch.last_token_index]
         return self.model.norm(x)

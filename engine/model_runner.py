@@ -13,13 +13,14 @@ from pathlib import Path
 
 import torch
 
-from engine.attention import AttentionBackend, TorchAttention
+from engine.attention import AttentionBackend, TorchAttention, sdpa_backends
 from engine.cuda_graph import DecodeGraphs
 from engine.device import DeviceChoice
 from engine.forward_batch import ForwardBatch, ids_tensor
 from engine.kv_cache import KVCache
 from engine.llama import LlamaForCausalLM
 from engine.sampler import SamplingBatch, sample
+from engine.support import BUILT, engine_refusal
 from engine.weights import init_dummy_weights, load_weights
 from scheduler.core.forward_plan import ForwardMode, ForwardPlan, synthetic_plan
 from scheduler.core.future_indices import FUTURE_MAP_SIZE
@@ -41,13 +42,40 @@ class EngineConfig:
     cuda_graph: bool = True  # CUDA, torch attention: decode batches replay graphs (SGLang's default; --disable-cuda-graph)
 
 
+def _host_memory_available() -> int | None:
+    """Bytes the host can still give (Linux's MemAvailable), None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_weights_fit(model_cfg: ModelConfig, choice: DeviceChoice) -> None:
+    """ValueError, before any allocation, if the weights alone exceed the device's free memory:
+    a bundled 30B mixture of experts on a laptop's CPU fails in one line, not by the OOM killer."""
+    need = model_cfg.num_params * torch.finfo(choice.dtype).bits // 8
+    if choice.device.type == "cuda":
+        free: int | None = torch.cuda.mem_get_info(choice.device)[0]
+    else:
+        free = _host_memory_available()
+    if free is not None and need > free:
+        dtype = str(choice.dtype).removeprefix("torch.")
+        raise ValueError(
+            f"{model_cfg.name}'s weights take {need / 2**30:.1f} GiB in {dtype}, more than the {free / 2**30:.1f} GiB "
+            f"free on {choice.device}"
+        )
+
+
 class ModelRunner:
     def __init__(self, model_cfg: ModelConfig, choice: DeviceChoice, cfg: EngineConfig, weights_folder: str | Path | None) -> None:
-        if model_cfg.is_moe or model_cfg.is_mla:  # testbed/backends.py refuses them first, in one line
-            raise ValueError(
-                f"{model_cfg.name} ({model_cfg.architecture}): the engine builds the dense Llama family only, "
-                "not a mixture of experts or multi-head latent attention"
-            )
+        refusal = engine_refusal(model_cfg)  # testbed/backends.py refuses these first, in one line
+        if refusal:
+            raise ValueError(f"{refusal}; the engine builds {BUILT}")
+        check_weights_fit(model_cfg, choice)
         self.model_cfg, self.choice, self.cfg = model_cfg, choice, cfg
         self.device, self.dtype = choice.device, choice.dtype
         if self.device.type == "cpu" and cfg.cpu_threads is not None:
@@ -131,7 +159,7 @@ class ModelRunner:
         """Run plan; return the sampled ids [B] (int64, on the device)."""
         cache, attn = self.cache, self.attn
         assert cache is not None and attn is not None, "init_cache first"
-        with torch.inference_mode():
+        with torch.inference_mode(), sdpa_backends(self.device):
             cache.apply_row_writes(plan)
             input_ids = ids_tensor(plan.input_ids, self.device)
             if plan.mode is not ForwardMode.EXTEND:

@@ -1,7 +1,8 @@
 """Model weights: stream a Hugging Face safetensors folder, or draw dummy ones.
 
-The model's parameter names are the checkpoint's names (Llama family), so
-loading is a name-by-name copy. Tensors are read one at a time with
+The model's parameter names are the checkpoint's names (the Llama family, and the
+experts of Qwen3-MoE and Mixtral one by one, as checkpoints hold them), so loading
+is a name-by-name copy. Tensors are read one at a time with
 `safe_open`, never as a whole state dict, so peak host memory stays at one
 tensor whatever the model size.
 """

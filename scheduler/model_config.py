@@ -8,7 +8,8 @@ Besides the dense Llama family it parses mixtures of experts (Qwen3-MoE, Mixtral
 gpt-oss: how many experts, how many a token is routed to, their sizes, which layers stay dense) and
 DeepSeek's multi-head latent attention (MLA: the KV cache holds one compressed latent per token and
 layer, ``kv_lora_rank + qk_rope_head_dim`` elements, instead of K and V heads). The simulator prices
-them (simulator/costs/roofline.py); the real engine runs the dense family only.
+them (simulator/costs/roofline.py); the real engine runs the dense family, Qwen3-MoE and Mixtral
+(engine/support.py says what it refuses).
 
 Configs of common models ship in ``scheduler/configs/`` as the published
 ``config.json`` files, so a dummy-weight run or a simulation needs no download.
@@ -37,7 +38,8 @@ DENSE_ARCHITECTURES = (
     "Qwen3ForCausalLM",
     "MistralForCausalLM",
 )
-# Mixtures of experts (and DeepSeek's MLA): the simulator prices them, the real engine refuses them.
+# Mixtures of experts (and DeepSeek's MLA): the simulator prices them; the real engine builds the ones
+# engine/support.py allows (Qwen3-MoE, Mixtral).
 MOE_ARCHITECTURES = (
     "Qwen3MoeForCausalLM",
     "MixtralForCausalLM",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from engine.support import BUILT, engine_refusal
 from scheduler.model_config import ModelConfig
 from scheduler.sglang.config import SchedulerConfig
 from simulator.costs.moe_roofline import roofline_cost_model
@@ -80,8 +81,8 @@ def build_sim(opts, model: ModelConfig, make_config: Callable[[int], SchedulerCo
 
 
 def build_real(opts, model: ModelConfig, make_config: Callable[[int], SchedulerConfig]) -> tuple[Backend, SchedulerConfig]:
-    if model.is_moe or model.is_mla:
-        raise ConfigError(real_engine_refusal(model))
+    if refusal := engine_refusal(model):
+        raise ConfigError(real_engine_refusal(refusal))
     from engine.device import DeviceError, choose_device
     from engine.model_runner import EngineConfig, ModelRunner
     from engine.real_driver import RealDriver
@@ -128,17 +129,9 @@ def build_real(opts, model: ModelConfig, make_config: Callable[[int], SchedulerC
     return Backend(RealDriver(runner, opts.overlap), kv_tokens, model.vocab_size, meta), config
 
 
-def real_engine_refusal(model: ModelConfig) -> str:
-    """The one line --mode real gives a model the engine cannot build (a mixture of experts, MLA)."""
-    what = (
-        "a mixture of experts" + (" with multi-head latent attention" if model.is_mla else "")
-        if model.is_moe
-        else "multi-head latent attention"
-    )
-    return (
-        f"--mode real: {model.name} ({model.architecture}) is {what}; the real engine runs the dense Llama family only "
-        "(simulate it with --mode sim)"
-    )
+def real_engine_refusal(refusal: str) -> str:
+    """The one line --mode real gives a model the engine cannot build (engine/support.py says why)."""
+    return f"--mode real: {refusal}; the real engine builds {BUILT} (simulate it with --mode sim)"
 
 
 def _free_earlier_engines() -> None:

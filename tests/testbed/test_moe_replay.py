@@ -75,7 +75,7 @@ def test_a_moe_model_replays_end_to_end(tmp_path, args, cost_model):
         (("--model", "qwen3-30b-a3b", "--ep", "0"), ("--ep",)),
         (("--model", "qwen3-30b-a3b", "--expert-imbalance", "-1"), ("--expert-imbalance",)),
         (("--model", "qwen3-235b-a22b"), ("does not fit on 'h100'",)),
-        (("--model", "qwen3-30b-a3b", "--mode", "real"), ("--mode real", "mixture of experts", "--mode sim")),
+        (("--model", "deepseek-v3", "--mode", "real"), ("--mode real", "multi-head latent attention", "--mode sim")),
         (("--model", "deepseek-v3", "--mode", "real", "--ep", "2"), ("for --mode sim",)),
     ],
 )
