@@ -4,7 +4,7 @@ CUDA machine, not a test).
     python benchmarks/cuda_overlap_probe.py [--model llama-3.1-8b] [-n 8] [--in 128] [--out 64]
 
 For each run of --runs (overlap on or off : decode CUDA graphs, eager, or eager with cuDNN's
-attention allowed, which engine/attention.py leaves out), one replay of n requests that arrive
+attention allowed, which engine/attention.py leaves out of eager forwards), one replay of n requests that arrive
 together, each in a fresh engine, in that order (what a process has loaded and planned once
 stays: a run after another of its kind shows what is left when shapes repeat). Per run it
 prints the median device time of a decode step (CUDA events), the median host time spent inside the launch

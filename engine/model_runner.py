@@ -159,7 +159,7 @@ class ModelRunner:
         """Run plan; return the sampled ids [B] (int64, on the device)."""
         cache, attn = self.cache, self.attn
         assert cache is not None and attn is not None, "init_cache first"
-        with torch.inference_mode(), sdpa_backends(self.device):
+        with torch.inference_mode():
             cache.apply_row_writes(plan)
             input_ids = ids_tensor(plan.input_ids, self.device)
             if plan.mode is not ForwardMode.EXTEND:
@@ -172,7 +172,8 @@ class ModelRunner:
             shape = self.graphs.shape_for(plan) if self.graphs is not None else None
             if shape is None:
                 attn.prepare(batch)
-                hidden = self.model.last_hidden(batch, attn)
+                with sdpa_backends(self.device):  # eager shapes are new all the time: no cuDNN plans
+                    hidden = self.model.last_hidden(batch, attn)
             else:
                 hidden = self.graphs.run(shape, batch)
             logits = self.model.logits(hidden)
