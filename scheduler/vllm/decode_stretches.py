@@ -18,6 +18,8 @@ import bisect
 from array import array
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from scheduler.core.forward_plan import ForwardMode
 from scheduler.core.req import Req
 from scheduler.fast_forward.decode_stretch import (
@@ -37,6 +39,10 @@ from scheduler.vllm.stretch_blocks import filled_blocks
 if TYPE_CHECKING:
     from scheduler.core.launched_batch import LaunchedBatch
     from scheduler.vllm.scheduler_state import SchedulerState
+
+# A window's evictions from this many on are put in steps with numpy: a loop over each evicted
+# block costs ~0.3 us, numpy's few calls ~10 us.
+NUMPY_EVICTIONS = 32
 
 
 class VllmDecodeStretches:
@@ -142,6 +148,9 @@ class _StretchRun:
                 if seg.finishing:
                     self.finishes[seg.stop - 1] = seg.finishing
         self.finish_steps = sorted(self.finishes)
+        # Blocks that steps already scheduled evict after the processing being done (a window
+        # of steps takes its blocks before a finish among them: schedule_until).
+        self.evicted_ahead = 0
 
     def segment(self, step: int) -> StretchSegment:
         return next(seg for seg in self.segments if seg.first_step <= step < seg.stop)
@@ -156,7 +165,6 @@ class _StretchRun:
         slots and cached blocks."""
         sched = self.sched
         pool, ps = sched.kv.pool, sched.page_size
-        next_finish = self._next_finish(self.processed, stop)
         while self.scheduled < stop:
             s = self.scheduled
             self.process_until(s)
@@ -164,18 +172,16 @@ class _StretchRun:
             reqs = seg.reqs
             phase = (s - seg.first_step) % ps
             cycle = seg.pages_per_step[phase:] + seg.pages_per_step[:phase]
-            if next_finish < s:
-                next_finish = self._next_finish(s, stop)
-            # Steps s .. s + n - 1 take their blocks at once: up to after the next processing
-            # that finishes a request (it frees blocks). The blocks they fill go to the cache
-            # after: which blocks are taken does not depend on what the held ones hold.
-            n = steps_finding_their_pages(pool.num_free_blocks(), cycle, min(stop, seg.stop, next_finish + 1) - s)
+            # Steps s .. s + n - 1 take their blocks at once, up to the segment's end. A
+            # processing among them that finishes requests (with overlap, at the segment's first
+            # step) frees blocks to the back of the free queue: steps that take no more blocks
+            # than are free now never reach those, so they take what stepping's take. Which
+            # blocks are taken does not depend on what the held ones hold either.
+            n = steps_finding_their_pages(pool.num_free_blocks(), cycle, min(stop, seg.stop) - s)
             assert n > 0, "a decode stretch ran out of KV blocks"
             cached_before = pool.num_cached_free
             evicted_at: list[int] = []
             blocks = pool.get_new_blocks(pages_taken(cycle, n), evicted_at)
-            if evicted_at:
-                self._record_evictions(s, cycle, evicted_at, cached_before)
             if ps == 1:
                 bulk_decode_slots(sched.req_to_token_pool, reqs, n, ps, _handing_out(ids_of(blocks), ps))
                 sched.kv.blocks_from_rows(reqs)
@@ -184,28 +190,41 @@ class _StretchRun:
             if sched.config.overlap:
                 sched.future.skip(len(reqs), n)
             self.scheduled = s + n
-            if sched.kv.enable_caching:
-                self._cache_filled_blocks(reqs, s + n)
+            self._around_finishes(reqs, s, s + n, _evictions_by_step(s, cycle, evicted_at), cached_before)
 
-    def _record_evictions(self, first: int, cycle: list[int], evicted_at: list[int], cached_before: int) -> None:
-        """The cache's evictable tokens after each step from `first` on whose blocks included
-        cached ones (evicted_at: their places among the blocks taken, in order)."""
-        ps, changes = self.sched.page_size, self.stretch.cached_changes
-        step, end, k = first, cycle[0], 0  # end: blocks taken through `step`
-        for i, place in enumerate(evicted_at):
-            while place >= end:
-                k += 1
-                step += 1
-                end += cycle[k % len(cycle)]
-            if i + 1 == len(evicted_at) or evicted_at[i + 1] >= end:
-                changes.append((step, (cached_before - i - 1) * ps))
+    def _around_finishes(self, reqs: list[Req], first: int, stop: int, evictions: list[tuple[int, int]], cached_before: int) -> None:
+        """What steps first .. stop - 1 did besides taking blocks, in stepping's order around the
+        processings among them that finish requests: the blocks each step fills enter the cache
+        (_cache_filled_blocks) and its evictions are recorded before the finishes that come
+        after its schedule. evictions: (step, blocks evicted from `first` through it), where that
+        grows; cached_before: the cached free blocks before step first's schedule."""
+        sched, ps, changes = self.sched, self.sched.page_size, self.stretch.cached_changes
+        pool = sched.kv.pool
+        base, done = cached_before, 0  # base: cached_before plus what the finishes so far added
+        while True:
+            x = self._next_finish(self.processed, stop)
+            end = x + 1 if x < stop - 1 else stop  # (a finish at stop - 1 comes after the window)
+            if sched.kv.enable_caching:
+                self._cache_filled_blocks(reqs, end)
+            while done < len(evictions) and evictions[done][0] < end:
+                step, count = evictions[done]
+                changes.append((step, (base - count) * ps))
+                done += 1
+            if end == stop:
+                return
+            # The finish sees the blocks that steps after it evict as still cached.
+            self.evicted_ahead = (evictions[-1][1] - (evictions[done - 1][1] if done else 0)) if evictions else 0
+            before = pool.num_cached_free
+            self.process_until(end)
+            base += pool.num_cached_free - before
+            self.evicted_ahead = 0
 
     def _cache_filled_blocks(self, reqs: list[Req], stop: int) -> None:
         """cache_known_blocks of the steps scheduled before `stop` that fill a block, step by
         step, for each step's requests in order (stretch_blocks.filled_blocks). Their tokens
         come with the processings before each such step, done before anything reads the
-        blocks' hashes (kv_blocks.VllmKVBlocks.cache_blocks); no processing before `stop`
-        finishes a request (the window ends there)."""
+        blocks' hashes (kv_blocks.VllmKVBlocks.cache_blocks); these requests do not finish
+        before `stop`."""
         kv, known = self.sched.kv, self.known
         filled = filled_blocks([kv.reqs[r].num_cached for r in reqs], [known[id(r)] for r in reqs], stop, kv.page_size)
         if filled:
@@ -233,7 +252,31 @@ class _StretchRun:
                 if not sched.config.overlap:  # (with overlap the next step's batch lacks them already)
                     self.stretch.running_changes.append((end - 1, -len(finishing)))
                 self.stretch.kv_changes.append((end - 1, sched.kv_used_tokens() - kv_before))
-                self.stretch.cached_changes.append((end - 1, sched.kv_cached_tokens()))
+                self.stretch.cached_changes.append((end - 1, sched.kv_cached_tokens() + self.evicted_ahead * sched.page_size))
+
+
+def _evictions_by_step(first: int, cycle: list[int], evicted_at: list[int]) -> list[tuple[int, int]]:
+    """(step, evictions from `first` through it) of each step from `first` on whose blocks
+    included cached ones, where step j takes cycle[(j - first) % len(cycle)] blocks (evicted_at:
+    the evicted ones' places among the blocks taken, in order)."""
+    if len(evicted_at) >= NUMPY_EVICTIONS:
+        places = np.array(evicted_at, dtype=np.int64)
+        per_cycle = sum(cycle)
+        # Each place's step: whole cycles before it, then the steps of its cycle it is past.
+        within = np.cumsum(cycle)
+        steps = (places // per_cycle) * len(cycle) + np.searchsorted(within, places % per_cycle, side="right")
+        last = np.flatnonzero(np.diff(steps, append=-1))  # (each step's last eviction)
+        return list(zip((steps.take(last) + first).tolist(), (last + 1).tolist()))
+    out: list[tuple[int, int]] = []
+    step, end, k = first, cycle[0], 0  # end: blocks taken through `step`
+    for i, place in enumerate(evicted_at):
+        while place >= end:
+            k += 1
+            step += 1
+            end += cycle[k % len(cycle)]
+        if i + 1 == len(evicted_at) or evicted_at[i + 1] >= end:
+            out.append((step, i + 1))
+    return out
 
 
 def _handing_out(blocks: array, page_size: int):

@@ -212,9 +212,17 @@ class VllmKVBlocks:
         self.cache_blocks(req, min(req.seq_len, req.input_len + len(req.output_ids)))
 
     def cache_known_blocks_of(self, reqs: list[Req]) -> None:
-        """cache_known_blocks of each request in turn."""
+        """cache_known_blocks of each request in turn (a decode fills a block once in page_size
+        steps: most requests of a step have none to cache, told here without a call)."""
+        if not self.enable_caching:
+            return
+        states, ps = self.reqs, self.page_size
         for r in reqs:
-            self.cache_blocks(r, min(r.seq_len, r.input_len + len(r.output_ids)))
+            n = r.input_len + len(r.output_ids)
+            if r.seq_len < n:
+                n = r.seq_len
+            if n // ps > states[r].num_cached:
+                self.cache_blocks(r, n)
 
     def cache_blocks(self, req: Req, num_tokens: int) -> None:
         """req's full blocks among its first num_tokens tokens enter the cache (those not in yet):

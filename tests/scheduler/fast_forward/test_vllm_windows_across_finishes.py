@@ -1,0 +1,97 @@
+"""A vLLM decode stretch takes a window of steps' blocks at once across a finish among them
+(scheduler/vllm/decode_stretches.py, schedule_until and _around_finishes): with async scheduling
+a segment's first step's processing finishes the requests that leave, after that step's
+schedule and before the next's. The window's blocks are taken before the finish frees blocks
+to the back of the free queue; the blocks its steps fill enter the cache, and its evictions are
+recorded, in stepping's order around the finish. Here on a pool the prefix cache fills (steps
+evict on both sides of a finish), the run equals stepping's, and the bulk step-to-eviction map
+equals the one-at-a-time one."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from loop_helpers import CountingLoop
+
+from scheduler.core.req import Req
+from scheduler.core.sampling import SamplingParams
+from scheduler.model_config import load_model_config
+from scheduler.vllm import decode_stretches, unhashed_blocks
+from scheduler.vllm.config import VllmSchedulerConfig
+from scheduler.vllm.scheduler import VllmScheduler
+from simulator.costs.roofline import RooflineCostModel
+from simulator.driver.sim_driver import SimDriver
+from simulator.hardware.specs import load_hardware
+
+
+def _run(fast_forward: bool, kv_tokens: int) -> tuple[CountingLoop, VllmScheduler]:
+    """24 requests 0.5 s apart, 50-300 prompt tokens, 100-400 outputs: blocks of 16, prefix
+    caching, async scheduling, a pool of kv_tokens the cache fills."""
+    rnd = random.Random(7)
+    cost = RooflineCostModel(load_model_config("llama-3.1-8b"), load_hardware("h100"))
+    sched = VllmScheduler(VllmSchedulerConfig(kv_tokens=kv_tokens, context_len=8192, overlap=True, page_size=16))
+    reqs = []
+    for i in range(24):
+        n = rnd.randint(50, 300)
+        prompt = list(range(i * 1000, i * 1000 + n))
+        reqs.append(Req(str(i), n, (lambda p=prompt: p), SamplingParams(max_new_tokens=rnd.randint(100, 400)), 0.5 * i, index=i))
+    driver = SimDriver(cost, fast_forward=fast_forward)
+    loop = CountingLoop(sched, iter(reqs), driver.clock, True)
+    driver.run(loop)
+    sched.check_invariants()
+    return loop, sched
+
+
+@pytest.mark.parametrize("flush_every_finish", [False, True])
+@pytest.mark.parametrize("kv_tokens", [1800, 2500])
+def test_a_window_across_a_finish_gives_the_run_that_stepping_gives(kv_tokens, flush_every_finish, monkeypatch):
+    """flush_every_finish: each finish hashes every cached block (unhashed_blocks.py), those the
+    window's steps before it filled (their tokens processed) and not those after."""
+    if flush_every_finish:
+        monkeypatch.setattr(unhashed_blocks, "MAX_FREED_RUNS", 0)
+    windows = {"across": 0, "evicting_after": 0}
+    around = decode_stretches._StretchRun._around_finishes
+
+    def counting(self, reqs, first, stop, evictions, cached_before):
+        inside = [x for x in self.finish_steps if first <= x < stop - 1 and x >= self.processed]
+        if inside:
+            windows["across"] += 1
+            windows["evicting_after"] += any(step > inside[0] for step, _ in evictions)
+        around(self, reqs, first, stop, evictions, cached_before)
+
+    monkeypatch.setattr(decode_stretches._StretchRun, "_around_finishes", counting)
+    ff_loop, ff_sched = _run(True, kv_tokens)
+    step_loop, step_sched = _run(False, kv_tokens)
+    assert windows["across"] >= 5, "no window of steps went across a finish"
+    assert windows["evicting_after"] >= 1, "no window evicted after a finish among its steps"
+    assert ff_loop.waits * 3 < step_loop.waits, (ff_loop.waits, step_loop.waits)
+    for name, col in step_loop.steps.cols.items():
+        assert list(ff_loop.steps.cols[name]) == list(col), name
+    assert [list(r.token_times) for r in ff_sched.done] == [list(r.token_times) for r in step_sched.done]
+    ff_sched.kv.flush_cache(), step_sched.kv.flush_cache()
+    ff_pool, step_pool = ff_sched.kv.pool, step_sched.kv.pool
+    assert list(ff_pool.free_queue.order()) == list(step_pool.free_queue.order())
+    assert ff_pool.is_cached == step_pool.is_cached and ff_pool.cached == step_pool.cached
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    cycle=st.lists(st.integers(0, 5), min_size=1, max_size=16).filter(any),
+    num_steps=st.integers(1, 200),
+    first=st.integers(0, 50),
+    data=st.data(),
+)
+def test_evictions_by_step_in_bulk_equal_a_step_at_a_time(cycle, num_steps, first, data):
+    """The numpy path of _evictions_by_step (many evictions) gives what its loop gives."""
+    total = (num_steps // len(cycle)) * sum(cycle) + sum(cycle[: num_steps % len(cycle)])
+    if not total:
+        return
+    places = sorted(data.draw(st.sets(st.integers(0, total - 1), min_size=1, max_size=min(total, 300))))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(decode_stretches, "NUMPY_EVICTIONS", 1 << 30)
+        looped = decode_stretches._evictions_by_step(first, cycle, places)
+        mp.setattr(decode_stretches, "NUMPY_EVICTIONS", 0)
+        assert decode_stretches._evictions_by_step(first, cycle, places) == looped
