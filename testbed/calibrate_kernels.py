@@ -64,6 +64,7 @@ def calibrate_kernels(
     quantization: str | None = None,
     kv_cache_dtype: str = "auto",
     mixed_attention: str | None = None,
+    ep: int = 1,
 ) -> dict:
     """Build the profile and write it; bad input raises ConfigError (one line, exit 2)."""
     if not system:
@@ -74,7 +75,9 @@ def calibrate_kernels(
         raise ConfigError(f"--source aiconfigurator needs --system: one of {systems}")
     model = load_model_config(model_name or DEFAULT_MODEL)
     try:
-        profile = build_kernel_profile(system, backend, backend_version, model, tp, progress, quantization, kv_cache_dtype, mixed_attention)
+        profile = build_kernel_profile(
+            system, backend, backend_version, model, tp, progress, quantization, kv_cache_dtype, mixed_attention, ep
+        )
     except KernelDatabaseError as e:
         raise ConfigError(str(e)) from None
     out = Path(out)
@@ -85,9 +88,9 @@ def calibrate_kernels(
 
 def summary_lines(profile: dict, out: str | Path) -> list[str]:
     db, spec = profile["database"], profile["hardware_spec"]
-    model, tp = load_model_config(profile["model"]), profile["tp"]
+    model, tp, ep = load_model_config(profile["model"]), profile["tp"], profile.get("ep", 1)
     lines = [
-        f"profile {out}: {profile['model']} at TP {tp} on {db['system']}, {db['backend']} {db['backend_version']} kernels "
+        f"profile {out}: {profile['model']} at TP {tp}{f', EP {ep}' if ep > 1 else ''} on {db['system']}, {db['backend']} {db['backend_version']} kernels "
         f"(aiconfigurator-core {db['package_version']}), {profile['wall_s']} s"
     ]
     precision = profile_precision(profile)

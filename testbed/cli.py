@@ -95,8 +95,8 @@ CALIBRATION_PHASES = {  # calibrate's progress phase -> (label, unit)
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.source == "aiconfigurator":
         return cmd_calibrate_kernels(args)
-    if args.system or args.backend_version or args.tp != 1 or args.quantization or args.kv_cache_dtype != "auto":
-        raise ConfigError("--system, --backend-version, --tp, --quantization and --kv-cache-dtype are for --source aiconfigurator")
+    if args.system or args.backend_version or args.tp != 1 or args.ep != 1 or args.quantization or args.kv_cache_dtype != "auto":
+        raise ConfigError("--system, --backend-version, --tp, --ep, --quantization and --kv-cache-dtype are for --source aiconfigurator")
     from simulator.hardware.specs import load_hardware
     from testbed.calibrate import CalibrationConfig, calibrate
     from testbed.options import ReplayOptions, default_hardware
@@ -180,7 +180,9 @@ def cmd_calibrate_kernels(args: argparse.Namespace) -> int:
         "-kv" + args.kv_cache_dtype if args.kv_cache_dtype != "auto" else ""
     )
     out = args.out or str(
-        Path("runs") / "profiles" / f"{args.system}-{args.backend}-{Path(model.rstrip('/')).name}-tp{args.tp}{precision}.json"
+        Path("runs")
+        / "profiles"
+        / f"{args.system}-{args.backend}-{Path(model.rstrip('/')).name}-tp{args.tp}{f'-ep{args.ep}' if args.ep > 1 else ''}{precision}.json"
     )
     bars: list = []
 
@@ -201,6 +203,7 @@ def cmd_calibrate_kernels(args: argparse.Namespace) -> int:
             quantization=args.quantization,
             kv_cache_dtype=args.kv_cache_dtype,
             mixed_attention=args.mixed_attention,
+            ep=args.ep,
         )
     finally:
         for bar in bars:
@@ -281,6 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--backend", choices=BACKENDS, default="sglang", help="whose kernels (default %(default)s)")
     g.add_argument("--backend-version", default=None, help="default: the newest the database maintains for the system")
     g.add_argument("--tp", type=positive_int, default=1, help="tensor parallelism over this many GPUs (default %(default)s)")
+    g.add_argument(
+        "--ep",
+        type=positive_int,
+        default=1,
+        help="a mixture of experts' experts over this many ranks of the --tp GPUs, whole experts a rank (expert parallelism; default %(default)s)",
+    )
     g.add_argument(
         "--quantization",
         choices=QUANTIZATIONS,

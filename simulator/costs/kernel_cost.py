@@ -204,6 +204,7 @@ class KernelProfileCostModel:
             self.decode = DecodeTable(da["batch"], da["context"], np.asarray(da["seconds"]) * layers)
             self.hardware_spec = HardwareSpec.from_dict(profile["hardware_spec"])
             self.tp = int(profile["tp"])
+            self.ep = int(profile.get("ep", 1))  # profiles made before --ep: none
             self.model = profile["model"]
             self.model_shapes = profile["model_shapes"]
             self.eager_overhead = float(k.get("eager_overhead_s", 0.0))  # profiles made before it: none
@@ -236,11 +237,14 @@ class KernelProfileCostModel:
         curve = self.decode_curves[b] = Curve(c.xs, [base + y for y in c.ys])
         return curve
 
-    def check_model(self, model: ModelConfig, tp: int) -> None:
-        """Refuse a model or TP the profile was not built for, naming both."""
-        built = f"{self.model} at TP {self.tp}"
-        if model.name != self.model or tp != self.tp:
-            raise ProfileError(f"--profile {self.path} was built for {built}, not {model.name} at TP {tp}")
+    def check_model(self, model: ModelConfig, tp: int, ep: int = 1) -> None:
+        """Refuse a model, TP or EP the profile was not built for, naming both."""
+
+        def at(name: str, t: int, e: int) -> str:
+            return f"{name} at TP {t}" + (f", EP {e}" if e > 1 else "")
+
+        if model.name != self.model or tp != self.tp or ep != self.ep:
+            raise ProfileError(f"--profile {self.path} was built for {at(self.model, self.tp, self.ep)}, not {at(model.name, tp, ep)}")
         if model_shapes(model) != self.model_shapes:
             differ = sorted(key for key, v in model_shapes(model).items() if self.model_shapes.get(key) != v)
             raise ProfileError(

@@ -78,9 +78,9 @@ class ProfileCostModel:
     def load(cls, path: str | Path, overlap: bool = False) -> "ProfileCostModel":
         return cls(read_profile(path), str(path), overlap)
 
-    def check_model(self, model, tp: int) -> None:
+    def check_model(self, model, tp: int, ep: int = 1) -> None:
         """The engine ran one model on one device."""
-        if model.name != self.model or tp != 1:
+        if model.name != self.model or tp != 1 or ep != 1:
             raise ProfileError(f"--profile {self.path} was calibrated for {self.model} at TP 1, not {model.name} at TP {tp}")
 
     def check_precision(self, asked) -> None:

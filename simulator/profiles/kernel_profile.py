@@ -104,16 +104,20 @@ class GpuShapes:
     prefill_kv: str = BF16
     prefill_fmha: str = BF16
     decode_kv: str = BF16
-    # A mixture of experts (0 experts: a dense model). The routed experts are split over the TP GPUs
-    # (moe_tp = tp, no expert parallelism), as vLLM and SGLang run them without --ep.
+    # A mixture of experts (0 experts: a dense model). The routed experts go over the TP GPUs: each
+    # split over all of them without expert parallelism (moe_tp = tp), as vLLM and SGLang run them
+    # without --ep; with --ep N, num_experts / N whole experts a rank, each split over tp / N GPUs.
+    # The tokens are on every TP GPU after attention's all-reduce, so each rank routes them to its own
+    # experts and the outputs are summed by the same all-reduce as TP's: no all-to-all.
     experts: int = 0
     topk: int = 0
     expert_intermediate: int = 0  # one routed expert's width, whole (the MoE kernel takes moe_tp)
     shared_intermediate: int = 0  # the shared experts' width on one GPU
     moe_share: float = 0.0  # the layers that route (the others have a dense MLP of `intermediate`)
+    moe_ep: int = 1
 
     @classmethod
-    def of(cls, model: ModelConfig, tp: int) -> "GpuShapes":
+    def of(cls, model: ModelConfig, tp: int, ep: int = 1) -> "GpuShapes":
         moe = (
             dict(
                 experts=model.num_experts,
@@ -121,6 +125,7 @@ class GpuShapes:
                 expert_intermediate=model.moe_intermediate_size,
                 shared_intermediate=model.shared_expert_intermediate_size // tp,
                 moe_share=model.num_moe_layers / model.num_hidden_layers,
+                moe_ep=ep,
             )
             if model.is_moe
             else {}
@@ -158,7 +163,9 @@ class GpuShapes:
             # The router's gate stays in bf16 (neither engine quantizes it); the routed experts are the
             # backend's fused-MoE kernel (gate-up GEMM, activation, down GEMM, token permutation).
             kernels["router"] = share * db.gemm(n, self.experts, h)
-            kernels["experts"] = share * db.moe(n, h, self.expert_intermediate, self.topk, self.experts, self.tp, 1, q, BALANCED)
+            kernels["experts"] = share * db.moe(
+                n, h, self.expert_intermediate, self.topk, self.experts, self.tp // self.moe_ep, self.moe_ep, q, BALANCED
+            )
             if self.shared_intermediate:
                 i = self.shared_intermediate
                 kernels["shared_experts"] = share * (db.gemm(n, 2 * i, h, q) + db.gemm(n, h, i, q) + db.elementwise(n, 2 * i, i))
@@ -235,8 +242,10 @@ def build_kernel_profile(
     quantization: str | None = None,
     kv_cache_dtype: str = "auto",
     mixed_attention: str | Path | None = None,
+    ep: int = 1,
 ) -> dict:
     """The profile of `model` (a ModelConfig, or a name or path load_model_config takes) over `tp` GPUs
+    (a mixture of experts' experts over `ep` ranks of them, GpuShapes)
     of `system`, from `backend`'s kernels (version None: the newest the database maintains), with its
     weights quantized (`quantization` fp8, fp8_block or nvfp4, else the model's dtype) and its KV cache in `kv_cache_dtype`
     (auto: the model's dtype; bf16; fp8). `mixed_attention`: LLMServingSim's attention.csv of the same GPU and
@@ -256,7 +265,11 @@ def build_kernel_profile(
         raise KernelDatabaseError(str(e)) from None
     db = KernelDatabase.open(system, backend, backend_version)
     check_tp(system, model, tp)
-    g = GpuShapes.of(model, tp)
+    try:
+        model.check_parallel(tp, ep, 1)
+    except ValueError as e:
+        raise KernelDatabaseError(str(e)) from None
+    g = GpuShapes.of(model, tp, ep)
     gemm_kernel = db.gemm_kernel(BF16)
     if precision.quantized_weights:
         gemm_kernel = quantized_gemm_check(db, g, precision.weights)
@@ -352,6 +365,7 @@ def build_kernel_profile(
         "model": model.name,
         "model_shapes": model_shapes(model),
         "tp": tp,
+        "ep": ep,
         "hardware": system,
         # KV capacity follows from one GPU's memory (kv_capacity.py); the roofline's spec of the system.
         "hardware_spec": hardware.to_dict(),

@@ -124,8 +124,6 @@ class MeasuredPoint:
             return f"GEMM format {self.gemm_quant}: not priced (have {', '.join(GEMM_FORMATS)})"
         if self.pp > 1:
             return f"pipeline parallelism: {self.pp} stages"
-        if self.moe_ep > 1:
-            return f"expert parallelism: {self.moe_ep}"
         if self.attention_dp > 1:
             return f"attention data parallelism: {self.attention_dp}"
         if self.model is None:
@@ -136,7 +134,9 @@ class MeasuredPoint:
                 f"mixture of experts: {self.model}'s attention (MLA, or sliding windows with sinks) is not priced from the "
                 "kernel database yet (the roofline prices it in testbed replay)"
             )
-        if config.is_moe and self.moe_tp not in (None, self.tp):
+        if self.moe_ep > 1 and (self.moe_tp or 1) * self.moe_ep != self.tp:
+            return f"expert parallelism: {self.moe_ep} ranks of {self.moe_tp or 1} GPUs beside attention over {self.tp} (priced: EP over the TP GPUs)"
+        if config.is_moe and self.moe_ep == 1 and self.moe_tp not in (None, self.tp):
             return f"mixture of experts: experts split over {self.moe_tp} GPUs, attention over {self.tp} (priced: the same TP)"
         if config.is_moe and self.moe_quant and self.gemm_quant and self.moe_quant != self.gemm_quant:
             return f"mixture of experts: {self.moe_quant} experts beside {self.gemm_quant} GEMMs (priced: one format)"

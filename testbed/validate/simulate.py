@@ -76,17 +76,17 @@ class PointSimulator:
 
         versions = kernel_db.available().get(p.system, {}).get(p.backend, [])
         version = kernel_db.nearest_version(versions, p.backend_version)
-        key = (p.system, p.backend, version, p.model, p.tp, p.quantization)
+        key = (p.system, p.backend, version, p.model, p.tp, p.moe_ep, p.quantization)
         if key not in self._profiles:
             if not versions:
                 self._profiles[key] = PointSkipped(f"AIConfigurator has no {p.backend} kernels of {p.system}")
             else:
                 try:
-                    profile = build_kernel_profile(p.system, p.backend, version, p.model, p.tp, quantization=p.quantization)
+                    profile = build_kernel_profile(p.system, p.backend, version, p.model, p.tp, quantization=p.quantization, ep=p.moe_ep)
                 except (kernel_db.KernelDatabaseError, ValueError) as e:
                     self._profiles[key] = PointSkipped(f"no kernel profile: {e}")
                 else:
-                    path = self.work / f"{len(self._profiles)}-{p.system}-{p.backend}-{p.model}-tp{p.tp}-{p.precision}.json"
+                    path = self.work / f"{len(self._profiles)}-{p.system}-{p.backend}-{p.model}-tp{p.tp}-ep{p.moe_ep}-{p.precision}.json"
                     path.write_text(json.dumps(profile) + "\n")
                     used = profile["database"]["backend_version"]
                     self._profiles[key] = (str(path), f"{p.system} {p.backend} {used}")
@@ -105,6 +105,7 @@ class PointSimulator:
             scheduler=p.backend,
             model=p.model,
             tp=p.tp,
+            ep=p.moe_ep,
             profile=profile,
             quantization=p.quantization,
             concurrency=p.concurrency,

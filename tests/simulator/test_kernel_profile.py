@@ -15,6 +15,7 @@ from scheduler.model_config import load_model_config
 from scheduler.sglang.server_defaults import default_chunked_prefill_size, default_mem_fraction_static
 from simulator.costs.cuda_graphs import sglang_graphs, vllm_graphs
 from simulator.costs.kernel_cost import KernelProfileCostModel
+from simulator.costs.profile_cost import ProfileError
 from simulator.costs.sources import load_profile
 from simulator.hardware.kv_capacity import kv_capacity_tokens
 from simulator.hardware.specs import load_hardware
@@ -315,3 +316,24 @@ def test_mla_and_sliding_window_models_are_refused_by_kernel_profiles(tmp_path):
     for model in ("deepseek-v3", "gpt-oss-120b"):
         with pytest.raises(ConfigError, match="not composed yet"):
             calibrate_kernels("h200_sxm", "sglang", None, model, 8, tmp_path / f"{model}.json")
+
+
+def test_expert_parallelism_prices_the_databases_ep_kernels_and_a_profile_keeps_its_ep(tmp_path):
+    # Qwen3-235B-A22B on two H200s with fp8 blocks, as vLLM's measured points run it: experts split
+    # over both GPUs (TP) or 64 whole experts on each (--ep 2).
+    paths = {}
+    for ep in (1, 2):
+        paths[ep] = tmp_path / f"ep{ep}.json"
+        calibrate_kernels("h200_sxm", "vllm", None, "qwen3-235b-a22b", 2, paths[ep], quantization="fp8_block", ep=ep)
+    tp_only, with_ep = (json.loads(paths[ep].read_text()) for ep in (1, 2))
+    assert (tp_only.get("ep", 1), with_ep["ep"]) == (1, 2)
+    # Only the routed experts' kernel changes: the database's EP rows, not its TP rows.
+    assert with_ep["kernels"]["per_layer"]["experts"] != tp_only["kernels"]["per_layer"]["experts"]
+    assert with_ep["kernels"]["per_layer"]["qkv_proj"] == tp_only["kernels"]["per_layer"]["qkv_proj"]
+    model = load_model_config("qwen3-235b-a22b")
+    cost_model = load_profile(paths[2])
+    cost_model.check_model(model, 2, 2)
+    with pytest.raises(ProfileError, match="built for qwen3-235b-a22b at TP 2, EP 2, not qwen3-235b-a22b at TP 2$"):
+        cost_model.check_model(model, 2, 1)
+    with pytest.raises(ConfigError, match="--ep 3 does not divide"):
+        calibrate_kernels("h200_sxm", "vllm", None, "qwen3-235b-a22b", 2, tmp_path / "ep3.json", quantization="fp8_block", ep=3)

@@ -98,6 +98,13 @@ def test_every_row_of_the_default_file_is_read_and_each_skip_says_why():
     deepseek = [p.skip_reason() or "" for p in agg if p.model == "deepseek-r1"]
     assert deepseek and all(r.startswith(("mixture of experts", "expert parallelism", "attention data")) for r in deepseek)
     assert any(r.startswith("mixture of experts") and "MLA" in r for r in deepseek)
+    # Expert parallelism over the attention's TP GPUs (vLLM's -tp N --enable-expert-parallel) is priced from the
+    # database's EP kernels; EP ranks beside attention over other GPUs are skipped with that reason.
+    ep = [p for p in points if p.mode == "agg" and p.moe_ep > 1 and p.backend in ("vllm", "sglang") and p.model is not None]
+    over_tp = [p for p in ep if (p.moe_tp or 1) * p.moe_ep == p.tp and p.attention_dp == 1]
+    assert over_tp and all(p.skip_reason() is None for p in over_tp if p.model == "minimax-m2.5")
+    others = [p.skip_reason() or "" for p in ep if (p.moe_tp or 1) * p.moe_ep != p.tp and p.attention_dp == 1]
+    assert all(r.startswith(("expert parallelism", "mixture of experts")) for r in others)
     # Weight formats are priced from their own GEMM tables: NVFP4 Llama-3.1-70B on B200, block-fp8 Llama-3.1-8B on H200.
     fp4 = [
         p
