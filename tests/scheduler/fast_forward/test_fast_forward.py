@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis_profiles import examples
-from loop_helpers import CountingLoop
+from loop_helpers import CountingLoop, run_spaced_requests
 
 from scheduler.core.forward_plan import ForwardMode, ForwardPlan
 from scheduler.core.ids import ids
@@ -319,23 +319,11 @@ def _light_run(
     fast_forward: bool, overlap: bool, kv_tokens: int = 200_000, page_size: int = 1, scheduler: str = "sglang"
 ) -> tuple[CountingLoop, Scheduler | VllmScheduler]:
     """20 requests 0.7 s apart, 100-400 tokens each: long decodes between arrivals."""
-    rnd = random.Random(3)
-    model = load_model_config("llama-3.1-8b")
-    cost = RooflineCostModel(model, load_hardware("h100"))
     if scheduler == "vllm":
         sched = _StretchRecordingVllm(VllmSchedulerConfig(kv_tokens=kv_tokens, context_len=8192, overlap=overlap, page_size=page_size))
     else:
         sched = _StretchRecordingScheduler(SchedulerConfig(kv_tokens=kv_tokens, context_len=8192, overlap=overlap, page_size=page_size))
-    reqs = []
-    for i in range(20):
-        n = rnd.randint(50, 300)
-        prompt = list(range(i * 1000, i * 1000 + n))
-        reqs.append(Req(str(i), n, (lambda p=prompt: p), SamplingParams(max_new_tokens=rnd.randint(100, 400)), 0.7 * i, index=i))
-    driver = SimDriver(cost, fast_forward=fast_forward)
-    loop = CountingLoop(sched, iter(reqs), driver.clock, overlap)
-    driver.run(loop)
-    sched.check_invariants()
-    return loop, sched
+    return run_spaced_requests(sched, 20, 0.7, 3, fast_forward, overlap), sched
 
 
 def _assert_same_run(ff_loop, ff_sched, step_loop, step_sched) -> None:

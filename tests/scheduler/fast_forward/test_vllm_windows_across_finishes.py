@@ -9,40 +9,21 @@ equals the one-at-a-time one."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from loop_helpers import CountingLoop
+from loop_helpers import CountingLoop, run_spaced_requests
 
-from scheduler.core.req import Req
-from scheduler.core.sampling import SamplingParams
-from scheduler.model_config import load_model_config
 from scheduler.vllm import decode_stretches, unhashed_blocks
 from scheduler.vllm.config import VllmSchedulerConfig
 from scheduler.vllm.scheduler import VllmScheduler
-from simulator.costs.roofline import RooflineCostModel
-from simulator.driver.sim_driver import SimDriver
-from simulator.hardware.specs import load_hardware
 
 
 def _run(fast_forward: bool, kv_tokens: int) -> tuple[CountingLoop, VllmScheduler]:
     """24 requests 0.5 s apart, 50-300 prompt tokens, 100-400 outputs: blocks of 16, prefix
     caching, async scheduling, a pool of kv_tokens the cache fills."""
-    rnd = random.Random(7)
-    cost = RooflineCostModel(load_model_config("llama-3.1-8b"), load_hardware("h100"))
     sched = VllmScheduler(VllmSchedulerConfig(kv_tokens=kv_tokens, context_len=8192, overlap=True, page_size=16))
-    reqs = []
-    for i in range(24):
-        n = rnd.randint(50, 300)
-        prompt = list(range(i * 1000, i * 1000 + n))
-        reqs.append(Req(str(i), n, (lambda p=prompt: p), SamplingParams(max_new_tokens=rnd.randint(100, 400)), 0.5 * i, index=i))
-    driver = SimDriver(cost, fast_forward=fast_forward)
-    loop = CountingLoop(sched, iter(reqs), driver.clock, True)
-    driver.run(loop)
-    sched.check_invariants()
-    return loop, sched
+    return run_spaced_requests(sched, 24, 0.5, 7, fast_forward, True), sched
 
 
 @pytest.mark.parametrize("flush_every_finish", [False, True])
