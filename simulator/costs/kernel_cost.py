@@ -84,10 +84,11 @@ SHAPE_KEYS = (
 
 # A mixture of experts' own dimensions (a dense model's profile records none of them).
 MOE_SHAPE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
+MLA_SHAPE_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
 def model_shapes(model: ModelConfig) -> dict:
-    keys = SHAPE_KEYS + MOE_SHAPE_KEYS if model.is_moe else SHAPE_KEYS
+    keys = SHAPE_KEYS + (MOE_SHAPE_KEYS if model.is_moe else ()) + (MLA_SHAPE_KEYS if model.is_mla else ())
     return {k: getattr(model, k) for k in keys}
 
 

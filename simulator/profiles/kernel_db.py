@@ -212,6 +212,69 @@ class KernelDatabase:
             s=context,
         )
 
+    def context_mla(
+        self, batch: int, new_tokens: int, prefix: int, heads: int, kv_cache: str = "bfloat16", fmha: str = "bfloat16"
+    ) -> float:
+        """Prefill attention of DeepSeek's multi-head latent attention (MLA) over `heads` heads a GPU, as the
+        database measured the backend's kernel (its DeepSeek-V3 dimensions: a 512-wide latent, 64 RoPE dims,
+        128 + 64 query/key and 128 value dims a head), RoPE and the latent KV write included."""
+        import aiconfigurator_core.sdk.operations as ops
+        from aiconfigurator_core.sdk import common
+
+        return self._evaluate(
+            ("ctx_mla", heads, kv_cache, fmha),
+            lambda: ops.ContextMLA("context_attention", 1, heads, common.KVCacheQuantMode[kv_cache], common.FMHAQuantMode[fmha]),
+            is_context=True,
+            batch_size=batch,
+            s=new_tokens,
+            prefix=prefix,
+        )
+
+    def generation_mla(self, batch: int, context: int, heads: int, kv_cache: str = "bfloat16") -> float:
+        """Decode MLA attention of `batch` requests over `context` tokens each (the latent-space MQA kernel)."""
+        import aiconfigurator_core.sdk.operations as ops
+        from aiconfigurator_core.sdk import common
+
+        return self._evaluate(
+            ("gen_mla", heads, kv_cache),
+            lambda: ops.GenerationMLA("generation_attention", 1, heads, common.KVCacheQuantMode[kv_cache]),
+            is_context=False,
+            batch_size=batch,
+            s=context,
+        )
+
+    def mla_bmm(self, tokens: int, heads: int, quant: str, pre: bool) -> float:
+        """A decode's batched GEMM into (pre: each head's query to the latent) or out of (the latent
+        attention's output to each head's values) MLA's latent space, over `tokens` tokens."""
+        import aiconfigurator_core.sdk.operations as ops
+        from aiconfigurator_core.sdk import common
+
+        name = "generation_bmm_pre" if pre else "generation_bmm_post"
+        return self._evaluate(
+            (name, heads, quant),
+            lambda: ops.MLABmm(name, 1, heads, common.GEMMQuantMode[quant], if_pre=pre),
+            is_context=False,
+            batch_size=tokens,
+            s=1,
+        )
+
+    def measured_mla(self, context: bool, heads: int, kv_cache: str = "bfloat16", fmha: str | None = None) -> list[tuple[int, int]]:
+        """(batch, sequence length) of the database's measured MLA rows for `heads` heads a GPU, that KV-cache
+        dtype (and attention dtype, for prefill), as measured_attention."""
+        import pandas as pd
+
+        name = "context_mla_perf.parquet" if context else "generation_mla_perf.parquet"
+        rows = set()
+        for path in self._table_files("mla", name):
+            t = pd.read_parquet(path)
+            keep = (t.num_heads == heads) & (t.kv_cache_dtype == kv_cache)
+            if fmha is not None and context:
+                keep &= t.mla_dtype == fmha
+            t = t[keep]
+            seq = t.isl if context else t.isl + t.step
+            rows |= {(int(b), int(s)) for b, s in zip(t.batch_size, seq)}
+        return sorted(rows)
+
     def _attention_op(
         self, context: bool, heads: int, kv_heads: int, head_dim: int, qk_norm: bool, kv_cache: str = "bfloat16", fmha: str = "bfloat16"
     ):

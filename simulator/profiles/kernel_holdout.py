@@ -87,9 +87,11 @@ def holdout_errors(profile: dict, db: KernelDatabase, g) -> dict:
         used = set(check["kernels"][key][axis])
         extend = mode is ForwardMode.EXTEND
         # The measured rows of the precision that priced the table (KV dtype; prefill: attention dtype too).
-        measured = db.measured_attention(
-            extend, g.heads, g.kv_heads, g.head_dim, g.prefill_kv if extend else g.decode_kv, g.prefill_fmha if extend else None
-        )
+        kv, fmha = (g.prefill_kv, g.prefill_fmha) if extend else (g.decode_kv, None)
+        if g.kv_lora:
+            measured = db.measured_mla(extend, g.heads, kv, fmha)
+        else:
+            measured = db.measured_attention(extend, g.heads, g.kv_heads, g.head_dim, kv, fmha)
         shapes = [(b, s) for b, s in measured if s not in used and s >= 1]
         errors = []
         for b, s in shapes:

@@ -16,8 +16,13 @@
     weighted by its share of the layers,              routed to k of the experts, split over the TP GPUs,
     beside the dense-MLP layers' share)               under the database's balanced token load
                                            shared_experts  gate-up and down GEMMs of the shared experts
+                                           (--ep N: the database's expert-parallel rows, whole experts a rank)
+    DeepSeek's MLA instead of qkv_proj:    qkv_a_proj the latents' fused down-projection (q's, the KV's, RoPE key)
+                                           q_b_proj   q's up-projection, heads / TP
     per layer, attention:                  prefill attention of the extend requests (with RoPE and
-                                           the KV write), decode attention of the decode requests
+                                           the KV write), decode attention of the decode requests;
+                                           MLA: kv_b_proj (the KV latent decompressed) + context_mla,
+                                           and two latent BMMs + generation_mla (the MQA over latents)
     once per forward:                      embedding (+ its all-reduce for TP > 1) over n tokens;
                                            lm_head GEMM over the batch's requests (one row each)
 
@@ -115,6 +120,17 @@ class GpuShapes:
     shared_intermediate: int = 0  # the shared experts' width on one GPU
     moe_share: float = 0.0  # the layers that route (the others have a dense MLP of `intermediate`)
     moe_ep: int = 1
+    # DeepSeek's multi-head latent attention (0 kv_lora: GQA, above). q and the KV go through latents
+    # of q_lora and kv_lora (plus qk_rope RoPE dims shared by the heads); each of `heads` heads has
+    # qk_nope + qk_rope query/key dims and v_head value dims. As SGLang runs it (and AIConfigurator's
+    # DEEPSEEK model composes it): a prefill decompresses the latent KV (kv_b_proj) and runs MHA over
+    # it; a decode moves each query into the latent (bmm pre), attends there (MQA over the latent)
+    # and moves the output back to the heads' values (bmm post).
+    kv_lora: int = 0
+    q_lora: int = 0
+    qk_nope: int = 0
+    qk_rope: int = 0
+    v_head: int = 0
 
     @classmethod
     def of(cls, model: ModelConfig, tp: int, ep: int = 1) -> "GpuShapes":
@@ -130,6 +146,14 @@ class GpuShapes:
             if model.is_moe
             else {}
         )
+        if model.is_mla:
+            moe |= dict(
+                kv_lora=model.kv_lora_rank,
+                q_lora=model.q_lora_rank or 0,
+                qk_nope=model.qk_nope_head_dim,
+                qk_rope=model.qk_rope_head_dim,
+                v_head=model.v_head_dim,
+            )
         return cls(
             model.num_hidden_layers,
             model.hidden_size,
@@ -147,9 +171,23 @@ class GpuShapes:
         """Seconds of each non-attention kernel of one (average) layer over n tokens."""
         h, d = self.hidden, self.head_dim
         q = self.gemm_quant
-        kernels = {
-            "qkv_proj": db.gemm(n, (self.heads + 2 * self.kv_heads) * d, h, q),
-            "o_proj": db.gemm(n, h, self.heads * d, q),
+        if self.kv_lora:
+            qk = self.heads * (self.qk_nope + self.qk_rope)
+            kernels = {
+                # The latents' down-projection, fused (q's latent, the KV latent and the RoPE key), replicated
+                # on every GPU; then q's up-projection, split over the heads.
+                "qkv_a_proj": db.gemm(n, self.q_lora + self.kv_lora + self.qk_rope, h, q),
+                "q_b_proj": db.gemm(n, qk, self.q_lora, q) if self.q_lora else 0.0,
+                "o_proj": db.gemm(n, h, self.heads * self.v_head, q),
+            }
+            if not self.q_lora:  # (DeepSeek-V2-Lite: q projected directly)
+                kernels["qkv_a_proj"] = db.gemm(n, qk + self.kv_lora + self.qk_rope, h, q)
+        else:
+            kernels = {
+                "qkv_proj": db.gemm(n, (self.heads + 2 * self.kv_heads) * d, h, q),
+                "o_proj": db.gemm(n, h, self.heads * d, q),
+            }
+        kernels |= {
             "norms": 2 * db.elementwise(n, 2 * h, 2 * h),
             "all_reduce": 2 * db.all_reduce(n, h, self.tp),
         }
@@ -171,6 +209,11 @@ class GpuShapes:
                 kernels["shared_experts"] = share * (db.gemm(n, 2 * i, h, q) + db.gemm(n, h, i, q) + db.elementwise(n, 2 * i, i))
         return kernels
 
+    @property
+    def mla_bmm_quant(self) -> str:
+        """The latent BMMs' format: fp8 with fp8 weights (SGLang quantizes them per tensor), else bf16."""
+        return FP8 if self.gemm_quant in (FP8, "fp8_block") else BF16
+
     def embedding(self, db: KernelDatabase, n: int) -> float:
         return db.embedding(n, self.vocab, self.hidden) + db.all_reduce(n, self.hidden, self.tp)
 
@@ -179,11 +222,17 @@ class GpuShapes:
         return db.gemm(requests, self.vocab, self.hidden)
 
     def prefill_attention(self, db: KernelDatabase, batch: int, new_tokens: int, prefix: int) -> float:
+        if self.kv_lora:
+            kv_b = db.gemm(batch * new_tokens, self.heads * (self.qk_nope + self.v_head), self.kv_lora, self.gemm_quant)
+            return kv_b + db.context_mla(batch, new_tokens, prefix, self.heads, self.prefill_kv, self.prefill_fmha)
         return db.context_attention(
             batch, new_tokens, prefix, self.heads, self.kv_heads, self.head_dim, self.qk_norm, self.prefill_kv, self.prefill_fmha
         )
 
     def decode_attention(self, db: KernelDatabase, batch: int, context: int) -> float:
+        if self.kv_lora:
+            bmm = db.mla_bmm(batch, self.heads, self.mla_bmm_quant, True) + db.mla_bmm(batch, self.heads, self.mla_bmm_quant, False)
+            return bmm + db.generation_mla(batch, context, self.heads, self.decode_kv)
         return db.generation_attention(batch, context, self.heads, self.kv_heads, self.head_dim, self.qk_norm, self.decode_kv)
 
 
@@ -221,10 +270,10 @@ def _fp8_kv_fallback_why(db: KernelDatabase, missing: list[str], errors: list[st
 def check_tp(system: str, model: ModelConfig, tp: int) -> None:
     """TP must split the model and fit in one node of the system (the database measures all-reduce there);
     the model a dense Llama-family one (the layers composed here)."""
-    if model.is_mla or model.sliding_window_layers or model.attention_sinks:
+    if model.sliding_window_layers or model.attention_sinks:
         raise KernelDatabaseError(
-            f"{model.name} ({model.architecture}): a kernel profile composes Llama-family attention (GQA); the database's "
-            "MLA and sliding-window attention with sinks are not composed yet (the roofline prices it: replay without --profile)"
+            f"{model.name} ({model.architecture}): a kernel profile composes GQA and MLA attention; the database's "
+            "sliding-window attention with sinks is not composed yet (the roofline prices it: replay without --profile)"
         )
     model.check_tp(tp)
     per_node = int(system_spec(system).get("node", {}).get("num_gpus_per_node", 8))
@@ -358,6 +407,8 @@ def build_kernel_profile(
     if not precision.fp8_kv or missing:  # the kernels measured with the KV dtype that priced them
         prefill_kernel = db.attention_kernel(True, g.prefill_kv)[0]
         decode_kernel = db.attention_kernel(False, g.decode_kv)[0]
+    if g.kv_lora:  # the database's MLA tables, not its GQA kernels
+        prefill_kernel, decode_kernel = "context_mla + kv_b_proj", "generation_mla + latent BMMs"
     profile = {
         "format": PROFILE_FORMAT,
         "version": PROFILE_VERSION,

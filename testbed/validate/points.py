@@ -129,16 +129,19 @@ class MeasuredPoint:
         if self.model is None:
             return f"no model config: {self.model_path} (bundled: {', '.join(bundled_model_names())})"
         config = _config(self.model)
-        if config.is_mla or config.sliding_window_layers or config.attention_sinks:
+        if config.sliding_window_layers or config.attention_sinks:
             return (
-                f"mixture of experts: {self.model}'s attention (MLA, or sliding windows with sinks) is not priced from the "
+                f"mixture of experts: {self.model}'s attention (sliding windows with sinks) is not priced from the "
                 "kernel database yet (the roofline prices it in testbed replay)"
             )
         if self.moe_ep > 1 and (self.moe_tp or 1) * self.moe_ep != self.tp:
             return f"expert parallelism: {self.moe_ep} ranks of {self.moe_tp or 1} GPUs beside attention over {self.tp} (priced: EP over the TP GPUs)"
         if config.is_moe and self.moe_ep == 1 and self.moe_tp not in (None, self.tp):
             return f"mixture of experts: experts split over {self.moe_tp} GPUs, attention over {self.tp} (priced: the same TP)"
-        if config.is_moe and self.moe_quant and self.gemm_quant and self.moe_quant != self.gemm_quant:
+        # An fp8 checkpoint runs its own format in GEMMs and experts alike, whatever the row's labels say
+        # (DeepSeek-R1's rows: fp8 GEMMs beside fp8_block experts, of one 128x128-block checkpoint).
+        one_fp8_checkpoint = {self.moe_quant, self.gemm_quant} <= set(FP8_FORMATS) and checkpoint_format(self.model_path) is not None
+        if config.is_moe and self.moe_quant and self.gemm_quant and self.moe_quant != self.gemm_quant and not one_fp8_checkpoint:
             return f"mixture of experts: {self.moe_quant} experts beside {self.gemm_quant} GEMMs (priced: one format)"
         return None
 

@@ -21,7 +21,7 @@ from simulator.hardware.kv_capacity import kv_capacity_tokens
 from simulator.hardware.specs import load_hardware
 from simulator.profiles.kernel_db import system_spec
 from simulator.profiles.kernel_holdout import uniform_plan
-from testbed.calibrate_kernels import calibrate_kernels, hbm_floor_s
+from testbed.calibrate_kernels import calibrate_kernels, hbm_floor_s, profile_precision
 from testbed.errors import ConfigError
 from testbed.options import ReplayOptions
 from testbed.replay import replay
@@ -312,10 +312,29 @@ def test_a_mixture_of_experts_is_priced_from_the_databases_moe_kernel(moe_profil
     assert decode(cost_model, 1, 1024) < decode(cost_model, 64, 1024) < 64 * decode(cost_model, 1, 1024)
 
 
-def test_mla_and_sliding_window_models_are_refused_by_kernel_profiles(tmp_path):
-    for model in ("deepseek-v3", "gpt-oss-120b"):
-        with pytest.raises(ConfigError, match="not composed yet"):
-            calibrate_kernels("h200_sxm", "sglang", None, model, 8, tmp_path / f"{model}.json")
+def test_sliding_window_models_with_sinks_are_refused_by_kernel_profiles(tmp_path):
+    with pytest.raises(ConfigError, match="not composed yet"):
+        calibrate_kernels("h200_sxm", "sglang", None, "gpt-oss-120b", 8, tmp_path / "gpt-oss-120b.json")
+
+
+def test_multi_head_latent_attention_is_priced_from_the_databases_mla_kernels(tmp_path):
+    # DeepSeek-R1 on eight H200s under SGLang, its own fp8-block checkpoint, as the measured points run it.
+    path = tmp_path / "deepseek-r1.json"
+    calibrate_kernels("h200_sxm", "sglang", None, "deepseek-r1", 8, path, quantization="fp8_block")
+    p = json.loads(path.read_text())
+    ops = p["kernels"]["per_layer"]
+    # The latents' projections instead of q/k/v ones; the MLA kernels price both attentions.
+    assert {"qkv_a_proj", "q_b_proj", "o_proj"} <= set(ops) and "qkv_proj" not in ops
+    assert "mla" in p["precision"]["prefill_attention"]["kernel"] and "mla" in p["precision"]["decode_attention"]["kernel"]
+    # Checked against the database's measured MLA rows off the grid (none would leave these at 0 points).
+    assert p["holdout"]["extend"]["points"] > 10 and p["holdout"]["decode"]["points"] > 10
+    cost_model = load_profile(path)
+    model = load_model_config("deepseek-r1")
+    floor = hbm_floor_s(model, 8, p["hardware_spec"]["mem_bandwidth"], profile_precision(p))
+    assert floor < decode(cost_model, 1, 1024) < 10 * floor
+    # One latent a token and layer is all a decode reads of the KV: 64 requests at 16k tokens cost less
+    # than twice what they cost at 1k (a GQA model with 128 heads' K and V would read 30x more).
+    assert decode(cost_model, 64, 16384) < 2 * decode(cost_model, 64, 1024)
 
 
 def test_expert_parallelism_prices_the_databases_ep_kernels_and_a_profile_keeps_its_ep(tmp_path):

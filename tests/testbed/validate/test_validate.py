@@ -63,7 +63,7 @@ def small_file(silicon, tmp_path_factory) -> Path:
         ),
         _row(rows, backend="trtllm", mode="agg"),
         _row(rows, mode="disagg"),
-        _row(rows, model_path="deepseek-ai/DeepSeek-R1", mode="agg", backend="sglang", precision="fp8"),
+        _row(rows, model_path="openai/gpt-oss-120b", mode="agg", backend="vllm", system="h200_sxm"),
     ]
     path = tmp_path_factory.mktemp("validate") / "points.csv"
     with open(path, "w", newline="") as f:
@@ -90,14 +90,17 @@ def test_every_row_of_the_default_file_is_read_and_each_skip_says_why():
     assert all(r is None or ": " in r for r in reasons)
     assert sum(r is None for r in reasons) > 100  # dense vLLM/SGLang agg points it can simulate
     assert any(r and r.startswith("backend trtllm") for r in reasons) and any(r and r.startswith("disagg") for r in reasons)
-    # A mixture of experts with GQA attention (Qwen3-235B-A22B) is simulated from the database's MoE kernels where
-    # its experts share the attention's TP; one with MLA (DeepSeek-R1) is skipped with its reason.
+    # A mixture of experts is simulated from the database's MoE kernels where its experts share the attention's
+    # TP: with GQA attention (Qwen3-235B-A22B) and with MLA (DeepSeek-R1, whose rows label its one fp8-block
+    # checkpoint fp8 GEMMs beside fp8_block experts); one with sliding windows and sinks (gpt-oss) is skipped.
     agg = [p for p in points if p.mode == "agg" and p.backend == "sglang"]
     qwen = [p.skip_reason() for p in agg if p.model == "qwen3-235b-a22b"]
     assert qwen and all(r is None for r in qwen)
-    deepseek = [p.skip_reason() or "" for p in agg if p.model == "deepseek-r1"]
-    assert deepseek and all(r.startswith(("mixture of experts", "expert parallelism", "attention data")) for r in deepseek)
-    assert any(r.startswith("mixture of experts") and "MLA" in r for r in deepseek)
+    deepseek = [p for p in agg if p.model == "deepseek-r1" and p.system == "h200_sxm" and p.tp == 8 and p.attention_dp == 1]
+    assert deepseek and all(p.skip_reason() is None and p.quantization == "fp8_block" for p in deepseek)
+    gpt_oss = [p.skip_reason() or "" for p in points if p.mode == "agg" and p.model == "gpt-oss-120b"]
+    gpt_oss_moe = [r for r in gpt_oss if r.startswith("mixture of experts")]
+    assert gpt_oss_moe and all("sliding windows" in r for r in gpt_oss_moe)
     # Expert parallelism over the attention's TP GPUs (vLLM's -tp N --enable-expert-parallel) is priced from the
     # database's EP kernels; EP ranks beside attention over other GPUs are skipped with that reason.
     ep = [p for p in points if p.mode == "agg" and p.moe_ep > 1 and p.backend in ("vllm", "sglang") and p.model is not None]
