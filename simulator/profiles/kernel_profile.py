@@ -120,6 +120,9 @@ class GpuShapes:
     shared_intermediate: int = 0  # the shared experts' width on one GPU
     moe_share: float = 0.0  # the layers that route (the others have a dense MLP of `intermediate`)
     moe_ep: int = 1
+    # Where the database has no rows of the experts' split (moe_tp: MiniMax-M2.5 over 8 GPUs), the time
+    # at moe_tp follows the database's own trend over its two largest splits: t(m) = t(m/2)^2 / t(m/4).
+    moe_split_extrapolated: bool = False
     # DeepSeek's multi-head latent attention (0 kv_lora: GQA, above). q and the KV go through latents
     # of q_lora and kv_lora (plus qk_rope RoPE dims shared by the heads); each of `heads` heads has
     # qk_nope + qk_rope query/key dims and v_head value dims. As SGLang runs it (and AIConfigurator's
@@ -201,13 +204,36 @@ class GpuShapes:
             # The router's gate stays in bf16 (neither engine quantizes it); the routed experts are the
             # backend's fused-MoE kernel (gate-up GEMM, activation, down GEMM, token permutation).
             kernels["router"] = share * db.gemm(n, self.experts, h)
-            kernels["experts"] = share * db.moe(
-                n, h, self.expert_intermediate, self.topk, self.experts, self.tp // self.moe_ep, self.moe_ep, q, BALANCED
-            )
+            kernels["experts"] = share * self.experts_kernel(db, n)
             if self.shared_intermediate:
                 i = self.shared_intermediate
                 kernels["shared_experts"] = share * (db.gemm(n, 2 * i, h, q) + db.gemm(n, h, i, q) + db.elementwise(n, 2 * i, i))
         return kernels
+
+    def experts_kernel(self, db: KernelDatabase, n: int, moe_tp: int | None = None) -> float:
+        """The fused-MoE kernel over n tokens, the experts split over moe_tp GPUs (default: this TP's)."""
+        moe_tp = moe_tp or self.tp // self.moe_ep
+        if self.moe_split_extrapolated and moe_tp == self.tp // self.moe_ep:
+            half, quarter = self.experts_kernel(db, n, moe_tp // 2), self.experts_kernel(db, n, moe_tp // 4)
+            return half * half / quarter
+        q = self.gemm_quant
+        return db.moe(n, self.hidden, self.expert_intermediate, self.topk, self.experts, moe_tp, self.moe_ep, q, BALANCED)
+
+    def with_experts_priced(self, db: KernelDatabase) -> "GpuShapes":
+        """These shapes, extrapolating the experts' split where the database has no rows of it but has
+        rows of half and a quarter of it (KernelDataMissing where it has neither)."""
+        if not self.experts:
+            return self
+        try:
+            self.experts_kernel(db, 1)
+            return self
+        except KernelDataMissing:
+            moe_tp = self.tp // self.moe_ep
+            if moe_tp < 4 or moe_tp % 4:
+                raise
+            extrapolated = replace(self, moe_split_extrapolated=True)
+            extrapolated.experts_kernel(db, 1)  # raises if the database lacks the smaller splits too
+            return extrapolated
 
     @property
     def mla_bmm_quant(self) -> str:
@@ -323,6 +349,7 @@ def build_kernel_profile(
     if precision.quantized_weights:
         gemm_kernel = quantized_gemm_check(db, g, precision.weights)
         g = replace(g, gemm_quant=precision.weights)
+    g = g.with_experts_priced(db)
     tokens = sorted(set(db.measured_gemm_tokens(g.gemm_quant)) | set(POWERS))
 
     phases = [
@@ -426,6 +453,17 @@ def build_kernel_profile(
         "precision": precision.to_dict()
         | {
             "gemm": {"quant_mode": g.gemm_quant, "kernel": gemm_kernel},
+            **(
+                {
+                    "experts": {
+                        "moe_tp": g.tp // g.moe_ep,
+                        "priced_as": f"extrapolated from the database's moe_tp {g.tp // g.moe_ep // 2} and "
+                        f"{g.tp // g.moe_ep // 4} rows (t(m) = t(m/2)^2 / t(m/4)): it has none of moe_tp {g.tp // g.moe_ep}",
+                    }
+                }
+                if g.moe_split_extrapolated
+                else {}
+            ),
             "lm_head": {"quant_mode": BF16, "kernel": db.gemm_kernel(BF16)},
             "prefill_attention": {"kv_cache": g.prefill_kv, "fmha": g.prefill_fmha, "kernel": prefill_kernel},
             "decode_attention": {"kv_cache": g.decode_kv, "kernel": decode_kernel},

@@ -356,3 +356,18 @@ def test_expert_parallelism_prices_the_databases_ep_kernels_and_a_profile_keeps_
         cost_model.check_model(model, 2, 1)
     with pytest.raises(ConfigError, match="--ep 3 does not divide"):
         calibrate_kernels("h200_sxm", "vllm", None, "qwen3-235b-a22b", 2, tmp_path / "ep3.json", quantization="fp8_block", ep=3)
+
+
+def test_an_experts_split_the_database_lacks_follows_its_trend_over_smaller_splits(tmp_path):
+    # MiniMax-M2.5 over 8 H200s under vLLM: the database has its fp8-block MoE rows split over 1, 2 and 4
+    # GPUs, not 8. The profile extrapolates, says so, and lands below the 4-GPU split's time.
+    split = {}
+    for tp in (4, 8):
+        path = tmp_path / f"tp{tp}.json"
+        calibrate_kernels("h200_sxm", "vllm", None, "minimax-m2.5", tp, path, quantization="fp8_block")
+        split[tp] = json.loads(path.read_text())
+    assert "experts" not in split[4]["precision"]
+    assert split[8]["precision"]["experts"]["moe_tp"] == 8 and "extrapolated" in split[8]["precision"]["experts"]["priced_as"]
+    tokens = split[8]["kernels"]["tokens"]
+    at = {tp: dict(zip(tokens, split[tp]["kernels"]["per_layer"]["experts"])) for tp in (4, 8)}
+    assert all(0 < at[8][n] < at[4][n] for n in (1, 64, 4096))
