@@ -57,6 +57,7 @@ def build_sim(opts, model: ModelConfig, make_config: Callable[[int], SchedulerCo
         try:
             profile = load_profile(opts.profile, overlap=bool(opts.overlap), graphs=graphs)
             profile.check_model(model, opts.tp, opts.ep)
+            profile.check_expert_load(opts.expert_imbalance)
             profile.check_precision(precision)
         except ProfileError as e:
             raise ConfigError(str(e)) from None

@@ -65,6 +65,7 @@ def calibrate_kernels(
     kv_cache_dtype: str = "auto",
     mixed_attention: str | None = None,
     ep: int = 1,
+    expert_imbalance: float | None = None,
 ) -> dict:
     """Build the profile and write it; bad input raises ConfigError (one line, exit 2)."""
     if not system:
@@ -76,7 +77,7 @@ def calibrate_kernels(
     model = load_model_config(model_name or DEFAULT_MODEL)
     try:
         profile = build_kernel_profile(
-            system, backend, backend_version, model, tp, progress, quantization, kv_cache_dtype, mixed_attention, ep
+            system, backend, backend_version, model, tp, progress, quantization, kv_cache_dtype, mixed_attention, ep, expert_imbalance
         )
     except KernelDatabaseError as e:
         raise ConfigError(str(e)) from None

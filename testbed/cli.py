@@ -95,8 +95,18 @@ CALIBRATION_PHASES = {  # calibrate's progress phase -> (label, unit)
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.source == "aiconfigurator":
         return cmd_calibrate_kernels(args)
-    if args.system or args.backend_version or args.tp != 1 or args.ep != 1 or args.quantization or args.kv_cache_dtype != "auto":
-        raise ConfigError("--system, --backend-version, --tp, --ep, --quantization and --kv-cache-dtype are for --source aiconfigurator")
+    if (
+        args.system
+        or args.backend_version
+        or args.tp != 1
+        or args.ep != 1
+        or args.expert_imbalance is not None
+        or args.quantization
+        or args.kv_cache_dtype != "auto"
+    ):
+        raise ConfigError(
+            "--system, --backend-version, --tp, --ep, --expert-imbalance, --quantization and --kv-cache-dtype are for --source aiconfigurator"
+        )
     from simulator.hardware.specs import load_hardware
     from testbed.calibrate import CalibrationConfig, calibrate
     from testbed.options import ReplayOptions, default_hardware
@@ -204,6 +214,7 @@ def cmd_calibrate_kernels(args: argparse.Namespace) -> int:
             kv_cache_dtype=args.kv_cache_dtype,
             mixed_attention=args.mixed_attention,
             ep=args.ep,
+            expert_imbalance=args.expert_imbalance,
         )
     finally:
         for bar in bars:
@@ -289,6 +300,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         default=1,
         help="a mixture of experts' experts over this many ranks of the --tp GPUs, whole experts a rank (expert parallelism; default %(default)s)",
+    )
+    g.add_argument(
+        "--expert-imbalance",
+        type=float,
+        default=None,
+        metavar="ALPHA",
+        help="a mixture of experts' token load as the database's power law of exponent ALPHA (it measures 1.01 and 1.2; default: balanced)",
     )
     g.add_argument(
         "--quantization",

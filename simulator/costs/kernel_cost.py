@@ -206,6 +206,7 @@ class KernelProfileCostModel:
             self.hardware_spec = HardwareSpec.from_dict(profile["hardware_spec"])
             self.tp = int(profile["tp"])
             self.ep = int(profile.get("ep", 1))  # profiles made before --ep: none
+            self.expert_imbalance = profile.get("expert_imbalance")
             self.model = profile["model"]
             self.model_shapes = profile["model_shapes"]
             self.eager_overhead = float(k.get("eager_overhead_s", 0.0))  # profiles made before it: none
@@ -250,6 +251,18 @@ class KernelProfileCostModel:
             differ = sorted(key for key, v in model_shapes(model).items() if self.model_shapes.get(key) != v)
             raise ProfileError(
                 f"--profile {self.path} was built for {self.model} with other shapes than this {model.name} ({', '.join(differ)} differ)"
+            )
+
+    def check_expert_load(self, imbalance: float | None) -> None:
+        """Refuse a replay asking for another expert load (--expert-imbalance) than the profile was priced under."""
+        if imbalance != self.expert_imbalance:
+
+            def load(alpha: float | None) -> str:
+                return "balanced experts" if alpha is None else f"--expert-imbalance {alpha:g}"
+
+            raise ProfileError(
+                f"--profile {self.path} was built for {load(self.expert_imbalance)}, not {load(imbalance)}; make one with "
+                "testbed calibrate --source aiconfigurator and the same --expert-imbalance"
             )
 
     def check_precision(self, asked: Precision) -> None:

@@ -83,6 +83,14 @@ class ProfileCostModel:
         if model.name != self.model or tp != 1 or ep != 1:
             raise ProfileError(f"--profile {self.path} was calibrated for {self.model} at TP 1, not {model.name} at TP {tp}")
 
+    def check_expert_load(self, imbalance: float | None) -> None:
+        """The engine's experts took whatever load its routing gave them."""
+        if imbalance is not None:
+            raise ProfileError(
+                f"--profile {self.path} was calibrated on this project's engine, whose experts take the load its routing "
+                f"gives: --expert-imbalance {imbalance:g} is for the roofline and kernel profiles"
+            )
+
     def check_precision(self, asked) -> None:
         """This project's engine runs the model's own dtype: fp8 weights or KV (simulator/costs/precision.py) are not in its timings."""
         if asked.quantized_weights or asked.fp8_kv:

@@ -82,9 +82,15 @@ PREFIX = [0, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, TOP]
 DECODE_BATCH = [2**k for k in range(12)]  # 1 .. 2048, the database's decode batches
 DECODE_CONTEXT = POWERS
 REQUESTS = sorted({*range(1, 17), *(2**k for k in range(5, 13))})  # lm_head rows: 1 .. 4096
-# The token load the experts are priced under: the database's balanced rows (--expert-imbalance
-# is the roofline's for now; the database also has power_law_1.01 and power_law_1.2 rows).
+# The token load the experts are priced under: the database's balanced rows by default; with
+# --expert-imbalance ALPHA its power_law_ALPHA rows (it measures 1.01 and 1.2: the power-law skew of
+# AIConfigurator's SDK, whose fused-MoE kernel then waits for its most loaded experts).
 BALANCED = "balanced"
+
+
+def expert_load_name(imbalance: float | None) -> str:
+    """The database's name of the experts' token load for --expert-imbalance (None: balanced)."""
+    return BALANCED if imbalance is None else f"power_law_{imbalance:g}"
 
 
 def _seconds(x: float) -> float:
@@ -123,6 +129,7 @@ class GpuShapes:
     # Where the database has no rows of the experts' split (moe_tp: MiniMax-M2.5 over 8 GPUs), the time
     # at moe_tp follows the database's own trend over its two largest splits: t(m) = t(m/2)^2 / t(m/4).
     moe_split_extrapolated: bool = False
+    expert_load: str = BALANCED
     # DeepSeek's multi-head latent attention (0 kv_lora: GQA, above). q and the KV go through latents
     # of q_lora and kv_lora (plus qk_rope RoPE dims shared by the heads); each of `heads` heads has
     # qk_nope + qk_rope query/key dims and v_head value dims. As SGLang runs it (and AIConfigurator's
@@ -217,7 +224,7 @@ class GpuShapes:
             half, quarter = self.experts_kernel(db, n, moe_tp // 2), self.experts_kernel(db, n, moe_tp // 4)
             return half * half / quarter
         q = self.gemm_quant
-        return db.moe(n, self.hidden, self.expert_intermediate, self.topk, self.experts, moe_tp, self.moe_ep, q, BALANCED)
+        return db.moe(n, self.hidden, self.expert_intermediate, self.topk, self.experts, moe_tp, self.moe_ep, q, self.expert_load)
 
     def with_experts_priced(self, db: KernelDatabase) -> "GpuShapes":
         """These shapes, extrapolating the experts' split where the database has no rows of it but has
@@ -318,6 +325,7 @@ def build_kernel_profile(
     kv_cache_dtype: str = "auto",
     mixed_attention: str | Path | None = None,
     ep: int = 1,
+    expert_imbalance: float | None = None,
 ) -> dict:
     """The profile of `model` (a ModelConfig, or a name or path load_model_config takes) over `tp` GPUs
     (a mixture of experts' experts over `ep` ranks of them, GpuShapes)
@@ -349,7 +357,19 @@ def build_kernel_profile(
     if precision.quantized_weights:
         gemm_kernel = quantized_gemm_check(db, g, precision.weights)
         g = replace(g, gemm_quant=precision.weights)
-    g = g.with_experts_priced(db)
+    if expert_imbalance is not None:
+        if not model.is_moe:
+            raise KernelDatabaseError(f"--expert-imbalance {expert_imbalance:g}: {model.name} is a dense model (no experts to load)")
+        g = replace(g, expert_load=expert_load_name(expert_imbalance))
+    try:
+        g = g.with_experts_priced(db)
+    except KernelDataMissing as e:
+        if expert_imbalance is None:
+            raise
+        raise KernelDatabaseError(
+            f"--expert-imbalance {expert_imbalance:g}: the database measures the experts under balanced, power_law_1.01 "
+            f"and power_law_1.2 loads ({e})"
+        ) from None
     tokens = sorted(set(db.measured_gemm_tokens(g.gemm_quant)) | set(POWERS))
 
     phases = [
@@ -444,6 +464,8 @@ def build_kernel_profile(
         "model_shapes": model_shapes(model),
         "tp": tp,
         "ep": ep,
+        # The experts' token load the MoE kernel was priced under (None: balanced, or a dense model).
+        "expert_imbalance": expert_imbalance,
         "hardware": system,
         # KV capacity follows from one GPU's memory (kv_capacity.py); the roofline's spec of the system.
         "hardware_spec": hardware.to_dict(),

@@ -371,3 +371,24 @@ def test_an_experts_split_the_database_lacks_follows_its_trend_over_smaller_spli
     tokens = split[8]["kernels"]["tokens"]
     at = {tp: dict(zip(tokens, split[tp]["kernels"]["per_layer"]["experts"])) for tp in (4, 8)}
     assert all(0 < at[8][n] < at[4][n] for n in (1, 64, 4096))
+
+
+def test_an_expert_imbalance_prices_the_databases_power_law_rows_and_a_profile_keeps_it(tmp_path):
+    # Qwen3-30B-A3B on one H200 under vLLM, its experts balanced or under the SDK's power law of 1.01.
+    profiles = {}
+    for alpha in (None, 1.01):
+        path = tmp_path / f"{alpha}.json"
+        calibrate_kernels("h200_sxm", "vllm", None, "qwen3-30b-a3b", 1, path, expert_imbalance=alpha)
+        profiles[alpha] = json.loads(path.read_text())
+    assert (profiles[None]["expert_imbalance"], profiles[1.01]["expert_imbalance"]) == (None, 1.01)
+    tokens = profiles[None]["kernels"]["tokens"]
+    balanced, skewed = (dict(zip(tokens, profiles[a]["kernels"]["per_layer"]["experts"])) for a in (None, 1.01))
+    # A skewed batch waits for its busiest experts: slower once it is large enough to load them.
+    assert skewed[4096] > balanced[4096]
+    assert profiles[1.01]["kernels"]["per_layer"]["qkv_proj"] == profiles[None]["kernels"]["per_layer"]["qkv_proj"]
+    cost_model = load_profile(tmp_path / "1.01.json")
+    cost_model.check_expert_load(1.01)
+    with pytest.raises(ProfileError, match="built for --expert-imbalance 1.01, not balanced experts"):
+        cost_model.check_expert_load(None)
+    with pytest.raises(ConfigError, match="balanced, power_law_1.01 and power_law_1.2"):
+        calibrate_kernels("h200_sxm", "vllm", None, "qwen3-30b-a3b", 1, tmp_path / "x.json", expert_imbalance=1.5)
