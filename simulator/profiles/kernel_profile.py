@@ -326,6 +326,7 @@ def build_kernel_profile(
     mixed_attention: str | Path | None = None,
     ep: int = 1,
     expert_imbalance: float | None = None,
+    holdout: bool = True,
 ) -> dict:
     """The profile of `model` (a ModelConfig, or a name or path load_model_config takes) over `tp` GPUs
     (a mixture of experts' experts over `ep` ranks of them, GpuShapes)
@@ -507,8 +508,9 @@ def build_kernel_profile(
     }
     if mixed is not None:
         profile["kernels"]["mixed_decode_factor"] = mixed.to_dict()
-    from simulator.profiles.kernel_holdout import holdout_errors
+    if holdout:  # how far the grids are from the database's measured shapes (calibrate prints it)
+        from simulator.profiles.kernel_holdout import holdout_errors
 
-    profile["holdout"] = holdout_errors(profile, db, g)
+        profile["holdout"] = holdout_errors(profile, db, g)
     profile["wall_s"] = round(time.perf_counter() - t0, 1)
     return profile

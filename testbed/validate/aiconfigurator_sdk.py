@@ -111,6 +111,13 @@ def supported() -> dict[str, dict[str, tuple[str, ...]]]:
     return {s: {b: tuple(v) for b, v in backends.items() if v} for s, backends in the_sdk.perf_database.get_supported_databases().items()}
 
 
+@functools.cache
+def _latest_version(system: str, backend: str) -> str | None:
+    """The database's default version of a system and backend, asked once a process: the SDK lists
+    every database to answer (0.75 s)."""
+    return sdk().perf_database.get_latest_database_version(system, backend)
+
+
 def _parse_version(version: str):
     """A comparable version for 0.12.0 / 1.2.0rc6.post2 / 0.5.6.post2; None for names that are not
     one (nightly-dev, glm5-hopper, gpt-oss-dev)."""
@@ -152,13 +159,13 @@ def _resolve_version(system: str, backend: str, backend_version: str | None) -> 
             raise EstimateUnavailable(first_line(e)) from None
     key = _parse_version(requested) if requested and requested.lower() not in ("nan", "none") else None
     if key is None:
-        default = perf_database.get_latest_database_version(system, backend)
+        default = _latest_version(system, backend)
         if default is None:
             raise EstimateUnavailable(f"no {backend} perf database for {system}")
         return default
     parsed = sorted((p, v) for p, v in ((_parse_version(v), v) for v in versions) if p is not None)
     if not parsed:
-        return perf_database.get_latest_database_version(system, backend) or versions[0]
+        return _latest_version(system, backend) or versions[0]
     later = [v for p, v in parsed if p >= key]
     return later[0] if later else parsed[-1][1]
 

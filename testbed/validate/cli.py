@@ -43,11 +43,16 @@ def _result(p, simulator: PointSimulator, estimate) -> PointResult:
         return r
     r.sim_ttft_ms, r.sim_tpot_ms, r.kernels, r.kernel_bound = sim.ttft_ms, sim.tpot_ms, sim.kernels, sim.kernel_bound
     if estimate is not None:
-        try:
-            r.aic_ttft_ms, r.aic_tpot_ms, r.aic_note = estimate(p)
-        except Exception as e:  # noqa: BLE001 - the SDK's own failures: the point keeps its sim figures
-            r.aic_note = f"no estimate: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        if p.load not in _estimates:  # a load estimated before (the file repeats some) is not estimated again
+            try:
+                _estimates[p.load] = estimate(p)
+            except Exception as e:  # noqa: BLE001 - the SDK's own failures: the point keeps its sim figures
+                _estimates[p.load] = (None, None, f"no estimate: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        r.aic_ttft_ms, r.aic_tpot_ms, r.aic_note = _estimates[p.load]
     return r
+
+
+_estimates: dict[tuple, tuple] = {}  # MeasuredPoint.load -> AIConfigurator's (TTFT ms, TPOT ms, note), in this process
 
 
 _worker: tuple[PointSimulator, object] | None = None  # a pool process's simulator (its kernel profiles) and estimator

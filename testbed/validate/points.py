@@ -86,6 +86,29 @@ class MeasuredPoint:
     row: dict  # every column as read, for the output CSV
 
     @property
+    def load(self) -> tuple:
+        """What the point served, without where it sits in the file or what was measured: two points
+        of one load simulate alike (the file repeats some loads, measured again)."""
+        return (
+            self.backend,
+            self.backend_version,
+            self.model_path,
+            self.system,
+            self.precision,
+            self.mode,
+            self.isl,
+            self.osl,
+            self.concurrency,
+            self.tp,
+            self.pp,
+            self.attention_dp,
+            self.moe_ep,
+            self.moe_tp,
+            self.gemm_quant,
+            self.moe_quant,
+        )
+
+    @property
     def model(self) -> str | None:
         """The bundled config of this point's model, if one ships."""
         return bundled_model_of(self.model_path)
