@@ -180,22 +180,21 @@ class GpuShapes:
     def layer_kernels(self, db: KernelDatabase, n: int) -> dict[str, float]:
         """Seconds of each non-attention kernel of one (average) layer over n tokens."""
         h, d = self.hidden, self.head_dim
-        q = self.gemm_quant
         if self.kv_lora:
             qk = self.heads * (self.qk_nope + self.qk_rope)
             kernels = {
                 # The latents' down-projection, fused (q's latent, the KV latent and the RoPE key), replicated
                 # on every GPU; then q's up-projection, split over the heads.
-                "qkv_a_proj": db.gemm(n, self.q_lora + self.kv_lora + self.qk_rope, h, q),
-                "q_b_proj": db.gemm(n, qk, self.q_lora, q) if self.q_lora else 0.0,
-                "o_proj": db.gemm(n, h, self.heads * self.v_head, q),
+                "qkv_a_proj": self.linear(db, n, self.q_lora + self.kv_lora + self.qk_rope, h),
+                "q_b_proj": self.linear(db, n, qk, self.q_lora) if self.q_lora else 0.0,
+                "o_proj": self.linear(db, n, h, self.heads * self.v_head),
             }
             if not self.q_lora:  # (DeepSeek-V2-Lite: q projected directly)
-                kernels["qkv_a_proj"] = db.gemm(n, qk + self.kv_lora + self.qk_rope, h, q)
+                kernels["qkv_a_proj"] = self.linear(db, n, qk + self.kv_lora + self.qk_rope, h)
         else:
             kernels = {
-                "qkv_proj": db.gemm(n, (self.heads + 2 * self.kv_heads) * d, h, q),
-                "o_proj": db.gemm(n, h, self.heads * d, q),
+                "qkv_proj": self.linear(db, n, (self.heads + 2 * self.kv_heads) * d, h),
+                "o_proj": self.linear(db, n, h, self.heads * d),
             }
         kernels |= {
             "norms": 2 * db.elementwise(n, 2 * h, 2 * h),
@@ -203,8 +202,8 @@ class GpuShapes:
         }
         dense = 1.0 - self.moe_share  # the layers with a dense MLP
         if dense > 0:
-            kernels["gate_up_proj"] = dense * db.gemm(n, 2 * self.intermediate, h, q)
-            kernels["down_proj"] = dense * db.gemm(n, h, self.intermediate, q)
+            kernels["gate_up_proj"] = dense * self.linear(db, n, 2 * self.intermediate, h)
+            kernels["down_proj"] = dense * self.linear(db, n, h, self.intermediate)
             kernels["act_fn"] = dense * db.elementwise(n, 2 * self.intermediate, self.intermediate)
         if self.experts:
             share = self.moe_share
@@ -214,8 +213,22 @@ class GpuShapes:
             kernels["experts"] = share * self.experts_kernel(db, n)
             if self.shared_intermediate:
                 i = self.shared_intermediate
-                kernels["shared_experts"] = share * (db.gemm(n, 2 * i, h, q) + db.gemm(n, h, i, q) + db.elementwise(n, 2 * i, i))
+                kernels["shared_experts"] = share * (self.linear(db, n, 2 * i, h) + self.linear(db, n, h, i) + db.elementwise(n, 2 * i, i))
         return kernels
+
+    def linear(self, db: KernelDatabase, m: int, n: int, k: int) -> float:
+        """A layer GEMM in the weights' format, m tokens x k in -> n out.
+
+        At one token a GEMM reads its weights and little else, and quantized weights are fewer bytes,
+        so a quantized row slower than bf16's there measured a per-call floor of the backend's host
+        path, not the GPU: vLLM's block-fp8 rows take about 60 us at every size up to 4096 x 4096 on
+        an H200 (bf16 12-16 us; reading the weights 3.5 us). Served forwards replay CUDA graphs (and
+        larger eager GEMMs hide the host behind the GPU), so such a shape is priced at no more than
+        the bf16 GEMM of the same shape, which reads twice the bytes at half the tensor rate."""
+        t = db.gemm(m, n, k, self.gemm_quant)
+        if self.gemm_quant != BF16 and db.gemm(1, n, k, self.gemm_quant) > db.gemm(1, n, k, BF16):
+            t = min(t, db.gemm(m, n, k, BF16))
+        return t
 
     def experts_kernel(self, db: KernelDatabase, n: int, moe_tp: int | None = None) -> float:
         """The fused-MoE kernel over n tokens, the experts split over moe_tp GPUs (default: this TP's)."""
@@ -256,7 +269,7 @@ class GpuShapes:
 
     def prefill_attention(self, db: KernelDatabase, batch: int, new_tokens: int, prefix: int) -> float:
         if self.kv_lora:
-            kv_b = db.gemm(batch * new_tokens, self.heads * (self.qk_nope + self.v_head), self.kv_lora, self.gemm_quant)
+            kv_b = self.linear(db, batch * new_tokens, self.heads * (self.qk_nope + self.v_head), self.kv_lora)
             return kv_b + db.context_mla(batch, new_tokens, prefix, self.heads, self.prefill_kv, self.prefill_fmha)
         return db.context_attention(
             batch, new_tokens, prefix, self.heads, self.kv_heads, self.head_dim, self.qk_norm, self.prefill_kv, self.prefill_fmha

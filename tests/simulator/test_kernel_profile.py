@@ -392,3 +392,21 @@ def test_an_expert_imbalance_prices_the_databases_power_law_rows_and_a_profile_k
         cost_model.check_expert_load(None)
     with pytest.raises(ConfigError, match="balanced, power_law_1.01 and power_law_1.2"):
         calibrate_kernels("h200_sxm", "vllm", None, "qwen3-30b-a3b", 1, tmp_path / "x.json", expert_imbalance=1.5)
+
+
+def test_a_quantized_gemm_slower_than_bf16_at_one_token_is_priced_at_most_as_bf16(tmp_path):
+    # vLLM's block-fp8 rows on the H200 take ~60 us at one token for Llama-3.1-8B's q/k/v projection,
+    # against 16 us in bf16 and 13 us in per-tensor fp8: a per-call host floor, not the GPU.
+    from simulator.profiles.kernel_db import KernelDatabase
+
+    db = KernelDatabase.open("h200_sxm", "vllm", None)
+    shape = (6144, 4096)  # (32 + 2 x 8 heads) x 128 out, 4096 in
+    assert db.gemm(1, *shape, "fp8_block") > 2 * db.gemm(1, *shape, "bfloat16") > db.gemm(1, *shape, "fp8")
+    qkv = {}
+    for quant in ("fp8_block", "fp8"):
+        path = tmp_path / f"{quant}.json"
+        calibrate_kernels("h200_sxm", "vllm", None, "llama-3.1-8b", 1, path, quantization=quant)
+        p = json.loads(path.read_text())
+        qkv[quant] = dict(zip(p["kernels"]["tokens"], p["kernels"]["per_layer"]["qkv_proj"]))
+    assert qkv["fp8_block"][1] == pytest.approx(db.gemm(1, *shape, "bfloat16"), rel=1e-3)
+    assert qkv["fp8"][1] == pytest.approx(db.gemm(1, *shape, "fp8"), rel=1e-3)  # below bf16: its own row
