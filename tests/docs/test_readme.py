@@ -81,7 +81,7 @@ WAYS: dict[str, Way] = {
     "testbed calibrate --source aiconfigurator --system h100_sxm --backend sglang --model llama-3.1-8b --tp 1 "
     "--out profiles/h100_sxm-sglang-llama-3.1-8b-tp1.json": Way(replace=(("--out profiles/", "--out runs/"),)),
     ".venv/bin/python benchmarks/gpu_profile.py": Way(append=("--max-requests", "200", "--repeat", "1")),
-    # The whole default file takes ~90 s on 2 cores: one group of it here (tests/testbed/validate/test_validate.py checks the rest).
+    # The whole default file takes minutes on 2 cores: one group of it here (tests/testbed/validate/test_validate.py checks the rest).
     "testbed validate": Way(append=("--filter", "system=h100_sxm,backend=sglang,tp_size=8,isl=1024")),
     "testbed validate --filter system=h200_sxm,backend=vllm --out runs/validate": Way(
         replace=(("backend=vllm", "backend=vllm,model_path=nvidia/Llama-3.1-8B-Instruct-FP8"),)
