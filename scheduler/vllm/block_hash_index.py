@@ -12,8 +12,8 @@ one store:
   once evicted. Its key goes in the table later (add), with that entry.
 - A table of slots (key, entry), linear probing, one slot per key. A slot is live while its
   entry is its block's entry: an evicted block's slot goes stale where it is, until its key
-  comes again (the slot is overwritten) or the table, a quarter full, is rebuilt from the
-  cached blocks.
+  comes again (the slot is overwritten) or the table, a quarter full, is rebuilt from its
+  live slots (not from the cached blocks: some wait for their keys, unhashed_blocks.py).
 - When several cached blocks hold a key, its slot is marked SEVERAL and `several[key]` lists
   their entries in caching order (stale ones pruned as met): a lookup gets the first live one.
   That is rare (two requests computing the same block at once) and plain Python.
@@ -104,10 +104,9 @@ class BlockHashIndex:
         if not len(blocks):
             return
         self.hash_of[blocks] = hashes
-        if self.fill + len(blocks) > self.max_fill:
-            self._rebuild()  # (these blocks with every other cached one)
-            return
         keys = hashes.view(np.int64)
+        if self.fill + len(blocks) > self.max_fill:
+            keys, entries = self._rebuild(keys, entries)  # (these keys with the table's live ones)
         for i in self._place(keys, entries):
             self._place_one(int(keys[i]), int(entries[i]))
 
@@ -209,15 +208,23 @@ class BlockHashIndex:
         entries[:] = [e for e in entries if entry_of[e & bm] == e]
         return entries
 
-    def _rebuild(self) -> None:
-        """The table anew from the cached blocks (each with its hash): stale slots dropped."""
-        self._entries.fill(EMPTY)
+    def _rebuild(self, keys: np.ndarray, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Empty the table, stale slots dropped; returns its live keys and entries (those of
+        SEVERAL slots included) with these, to place again. (From the table's slots, not from
+        the cached blocks: a cached block whose hash is not added yet has none in hash_of.)"""
+        tents = self._entries
+        live = (tents >= 0).nonzero()[0]
+        te = tents.take(live)
+        live = live.compress(self._entry_of.take(te & self.block_mask) == te)
+        more_keys, more_entries = [self._keys.take(live), keys], [tents.take(live), entries]
+        for key, listed in self.several.items():
+            kept = self._live(listed)
+            more_keys.append(np.full(len(kept), key, dtype=np.int64))
+            more_entries.append(np.array(kept, dtype=np.int64))
+        tents.fill(EMPTY)
         self.fill = 0
         self.several = {}
-        blocks = (self._entry_of >= 0).nonzero()[0]
-        keys, entries = self.hash_of.take(blocks).view(np.int64), self._entry_of.take(blocks)
-        for i in self._place(keys, entries):
-            self._place_one(int(keys[i]), int(entries[i]))
+        return np.concatenate(more_keys), np.concatenate(more_entries)
 
     # -- reading ---------------------------------------------------------------------------
     def entries_of(self, blocks: np.ndarray) -> np.ndarray:

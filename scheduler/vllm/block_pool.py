@@ -125,8 +125,9 @@ class BlockPool:
         """Drop one reference from each block; those left unreferenced join the back of the
         queue in the given order (the first given is evicted first)."""
         ref = self._ref
-        ref[ordered] -= 1
-        zero = ordered[ref[ordered] == 0]
+        left = ref.take(ordered) - 1
+        ref[ordered] = left
+        zero = ordered[left == 0]
         if len(zero):
             self.free_queue.append_n(zero)
             self.num_cached_free += int(np.count_nonzero(self._is_cached[zero]))

@@ -10,12 +10,21 @@ free queue (evicting the cached ones among them: block_pool.py), and puts each b
 known tokens fill in the prefix cache (VllmKVBlocks.cache_known_blocks); its processing gives
 every request a token and finishes those at their length. A stretch does the same, in the
 same order (schedule 0, processing 0, schedule 1, ...), and in bulk between two steps where
-one of those does more than take blocks and give tokens."""
+one of those does more than take blocks and give tokens: the blocks of a window of steps at
+once, across the finishes among them (they free blocks to the back of the free queue, which
+the window's steps do not reach), then the blocks those steps fill and evict and the finishes,
+in stepping's order.
+
+Beside the stretches of SGLang's rules: with async scheduling a stretch may start while the
+batch in flight ends a prompt (its processing gives each request a token, as a decode's does),
+and goes on beside a waiting queue whose head surely does not fit the free blocks at any of its
+steps (_head_surely_refused)."""
 
 from __future__ import annotations
 
 import bisect
 from array import array
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -55,17 +64,20 @@ class VllmDecodeStretches:
         """The steps from the next get_next_batch_to_run() on that decode the running requests
         by one token each and admit or preempt nobody, each sampling token_id; None if the next
         step is not one. Requests finish on the way (when nothing waits). Overlap: `inflight`
-        is the launched batch not processed yet, a decode of the running requests."""
+        is the launched batch not processed yet, of the running requests, each sampled (a decode,
+        or the last chunk of its prompt)."""
         sched = self.sched
         running, cfg = sched.running, sched.config
         bs = len(running)
         if not bs or sched.req_to_token_pool.journal is not None or bs > cfg.max_num_batched_tokens:
             return None
         waiting = bool(sched.waiting_queue)
-        if waiting and bs < cfg.max_num_seqs and bs < cfg.max_num_batched_tokens:
-            return None  # the waiting pass would try to admit
+        # (the waiting pass looks at the queue: the stretch needs it to refuse at every step)
+        looks = waiting and bs < cfg.max_num_seqs and bs < cfg.max_num_batched_tokens
         pending = inflight is not None
-        if pending and (inflight.plan.mode is not ForwardMode.DECODE or inflight.reqs != running):
+        # (the batch in flight may also end prompts: its processing gives each of its requests a
+        # token as a decode's does, if each was sampled, which the loop below checks)
+        if pending and inflight.reqs != running:
             return None
         for r in running:
             if (r.pending_token is not None) != pending or r.input_len + len(r.output_ids) + pending - r.seq_len != 1:
@@ -74,7 +86,7 @@ class VllmDecodeStretches:
                 return None  # its prompt's last token: a one-token prefill chunk (an extend), not a decode
         # (with overlap a request's token in flight counts: it leaves at the step that processes its last)
         exits = exit_steps(running, token_id, pending)
-        if not exits:
+        if not exits or (looks and not self._head_surely_refused()):
             return None
         if waiting:
             # Nobody may leave: with a running request fewer, the waiting pass would admit.
@@ -94,6 +106,34 @@ class VllmDecodeStretches:
         # one evicts it; the blocks the steps cache stay held). KV that finishing requests free
         # is not counted: fewer steps, never a wrong one.
         return stretch_through_finishes(reqs, exits, limit, sched.kv.pool.num_free_blocks(), sched.page_size, leaving)
+
+    def _head_surely_refused(self) -> bool:
+        """Whether each step of a stretch beside the waiting queue (no request leaves, none is
+        admitted, none arrives) refuses the queue's head for want of KV blocks, as it does now.
+        vLLM admits it only if blocks for all its tokens are free (scheduler_reserve_full_isl):
+        it needs one per block past its cached prefix, and one per free block of the prefix
+        (taking it takes it from the free queue). Through such a stretch the free blocks only
+        fall (its steps take them); the prefix can only shrink (a cached block leaves the cache
+        only when a step takes it) unless a running request caches a block at the place where
+        the prefix ends now (h): the blocks it caches come after those it has cached, so none
+        does where each has cached more than h. Then the head needs at least its blocks past h,
+        whichever of the prefix's blocks are free: if those are more than are free now, every
+        step refuses it."""
+        sched = self.sched
+        kv = sched.kv
+        head = sched.waiting_queue.peek()
+        if not sched.config.reserve_full_prompt or head.pending_token is not None:
+            return False
+        blocks, free = -(-(head.input_len + len(head.output_ids)) // sched.page_size), kv.pool.num_free_blocks()
+        if blocks <= free:
+            return False  # (it fits whatever its cached prefix: no lookup needed to say so)
+        h = len(kv.get_computed_blocks(head))
+        if blocks - h <= free:
+            return False
+        if not kv.enable_caching:
+            return True  # (nothing is cached: the prefix stays empty)
+        states = kv.reqs
+        return all(states[r].num_cached > h for r in sched.running)
 
     def advance_decode_stretch(
         self, stretch: DecodeStretch, num_steps: int, launch_times: array, token_times: array, token_id: int
@@ -168,44 +208,77 @@ class _StretchRun:
         while self.scheduled < stop:
             s = self.scheduled
             self.process_until(s)
-            seg = self.segment(s)
-            reqs = seg.reqs
-            phase = (s - seg.first_step) % ps
-            cycle = seg.pages_per_step[phase:] + seg.pages_per_step[:phase]
-            # Steps s .. s + n - 1 take their blocks at once, up to the segment's end. A
-            # processing among them that finishes requests (with overlap, at the segment's first
-            # step) frees blocks to the back of the free queue: steps that take no more blocks
-            # than are free now never reach those, so they take what stepping's take. Which
-            # blocks are taken does not depend on what the held ones hold either.
-            n = steps_finding_their_pages(pool.num_free_blocks(), cycle, min(stop, seg.stop) - s)
-            assert n > 0, "a decode stretch ran out of KV blocks"
+            # Steps s .. s + n - 1 take their blocks at once, across the segments they reach. A
+            # processing among them that finishes requests frees blocks to the back of the free
+            # queue: steps that take no more blocks than are free now never reach those, so they
+            # take what stepping's take. Which blocks are taken does not depend on what the held
+            # ones hold either.
+            window = self._window(s, stop, pool.num_free_blocks())
+            assert window, "a decode stretch ran out of KV blocks"
+            n = window[-1].stop - s
+            reqs = window[0].seg.reqs
             cached_before = pool.num_cached_free
             evicted_at: list[int] = []
-            blocks = pool.get_new_blocks(pages_taken(cycle, n), evicted_at)
+            blocks = pool.get_new_blocks(sum(part.pages for part in window), evicted_at)
+            steps = [n] * len(reqs)
             if ps == 1:
                 bulk_decode_slots(sched.req_to_token_pool, reqs, n, ps, _handing_out(ids_of(blocks), ps))
                 sched.kv.blocks_from_rows(reqs)
             else:
-                sched.kv.extend_decoding(reqs, n, blocks)
+                for part in window[:-1]:  # (requests whose last token comes before the window's end)
+                    for r in part.seg.finishing:
+                        steps[reqs.index(r)] = part.stop - s
+                sched.kv.extend_decoding(reqs, steps, blocks)
             if sched.config.overlap:
-                sched.future.skip(len(reqs), n)
+                for part in window:
+                    sched.future.skip(len(part.seg.reqs), part.stop - part.first)
             self.scheduled = s + n
-            self._around_finishes(reqs, s, s + n, _evictions_by_step(s, cycle, evicted_at), cached_before)
+            self._around_finishes(reqs, steps, s, s + n, _window_evictions(window, evicted_at), cached_before)
 
-    def _around_finishes(self, reqs: list[Req], first: int, stop: int, evictions: list[tuple[int, int]], cached_before: int) -> None:
+    def _window(self, first: int, stop: int, free_blocks: int) -> list[_WindowPart]:
+        """The steps from `first` on (before `stop`) that find the blocks they take among the
+        free_blocks, by segment: all of them, up to the first segment whose steps do not (with
+        blocks of one slot, one segment at most: bulk_decode_slots takes one batch)."""
+        ps = self.sched.page_size
+        parts: list[_WindowPart] = []
+        for seg in self.segments:
+            if seg.stop <= first:
+                continue
+            if seg.first_step >= stop:
+                break
+            start, end = max(first, seg.first_step), min(seg.stop, stop)
+            phase = (start - seg.first_step) % ps
+            cycle = seg.pages_per_step[phase:] + seg.pages_per_step[:phase]
+            k = steps_finding_their_pages(free_blocks, cycle, end - start)
+            if k:
+                taken = pages_taken(cycle, k)
+                parts.append(_WindowPart(seg, start, start + k, cycle, taken))
+                free_blocks -= taken
+            if k < end - start or ps == 1:
+                break
+        return parts
+
+    def _around_finishes(
+        self, reqs: list[Req], steps: list[int], first: int, stop: int, evictions: list[tuple[int, int]], cached_before: int
+    ) -> None:
         """What steps first .. stop - 1 did besides taking blocks, in stepping's order around the
         processings among them that finish requests: the blocks each step fills enter the cache
-        (_cache_filled_blocks) and its evictions are recorded before the finishes that come
-        after its schedule. evictions: (step, blocks evicted from `first` through it), where that
-        grows; cached_before: the cached free blocks before step first's schedule."""
+        (_filled_blocks) and its evictions are recorded before the finishes that come
+        after its schedule. reqs[i] is in steps first .. first + steps[i] - 1; evictions:
+        (step, blocks evicted from `first` through it), where that grows; cached_before: the
+        cached free blocks before step first's schedule."""
         sched, ps, changes = self.sched, self.sched.page_size, self.stretch.cached_changes
-        pool = sched.kv.pool
+        kv, pool = sched.kv, sched.kv.pool
+        filled = self._filled_blocks(reqs, [first + k for k in steps]) if kv.enable_caching else []
+        cached = 0  # (filled blocks cached so far)
         base, done = cached_before, 0  # base: cached_before plus what the finishes so far added
         while True:
             x = self._next_finish(self.processed, stop)
             end = x + 1 if x < stop - 1 else stop  # (a finish at stop - 1 comes after the window)
-            if sched.kv.enable_caching:
-                self._cache_filled_blocks(reqs, end)
+            upto = bisect.bisect_left(filled, (end,))
+            if upto > cached:
+                kv.cache_filled(reqs, filled[cached:upto])
+                cached = upto
             while done < len(evictions) and evictions[done][0] < end:
                 step, count = evictions[done]
                 changes.append((step, (base - count) * ps))
@@ -219,16 +292,15 @@ class _StretchRun:
             base += pool.num_cached_free - before
             self.evicted_ahead = 0
 
-    def _cache_filled_blocks(self, reqs: list[Req], stop: int) -> None:
-        """cache_known_blocks of the steps scheduled before `stop` that fill a block, step by
-        step, for each step's requests in order (stretch_blocks.filled_blocks). Their tokens
-        come with the processings before each such step, done before anything reads the
-        blocks' hashes (kv_blocks.VllmKVBlocks.cache_blocks); these requests do not finish
-        before `stop`."""
+    def _filled_blocks(self, reqs: list[Req], stops: list[int]) -> list[tuple[int, int, int]]:
+        """The blocks that the steps of a window fill, in the order stepping caches them (step
+        by step, each step's requests in order: stretch_blocks.filled_blocks), reqs[i] in the
+        steps before stops[i]: each enters the cache (cache_known_blocks) in the window's part
+        before the finish after its step. Their tokens come with the processings before each
+        such step, done before anything reads the blocks' hashes (kv_blocks.VllmKVBlocks
+        .cache_blocks)."""
         kv, known = self.sched.kv, self.known
-        filled = filled_blocks([kv.reqs[r].num_cached for r in reqs], [known[id(r)] for r in reqs], stop, kv.page_size)
-        if filled:
-            kv.cache_filled(reqs, filled)
+        return filled_blocks([kv.reqs[r].num_cached for r in reqs], [known[id(r)] for r in reqs], stops, kv.page_size)
 
     def process_until(self, stop: int) -> None:
         """Processings up to stop - 1: each receiver gets its token; the finishing ones finish."""
@@ -253,6 +325,33 @@ class _StretchRun:
                     self.stretch.running_changes.append((end - 1, -len(finishing)))
                 self.stretch.kv_changes.append((end - 1, sched.kv_used_tokens() - kv_before))
                 self.stretch.cached_changes.append((end - 1, sched.kv_cached_tokens() + self.evicted_ahead * sched.page_size))
+
+
+@dataclass(slots=True)
+class _WindowPart:
+    """The steps first .. stop - 1 of a window, all in one segment: step j takes
+    cycle[(j - first) % len(cycle)] blocks, `pages` in all."""
+
+    seg: StretchSegment
+    first: int
+    stop: int
+    cycle: list[int]
+    pages: int
+
+
+def _window_evictions(window: list[_WindowPart], evicted_at: list[int]) -> list[tuple[int, int]]:
+    """_evictions_by_step of a window's steps, part after part (evicted_at: the evicted blocks'
+    places among all the window's blocks, in order)."""
+    out: list[tuple[int, int]] = []
+    at = offset = 0
+    for part in window:
+        end = bisect.bisect_left(evicted_at, offset + part.pages, at)
+        if end > at:
+            out.extend(
+                (step, at + count) for step, count in _evictions_by_step(part.first, part.cycle, [p - offset for p in evicted_at[at:end]])
+            )
+        at, offset = end, offset + part.pages
+    return out
 
 
 def _evictions_by_step(first: int, cycle: list[int], evicted_at: list[int]) -> list[tuple[int, int]]:

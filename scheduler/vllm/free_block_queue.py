@@ -65,6 +65,14 @@ class FreeBlockQueue:
         if n == 0:
             return np.empty(0, dtype=np.int64)
         entries, where, h = self._entries_np, self._where_np, self.head
+        if h + n <= self.tail:
+            out = entries[h : h + n]
+            if (where.take(out) == np.arange(h, h + n)).all():  # (no removed entry among the first n: most takes)
+                out = out.copy()
+                where[out] = -1
+                self.head = h + n
+                self.count -= n
+                return out
         parts, need = [], n
         while need:
             end = min(self.tail, h + max(2 * need, 64))

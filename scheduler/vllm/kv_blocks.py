@@ -17,7 +17,7 @@ from scheduler.core.ids import extend_range, ids
 from scheduler.core.req import Req
 from scheduler.memory.memory_pool import ReqToTokenPool
 from scheduler.vllm.block_hashes import block_hashes
-from scheduler.vllm.block_pool import BlockPool
+from scheduler.vllm.block_pool import FIRST_PROBES, BlockPool
 from scheduler.vllm.request_blocks import RequestBlocks, known_tokens_between
 from scheduler.vllm.stretch_blocks import window_slots
 from scheduler.vllm.unhashed_blocks import UnhashedBlocks
@@ -27,6 +27,10 @@ __all__ = ["RequestBlocks", "VllmKVBlocks", "ids_of"]
 # Runs of blocks shorter than this are counted in a Python loop: numpy's fixed cost (a few
 # microseconds a call) is more than a loop over so few.
 NUMPY_FROM = 16
+# Blocks a lookup hashes at first, then twice as many each time all of them hit (block_pool's
+# FIRST_PROBES: a lookup stops at its first miss, within 64 blocks for nearly every Mooncake
+# prompt, whose 750 blocks would cost ~60 us to hash).
+FIRST_HASHED = FIRST_PROBES
 
 
 def ids_of(blocks: np.ndarray) -> array:
@@ -75,12 +79,27 @@ class VllmKVBlocks:
         max_blocks = (known - 1) // self.page_size
         if not max_blocks:
             return []
-        hashes = self._hashes(req, self._state(req), max_blocks)[:max_blocks]
-        hit = self.pool.longest_hit(hashes)
-        if len(hit) < max_blocks and self.unhashed.may_hold(len(hit), hashes[len(hit)]):
-            self.unhashed.flush()
-            hit = self.pool.longest_hit(hashes)
+        st = self._state(req)
+        hit, hashes = self._longest_hit(req, st, max_blocks)
+        # Waiting blocks may extend the hit: those below the blocks looked up go in the map (each
+        # time the hit grows past them, up to the blocks looked up then).
+        while len(hit) < max_blocks and self.unhashed.may_hold(len(hit), hashes[len(hit)]):
+            self.unhashed.flush(below=len(hashes))
+            hit, hashes = self._longest_hit(req, st, max_blocks)
         return hit
+
+    def _longest_hit(self, req: Req, st: RequestBlocks, max_blocks: int) -> tuple[list[int], np.ndarray]:
+        """The longest cached prefix of req's first max_blocks blocks, and the hashes it looked
+        up (at least one past the hit, unless all hit). Only the blocks a lookup reaches are
+        hashed: it stops at its first miss, mostly within the first FIRST_HASHED blocks; the
+        rest are hashed by a flush (unhashed_blocks.py), if one comes before they are evicted."""
+        n = min(FIRST_HASHED, max_blocks)
+        while True:
+            hashes = self._hashes(req, st, n)[:n]
+            hit = self.pool.longest_hit(hashes)
+            if len(hit) < n or n == max_blocks:
+                return hit, hashes
+            n = min(2 * n, max_blocks)
 
     def _blocks_to_allocate(self, held: int, num_tokens: int, hit: list[int]) -> int:
         """New blocks for num_tokens slots, beside the held ones and the hits, plus the hits
@@ -184,28 +203,30 @@ class VllmKVBlocks:
                 firsts = np.frombuffer(row, dtype=np.int64)[len(blocks) * ps : r.seq_len : ps]
                 blocks.frombytes((firsts // ps).tobytes())
 
-    def extend_decoding(self, reqs: list[Req], num_steps: int, taken: np.ndarray) -> None:
-        """num_steps decode steps of these requests at once (a decode stretch's, blocks of more
-        than one slot): each request's slots, written into its row, and its blocks, from those
-        the steps took (stretch_blocks.window_slots)."""
+    def extend_decoding(self, reqs: list[Req], num_steps: list[int], taken: np.ndarray) -> None:
+        """Decode steps of these requests at once (a decode stretch's window, blocks of more
+        than one slot; request i in the first num_steps[i]): each request's slots, written into
+        its row, and its blocks, from those the steps took (stretch_blocks.window_slots)."""
         rows = self.req_to_token_pool.req_to_token
         w = window_slots([r.seq_len for r in reqs], [rows[r.req_pool_idx][r.seq_len - 1] for r in reqs], taken, num_steps, self.page_size)
         assert sum(map(len, w.new_blocks)) == len(taken), "a decode stretch took other blocks than its steps need"
-        for r, slots, blocks in zip(reqs, w.slots, w.new_blocks):
+        for r, slots, blocks, n in zip(reqs, w.slots, w.new_blocks, num_steps):
             rows[r.req_pool_idx].frombytes(memoryview(slots).cast("B"))
-            r.seq_len += num_steps
+            r.seq_len += n
             if len(blocks):
                 self.reqs[r].blocks.frombytes(memoryview(blocks).cast("B"))
 
     def cache_filled(self, reqs: list[Req], filled: list[tuple[int, int, int]]) -> None:
         """Blocks of these requests enter the cache in this order: (step, i, b) is block b of
         reqs[i], after those it has in (a decode stretch's filled blocks:
-        stretch_blocks.filled_blocks)."""
-        states = [self.reqs[r] for r in reqs]
-        self.pool.cache_blocks(np.array([states[i].blocks[b] for _, i, b in filled], dtype=np.int64))
-        for _, i, _ in filled:
-            states[i].num_cached += 1
-            self.unhashed.pending[states[i]] = reqs[i]
+        stretch_blocks.filled_blocks; the requests without one may have finished)."""
+        states = self.reqs
+        held = [(states[reqs[i]], b) for _, i, b in filled]
+        self.pool.cache_blocks(np.array([st.blocks[b] for st, b in held], dtype=np.int64))
+        pending = self.unhashed.pending
+        for (st, _), (_, i, _) in zip(held, filled):
+            st.num_cached += 1
+            pending[st] = reqs[i]
 
     def cache_known_blocks(self, req: Req) -> None:
         """req's full blocks of known tokens whose KV its steps compute enter the cache."""
@@ -250,8 +271,6 @@ class VllmKVBlocks:
         st = self.reqs.get(req)
         if st is not None and st.blocks:
             self.unhashed.freeing(req, st)
-            if self.unhashed.too_many():  # (what freed requests keep stays small)
-                self.unhashed.flush()
             self.pool.free_blocks(np.frombuffer(st.blocks, dtype=np.int64)[::-1].copy())
             st.blocks, st.num_cached, st.num_hashed = ids(), 0, 0
         if req.req_pool_idx is not None:

@@ -265,38 +265,56 @@ class VllmScheduler(SchedulerBase):
         return out
 
     def _plan(self, scheduled: list[_Scheduled]) -> ForwardPlan:
-        prefix_lens = [s.before for s in scheduled]
-        extend_lens = [s.num_new for s in scheduled]
-        sample = [s.sample for s in scheduled]
-        decoding = [s.num_new == 1 and s.sample and s.before >= s.req.input_len for s in scheduled]
-        if all(decoding):
-            mode = ForwardMode.DECODE
-        else:
-            mode = ForwardMode.MIXED if any(decoding) else ForwardMode.EXTEND
+        """The step's forward, in one pass over its requests (a step carries every running
+        decode: this runs once a step for each)."""
+        prefix_lens: list[int] = []
+        extend_lens: list[int] = []
+        seq_lens: list[int] = []
+        sample: list[bool] = []
+        rows: list[int] = []
+        sampling = []
         input_ids = ids()
         out_cache_loc = ids()
+        num_decoding = 0
+        pairs = 0.0
+        longest = 0
         for s in scheduled:
-            req = s.req
-            k = s.before - req.input_len
-            if s.num_new == 1 and 0 <= k:  # a decode: its last output, or the one in flight
+            req, p, e = s.req, s.before, s.num_new
+            prefix_lens.append(p)
+            extend_lens.append(e)
+            seq_lens.append(p + e)
+            sample.append(s.sample)
+            rows.append(req.req_pool_idx)
+            sampling.append(req.sampling_params)
+            k = p - req.input_len
+            if e == 1 and 0 <= k:  # a decode: its last output, or the one in flight
+                num_decoding += s.sample
                 input_ids.append(req.output_ids[k] if k < len(req.output_ids) else req.pending_token)
             else:
-                input_ids.extend(self._new_token_ids(req, s.before, s.before + s.num_new))
+                input_ids.extend(self._new_token_ids(req, p, p + e))
             out_cache_loc.extend(s.locs)
-        num_tokens, sum_seq, sum_prefix, pairs, longest = ForwardPlan.summarize(prefix_lens, extend_lens)
+            pairs += e * (p + (e + 1) / 2)  # (ForwardPlan.summarize's sums, in its order)
+            if p + e > longest:
+                longest = p + e
+        if num_decoding == len(scheduled):
+            mode = ForwardMode.DECODE
+        else:
+            mode = ForwardMode.MIXED if num_decoding else ForwardMode.EXTEND
+        num_tokens = sum(extend_lens)
+        sum_prefix = sum(prefix_lens)
         return ForwardPlan(
             mode=mode,
-            req_pool_indices=[s.req.req_pool_idx for s in scheduled],
+            req_pool_indices=rows,
             prefix_lens=prefix_lens,
             extend_lens=extend_lens,
-            seq_lens=[p + n for p, n in zip(prefix_lens, extend_lens)],
-            sampling=[s.req.sampling_params for s in scheduled],
+            seq_lens=seq_lens,
+            sampling=sampling,
             sample=sample,
             out_cache_loc=out_cache_loc,
             row_writes=self.req_to_token_pool.take_journal(),
             _input_ids=input_ids,
             num_tokens=num_tokens,
-            sum_seq_len=sum_seq,
+            sum_seq_len=sum_prefix + num_tokens,
             sum_prefix_len=sum_prefix,
             attention_pairs=pairs,
             max_seq_len=longest,

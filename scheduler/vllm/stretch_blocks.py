@@ -12,6 +12,7 @@ those of step s's takers, then step s + 1's, and so on.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -28,22 +29,29 @@ class WindowSlots:
     new_blocks: list  # each request's blocks taken, in step order (int64 buffers)
 
 
-def window_slots(seq_lens: list[int], last_slots: list[int], taken: np.ndarray, num_steps: int, page_size: int) -> WindowSlots:
+def window_slots(
+    seq_lens: list[int], last_slots: list[int], taken: np.ndarray, num_steps: int | Sequence[int], page_size: int
+) -> WindowSlots:
     """The slots of num_steps decode steps, given the requests' lengths and last slots before
-    them and the blocks the steps take (in taking order: step after step, request order)."""
+    them and the blocks the steps take (in taking order: step after step, request order).
+    num_steps may be each request's own: request i is in the first num_steps[i] steps (a window
+    across finishes: those leaving before its end are in its first steps only)."""
+    steps = [num_steps] * len(seq_lens) if isinstance(num_steps, int) else list(num_steps)
     if len(seq_lens) <= FEW_REQUESTS:
-        return _few_window_slots(seq_lens, last_slots, taken.tolist(), num_steps, page_size)
-    ps, bs = page_size, len(seq_lens)
-    positions = np.array(seq_lens, dtype=np.int64)[:, None] + np.arange(num_steps)
+        return _few_window_slots(seq_lens, last_slots, taken.tolist(), steps, page_size)
+    ps, bs, n = page_size, len(seq_lens), max(steps)
+    positions = np.array(seq_lens, dtype=np.int64)[:, None] + np.arange(n)
     offsets = positions % ps
     takes = offsets == 0  # [request, step]: it takes a block (its position starts one)
+    if min(steps) < n:
+        takes &= np.arange(n) < np.array(steps, dtype=np.int64)[:, None]  # (and is in that step)
     block = np.empty(takes.shape, dtype=np.int64)
     block[:, 0] = np.array(last_slots, dtype=np.int64) // ps  # (where it takes none at the first step: its last block)
     block.T[takes.T] = taken  # (in step order, then request order)
     # Every step's block: the last one taken up to it.
-    latest = np.where(takes, np.arange(num_steps), 0)
+    latest = np.where(takes, np.arange(n), 0)
     np.maximum.accumulate(latest, axis=1, out=latest)
-    latest += np.arange(0, bs * num_steps, num_steps)[:, None]
+    latest += np.arange(0, bs * n, n)[:, None]
     slots = block.ravel().take(latest) * ps + offsets
     counts = np.count_nonzero(takes, axis=1).tolist()
     new, at = block[takes], 0
@@ -51,23 +59,26 @@ def window_slots(seq_lens: list[int], last_slots: list[int], taken: np.ndarray, 
     for k in counts:
         new_blocks.append(new[at : at + k])
         at += k
-    return WindowSlots(list(slots), new_blocks)
+    rows = list(slots) if min(steps) == n else [row[:k] for row, k in zip(slots, steps)]
+    return WindowSlots(rows, new_blocks)
 
 
-def _few_window_slots(seq_lens: list[int], last_slots: list[int], taken: list[int], num_steps: int, page_size: int) -> WindowSlots:
+def _few_window_slots(seq_lens: list[int], last_slots: list[int], taken: list[int], steps: list[int], page_size: int) -> WindowSlots:
     """window_slots request by request: the slots after its last one up to its block's end,
     then each block it takes, filled."""
     ps = page_size
-    takers = sorted(((-s) % ps + k * ps, i) for i, s in enumerate(seq_lens) for k in range(max(0, -(-(num_steps - (-s) % ps) // ps))))
+    takers = sorted(
+        ((-s) % ps + k * ps, i) for i, (s, n) in enumerate(zip(seq_lens, steps)) for k in range(max(0, -(-(n - (-s) % ps) // ps)))
+    )
     new_blocks = [ids() for _ in seq_lens]
     for (_, i), b in zip(takers, taken):
         new_blocks[i].append(b)
     slots = []
-    for s, last, blocks in zip(seq_lens, last_slots, new_blocks):
+    for s, last, blocks, n in zip(seq_lens, last_slots, new_blocks, steps):
         row = ids()
-        run = min((-s) % ps, num_steps)
+        run = min((-s) % ps, n)
         extend_range(row, last + 1, last + 1 + run)
-        left = num_steps - run
+        left = n - run
         for b in blocks:
             run = min(ps, left)
             extend_range(row, b * ps, b * ps + run)
@@ -76,18 +87,19 @@ def _few_window_slots(seq_lens: list[int], last_slots: list[int], taken: list[in
     return WindowSlots(slots, new_blocks)
 
 
-def filled_blocks(num_cached: list[int], known: list[int], stop: int, page_size: int) -> list[tuple[int, int, int]]:
+def filled_blocks(num_cached: list[int], known: list[int], stop: int | Sequence[int], page_size: int) -> list[tuple[int, int, int]]:
     """The blocks that fill before step `stop`, in the order stepping caches them: request i
     knows known[i] tokens at step 0 and one more each step, and its first num_cached[i] blocks
     are cached; its block b is cached at step max(0, (b + 1) * page_size - known[i]) (stepping
-    caches a step's full blocks request after request). Returns (step, request, block index)
-    of each, in that order. (A window fills about one block a request: a loop over so few
-    costs less than numpy's calls.)"""
+    caches a step's full blocks request after request). stop may be each request's own (it is
+    in the steps before). Returns (step, request, block index) of each, in that order. (A
+    window fills about one block a request: a loop over so few costs less than numpy's calls.)"""
     ps = page_size
+    stops = [stop] * len(known) if isinstance(stop, int) else stop
     filled = [
         ((b + 1) * ps - k if (b + 1) * ps > k else 0, i, b)
-        for i, (c, k) in enumerate(zip(num_cached, known))
-        for b in range(c, (k + stop - 1) // ps)
+        for i, (c, k, t) in enumerate(zip(num_cached, known, stops))
+        for b in range(c, (k + t - 1) // ps)
     ]
     filled.sort()
     return filled

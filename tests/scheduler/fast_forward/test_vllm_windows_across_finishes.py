@@ -36,12 +36,12 @@ def test_a_window_across_a_finish_gives_the_run_that_stepping_gives(kv_tokens, f
     windows = {"across": 0, "evicting_after": 0}
     around = decode_stretches._StretchRun._around_finishes
 
-    def counting(self, reqs, first, stop, evictions, cached_before):
+    def counting(self, reqs, steps, first, stop, evictions, cached_before):
         inside = [x for x in self.finish_steps if first <= x < stop - 1 and x >= self.processed]
         if inside:
             windows["across"] += 1
             windows["evicting_after"] += any(step > inside[0] for step, _ in evictions)
-        around(self, reqs, first, stop, evictions, cached_before)
+        around(self, reqs, steps, first, stop, evictions, cached_before)
 
     monkeypatch.setattr(decode_stretches._StretchRun, "_around_finishes", counting)
     ff_loop, ff_sched = _run(True, kv_tokens)
