@@ -49,3 +49,25 @@ def run_spaced_requests(sched, count: int, gap: float, seed: int, fast_forward: 
     driver.run(loop)
     sched.check_invariants()
     return loop
+
+
+def assert_same_run(ff_loop, ff_sched, step_loop, step_sched) -> None:
+    """Every step row, every request's token and finish times, and the KV pool's free list and
+    cache as stepping left them."""
+    for name, col in step_loop.steps.cols.items():
+        assert list(ff_loop.steps.cols[name]) == list(col), name
+    assert [list(r.token_times) for r in ff_sched.done] == [list(r.token_times) for r in step_sched.done]
+    assert [r.finish_time for r in ff_sched.done] == [r.finish_time for r in step_sched.done]
+    from scheduler.vllm.scheduler import VllmScheduler
+
+    if isinstance(step_sched, VllmScheduler):
+        # The same free queue, in eviction order, and the same blocks cached under the same hashes.
+        ff_sched.kv.flush_cache(), step_sched.kv.flush_cache()
+        ff_pool, step_pool = ff_sched.kv.pool, step_sched.kv.pool
+        assert list(ff_pool.free_queue.order()) == list(step_pool.free_queue.order())
+        assert ff_pool.is_cached == step_pool.is_cached and ff_pool.cached == step_pool.cached
+        return
+    assert ff_sched.allocator.free_pages == step_sched.allocator.free_pages
+    # The same cache walks (each match and insert stamps the LRU clock), so the same eviction order
+    # from here on: a prefill branch that looked at the queue when stepping's did not shows here.
+    assert ff_sched.tree_cache._clock == step_sched.tree_cache._clock

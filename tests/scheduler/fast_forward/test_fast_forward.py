@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis_profiles import examples
-from loop_helpers import CountingLoop, run_spaced_requests
+from loop_helpers import CountingLoop, assert_same_run, run_spaced_requests
 
 from scheduler.core.forward_plan import ForwardMode, ForwardPlan
 from scheduler.core.ids import ids
@@ -326,26 +326,6 @@ def _light_run(
     return run_spaced_requests(sched, 20, 0.7, 3, fast_forward, overlap), sched
 
 
-def _assert_same_run(ff_loop, ff_sched, step_loop, step_sched) -> None:
-    """Every step row, every request's token and finish times, and the KV pool's free list and
-    cache as stepping left them."""
-    for name, col in step_loop.steps.cols.items():
-        assert list(ff_loop.steps.cols[name]) == list(col), name
-    assert [list(r.token_times) for r in ff_sched.done] == [list(r.token_times) for r in step_sched.done]
-    assert [r.finish_time for r in ff_sched.done] == [r.finish_time for r in step_sched.done]
-    if isinstance(step_sched, VllmScheduler):
-        # The same free queue, in eviction order, and the same blocks cached under the same hashes.
-        ff_sched.kv.flush_cache(), step_sched.kv.flush_cache()
-        ff_pool, step_pool = ff_sched.kv.pool, step_sched.kv.pool
-        assert list(ff_pool.free_queue.order()) == list(step_pool.free_queue.order())
-        assert ff_pool.is_cached == step_pool.is_cached and ff_pool.cached == step_pool.cached
-        return
-    assert ff_sched.allocator.free_pages == step_sched.allocator.free_pages
-    # The same cache walks (each match and insert stamps the LRU clock), so the same eviction order
-    # from here on: a prefill branch that looked at the queue when stepping's did not shows here.
-    assert ff_sched.tree_cache._clock == step_sched.tree_cache._clock
-
-
 @pytest.mark.slow
 def test_fast_forward_takes_decode_stretches_in_few_waits():
     for overlap in (False, True):
@@ -355,7 +335,7 @@ def test_fast_forward_takes_decode_stretches_in_few_waits():
         assert ff_loop.num_stretches > 0 and ff_loop.stretch_waits >= ff_loop.num_stretches
         # Stepping yields ~4 waits a step; the stretches cover most steps in one wait each.
         assert ff_loop.waits * 5 < step_loop.waits, (ff_loop.waits, step_loop.waits)
-        _assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
+        assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
 
 
 @pytest.mark.slow
@@ -373,7 +353,7 @@ def test_stretches_go_through_finishes_and_evictions_as_steps_do(overlap, page_s
     assert sum(merges for merges, _ in taken) >= 5, "no stretch started where a prefill merges into the batch"
     assert ff_sched.bulk_evictions > 0, "no stretch evicted"
     assert ff_loop.waits * 3 < step_loop.waits, (ff_loop.waits, step_loop.waits)
-    _assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
+    assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
 
 
 def _queued_run(
@@ -415,7 +395,7 @@ def test_stretches_beside_a_waiting_queue_go_through_a_finish_as_steps_do(overla
                 bool(last.leaving and num_steps == last.first_step + 1) if overlap else bool(last.finishing and num_steps == last.stop)
             )
     assert through >= 10, "stretches beside a waiting queue stopped short of a finish"
-    _assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
+    assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
 
 
 @pytest.mark.slow
@@ -434,7 +414,7 @@ def test_stretches_beside_a_waiting_queue_go_through_refused_admissions_as_steps
     merges = sum(1 for (merge, _), (waiting, _) in zip(ff_sched.advanced, ff_sched.advanced_waiting) if merge and waiting)
     assert merges >= 10, "no stretch beside a waiting queue started at a prefill's merge"
     assert ff_loop.waits * 15 < step_loop.waits, (ff_loop.waits, step_loop.waits)
-    _assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
+    assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
 
 
 @pytest.mark.slow
@@ -450,7 +430,7 @@ def test_vllm_stretches_go_through_filled_blocks_evictions_and_finishes_as_steps
     assert ff_sched.bulk_evictions > 0, "no stretch evicted"
     assert ff_sched.bulk_finishes >= 5, "stretches did not go on past requests' last tokens"
     assert ff_loop.waits * 3 < step_loop.waits, (ff_loop.waits, step_loop.waits)
-    _assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
+    assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
 
 
 # --- the allocator's bulk takes equal its step-by-step takes ---------------------------------------

@@ -8,7 +8,7 @@ stepping's."""
 from __future__ import annotations
 
 import pytest
-from loop_helpers import run_spaced_requests
+from loop_helpers import assert_same_run, run_spaced_requests
 
 from scheduler.core.forward_plan import ForwardMode
 from scheduler.vllm.config import VllmSchedulerConfig
@@ -36,10 +36,4 @@ def test_stretches_from_a_prefill_in_flight_give_the_run_that_stepping_gives(pag
     ff_loop, ff_sched = run(True)
     step_loop, step_sched = run(False)
     assert seen["after_prefill"] >= 10, seen
-    for name, col in step_loop.steps.cols.items():
-        assert list(ff_loop.steps.cols[name]) == list(col), name
-    assert [list(r.token_times) for r in ff_sched.done] == [list(r.token_times) for r in step_sched.done]
-    ff_sched.kv.flush_cache(), step_sched.kv.flush_cache()
-    ff_pool, step_pool = ff_sched.kv.pool, step_sched.kv.pool
-    assert list(ff_pool.free_queue.order()) == list(step_pool.free_queue.order())
-    assert ff_pool.is_cached == step_pool.is_cached and ff_pool.cached == step_pool.cached
+    assert_same_run(ff_loop, ff_sched, step_loop, step_sched)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from loop_helpers import CountingLoop, run_spaced_requests
+from loop_helpers import CountingLoop, assert_same_run, run_spaced_requests
 
 from scheduler.vllm import decode_stretches, unhashed_blocks
 from scheduler.vllm.config import VllmSchedulerConfig
@@ -49,13 +49,7 @@ def test_a_window_across_a_finish_gives_the_run_that_stepping_gives(kv_tokens, f
     assert windows["across"] >= 5, "no window of steps went across a finish"
     assert windows["evicting_after"] >= 1, "no window evicted after a finish among its steps"
     assert ff_loop.waits * 3 < step_loop.waits, (ff_loop.waits, step_loop.waits)
-    for name, col in step_loop.steps.cols.items():
-        assert list(ff_loop.steps.cols[name]) == list(col), name
-    assert [list(r.token_times) for r in ff_sched.done] == [list(r.token_times) for r in step_sched.done]
-    ff_sched.kv.flush_cache(), step_sched.kv.flush_cache()
-    ff_pool, step_pool = ff_sched.kv.pool, step_sched.kv.pool
-    assert list(ff_pool.free_queue.order()) == list(step_pool.free_queue.order())
-    assert ff_pool.is_cached == step_pool.is_cached and ff_pool.cached == step_pool.cached
+    assert_same_run(ff_loop, ff_sched, step_loop, step_sched)
 
 
 @settings(max_examples=200, deadline=None)
