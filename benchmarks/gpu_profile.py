@@ -37,9 +37,9 @@ from scheduler.core.forward_plan import ForwardMode  # noqa: E402
 from scheduler.model_config import load_model_config  # noqa: E402
 from simulator.costs.kernel_cost import Curve, KernelProfileCostModel  # noqa: E402
 from simulator.costs.profile_cost import read_profile  # noqa: E402
+from simulator.profiles.gpu_shapes import GpuShapes  # noqa: E402
 from simulator.profiles.kernel_db import KernelDatabase  # noqa: E402
 from simulator.profiles.kernel_holdout import holdout_errors, uniform_plan  # noqa: E402
-from simulator.profiles.kernel_profile import GpuShapes  # noqa: E402
 from testbed.calibrate_kernels import hbm_floor_s  # noqa: E402
 from testbed.options import ReplayOptions  # noqa: E402
 from testbed.replay import replay  # noqa: E402

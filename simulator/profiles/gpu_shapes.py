@@ -1,0 +1,207 @@
+"""The dimensions one GPU of a TP group computes a model's forward with, and that forward's kernels
+priced from AIConfigurator's database (simulator/profiles/kernel_db.py): the layer GEMMs, norms and
+all-reduces, a mixture of experts' router and fused-MoE kernel, and GQA or MLA attention.
+simulator/profiles/kernel_profile.py tabulates them on grids into a profile."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from scheduler.model_config import ModelConfig
+from simulator.costs.precision import BF16, FP8
+from simulator.profiles.kernel_db import KernelDatabase, KernelDataMissing
+
+# The token load the experts are priced under: the database's balanced rows by default; with
+# --expert-imbalance ALPHA its power_law_ALPHA rows (it measures 1.01 and 1.2: the power-law skew of
+# AIConfigurator's SDK, whose fused-MoE kernel then waits for its most loaded experts).
+BALANCED = "balanced"
+
+
+def expert_load_name(imbalance: float | None) -> str:
+    """The database's name of the experts' token load for --expert-imbalance (None: balanced)."""
+    return BALANCED if imbalance is None else f"power_law_{imbalance:g}"
+
+
+@dataclass(frozen=True)
+class GpuShapes:
+    """The dimensions one of `tp` GPUs computes with (as SGLang and vLLM shard a Llama-family model)."""
+
+    layers: int
+    hidden: int
+    head_dim: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tp: int
+    qk_norm: bool
+    # The database's tables that price each kernel (GEMMQuantMode, KVCacheQuantMode, FMHAQuantMode names).
+    gemm_quant: str = BF16  # the four layer GEMMs (the LM head is always bf16)
+    prefill_kv: str = BF16
+    prefill_fmha: str = BF16
+    decode_kv: str = BF16
+    # A mixture of experts (0 experts: a dense model). The routed experts go over the TP GPUs: each
+    # split over all of them without expert parallelism (moe_tp = tp), as vLLM and SGLang run them
+    # without --ep; with --ep N, num_experts / N whole experts a rank, each split over tp / N GPUs.
+    # The tokens are on every TP GPU after attention's all-reduce, so each rank routes them to its own
+    # experts and the outputs are summed by the same all-reduce as TP's: no all-to-all.
+    experts: int = 0
+    topk: int = 0
+    expert_intermediate: int = 0  # one routed expert's width, whole (the MoE kernel takes moe_tp)
+    shared_intermediate: int = 0  # the shared experts' width on one GPU
+    moe_share: float = 0.0  # the layers that route (the others have a dense MLP of `intermediate`)
+    moe_ep: int = 1
+    # Where the database has no rows of the experts' split (moe_tp: MiniMax-M2.5 over 8 GPUs), the time
+    # at moe_tp follows the database's own trend over its two largest splits: t(m) = t(m/2)^2 / t(m/4).
+    moe_split_extrapolated: bool = False
+    expert_load: str = BALANCED
+    # DeepSeek's multi-head latent attention (0 kv_lora: GQA, above). q and the KV go through latents
+    # of q_lora and kv_lora (plus qk_rope RoPE dims shared by the heads); each of `heads` heads has
+    # qk_nope + qk_rope query/key dims and v_head value dims. As SGLang runs it (and AIConfigurator's
+    # DEEPSEEK model composes it): a prefill decompresses the latent KV (kv_b_proj) and runs MHA over
+    # it; a decode moves each query into the latent (bmm pre), attends there (MQA over the latent)
+    # and moves the output back to the heads' values (bmm post).
+    kv_lora: int = 0
+    q_lora: int = 0
+    qk_nope: int = 0
+    qk_rope: int = 0
+    v_head: int = 0
+
+    @classmethod
+    def of(cls, model: ModelConfig, tp: int, ep: int = 1) -> "GpuShapes":
+        moe = (
+            dict(
+                experts=model.num_experts,
+                topk=model.num_experts_per_tok,
+                expert_intermediate=model.moe_intermediate_size,
+                shared_intermediate=model.shared_expert_intermediate_size // tp,
+                moe_share=model.num_moe_layers / model.num_hidden_layers,
+                moe_ep=ep,
+            )
+            if model.is_moe
+            else {}
+        )
+        if model.is_mla:
+            moe |= dict(
+                kv_lora=model.kv_lora_rank,
+                q_lora=model.q_lora_rank or 0,
+                qk_nope=model.qk_nope_head_dim,
+                qk_rope=model.qk_rope_head_dim,
+                v_head=model.v_head_dim,
+            )
+        return cls(
+            model.num_hidden_layers,
+            model.hidden_size,
+            model.head_dim,
+            model.num_attention_heads // tp,
+            model.kv_heads_per_gpu(tp),
+            model.intermediate_size // tp,
+            -(-model.vocab_size // tp),
+            tp,
+            model.qk_norm,
+            **moe,
+        )
+
+    def layer_kernels(self, db: KernelDatabase, n: int) -> dict[str, float]:
+        """Seconds of each non-attention kernel of one (average) layer over n tokens."""
+        h, d = self.hidden, self.head_dim
+        if self.kv_lora:
+            qk = self.heads * (self.qk_nope + self.qk_rope)
+            kernels = {
+                # The latents' down-projection, fused (q's latent, the KV latent and the RoPE key), replicated
+                # on every GPU; then q's up-projection, split over the heads.
+                "qkv_a_proj": self.linear(db, n, self.q_lora + self.kv_lora + self.qk_rope, h),
+                "q_b_proj": self.linear(db, n, qk, self.q_lora) if self.q_lora else 0.0,
+                "o_proj": self.linear(db, n, h, self.heads * self.v_head),
+            }
+            if not self.q_lora:  # (DeepSeek-V2-Lite: q projected directly)
+                kernels["qkv_a_proj"] = self.linear(db, n, qk + self.kv_lora + self.qk_rope, h)
+        else:
+            kernels = {
+                "qkv_proj": self.linear(db, n, (self.heads + 2 * self.kv_heads) * d, h),
+                "o_proj": self.linear(db, n, h, self.heads * d),
+            }
+        kernels |= {
+            "norms": 2 * db.elementwise(n, 2 * h, 2 * h),
+            "all_reduce": 2 * db.all_reduce(n, h, self.tp),
+        }
+        dense = 1.0 - self.moe_share  # the layers with a dense MLP
+        if dense > 0:
+            kernels["gate_up_proj"] = dense * self.linear(db, n, 2 * self.intermediate, h)
+            kernels["down_proj"] = dense * self.linear(db, n, h, self.intermediate)
+            kernels["act_fn"] = dense * db.elementwise(n, 2 * self.intermediate, self.intermediate)
+        if self.experts:
+            share = self.moe_share
+            # The router's gate stays in bf16 (neither engine quantizes it); the routed experts are the
+            # backend's fused-MoE kernel (gate-up GEMM, activation, down GEMM, token permutation).
+            kernels["router"] = share * db.gemm(n, self.experts, h)
+            kernels["experts"] = share * self.experts_kernel(db, n)
+            if self.shared_intermediate:
+                i = self.shared_intermediate
+                kernels["shared_experts"] = share * (self.linear(db, n, 2 * i, h) + self.linear(db, n, h, i) + db.elementwise(n, 2 * i, i))
+        return kernels
+
+    def linear(self, db: KernelDatabase, m: int, n: int, k: int) -> float:
+        """A layer GEMM in the weights' format, m tokens x k in -> n out.
+
+        At one token a GEMM reads its weights and little else, and quantized weights are fewer bytes,
+        so a quantized row slower than bf16's there measured a per-call floor of the backend's host
+        path, not the GPU: vLLM's block-fp8 rows take about 60 us at every size up to 4096 x 4096 on
+        an H200 (bf16 12-16 us; reading the weights 3.5 us). Served forwards replay CUDA graphs (and
+        larger eager GEMMs hide the host behind the GPU), so such a shape is priced at no more than
+        the bf16 GEMM of the same shape, which reads twice the bytes at half the tensor rate."""
+        t = db.gemm(m, n, k, self.gemm_quant)
+        if self.gemm_quant != BF16 and db.gemm(1, n, k, self.gemm_quant) > db.gemm(1, n, k, BF16):
+            t = min(t, db.gemm(m, n, k, BF16))
+        return t
+
+    def experts_kernel(self, db: KernelDatabase, n: int, moe_tp: int | None = None) -> float:
+        """The fused-MoE kernel over n tokens, the experts split over moe_tp GPUs (default: this TP's)."""
+        moe_tp = moe_tp or self.tp // self.moe_ep
+        if self.moe_split_extrapolated and moe_tp == self.tp // self.moe_ep:
+            half, quarter = self.experts_kernel(db, n, moe_tp // 2), self.experts_kernel(db, n, moe_tp // 4)
+            return half * half / quarter
+        q = self.gemm_quant
+        return db.moe(n, self.hidden, self.expert_intermediate, self.topk, self.experts, moe_tp, self.moe_ep, q, self.expert_load)
+
+    def with_experts_priced(self, db: KernelDatabase) -> "GpuShapes":
+        """These shapes, extrapolating the experts' split where the database has no rows of it but has
+        rows of half and a quarter of it (KernelDataMissing where it has neither)."""
+        if not self.experts:
+            return self
+        try:
+            self.experts_kernel(db, 1)
+            return self
+        except KernelDataMissing:
+            moe_tp = self.tp // self.moe_ep
+            if moe_tp < 4 or moe_tp % 4:
+                raise
+            extrapolated = replace(self, moe_split_extrapolated=True)
+            extrapolated.experts_kernel(db, 1)  # raises if the database lacks the smaller splits too
+            return extrapolated
+
+    @property
+    def mla_bmm_quant(self) -> str:
+        """The latent BMMs' format: fp8 with fp8 weights (SGLang quantizes them per tensor), else bf16."""
+        return FP8 if self.gemm_quant in (FP8, "fp8_block") else BF16
+
+    def embedding(self, db: KernelDatabase, n: int) -> float:
+        return db.embedding(n, self.vocab, self.hidden) + db.all_reduce(n, self.hidden, self.tp)
+
+    def lm_head(self, db: KernelDatabase, requests: int) -> float:
+        # bf16 with fp8 weights too: the engines quantize linear layers only, not the vocabulary-parallel LM head.
+        return db.gemm(requests, self.vocab, self.hidden)
+
+    def prefill_attention(self, db: KernelDatabase, batch: int, new_tokens: int, prefix: int) -> float:
+        if self.kv_lora:
+            kv_b = self.linear(db, batch * new_tokens, self.heads * (self.qk_nope + self.v_head), self.kv_lora)
+            return kv_b + db.context_mla(batch, new_tokens, prefix, self.heads, self.prefill_kv, self.prefill_fmha)
+        return db.context_attention(
+            batch, new_tokens, prefix, self.heads, self.kv_heads, self.head_dim, self.qk_norm, self.prefill_kv, self.prefill_fmha
+        )
+
+    def decode_attention(self, db: KernelDatabase, batch: int, context: int) -> float:
+        if self.kv_lora:
+            bmm = db.mla_bmm(batch, self.heads, self.mla_bmm_quant, True) + db.mla_bmm(batch, self.heads, self.mla_bmm_quant, False)
+            return bmm + db.generation_mla(batch, context, self.heads, self.decode_kv)
+        return db.generation_attention(batch, context, self.heads, self.kv_heads, self.head_dim, self.qk_norm, self.decode_kv)
