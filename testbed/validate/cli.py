@@ -19,6 +19,7 @@ from pathlib import Path
 
 from testbed.errors import ConfigError
 from testbed.options import positive_int
+from testbed.validate.harness import HARNESSES, harness_of, simulated_tokens
 from testbed.validate.points import default_points_path, load_points, parse_filter, select
 from testbed.validate.report import (
     GROUP_HEADER,
@@ -36,12 +37,15 @@ from testbed.validate.simulate import PointSimulator, PointSkipped
 
 def _result(p, simulator: PointSimulator, estimate) -> PointResult:
     r = PointResult(p)
+    t0 = time.perf_counter()
     try:
         sim = simulator.simulate(p)
     except PointSkipped as e:
         r.skipped = str(e)
         return r
+    r.sim_seconds = time.perf_counter() - t0
     r.sim_ttft_ms, r.sim_tpot_ms, r.kernels, r.kernel_bound = sim.ttft_ms, sim.tpot_ms, sim.kernels, sim.kernel_bound
+    r.harness = sim.harness
     if estimate is not None:
         if p.load not in _estimates:  # a load estimated before (the file repeats some) is not estimated again
             try:
@@ -58,13 +62,13 @@ _estimates: dict[tuple, tuple] = {}  # MeasuredPoint.load -> AIConfigurator's (T
 _worker: tuple[PointSimulator, object] | None = None  # a pool process's simulator (its kernel profiles) and estimator
 
 
-def _start_worker(work: str, out_of_phase: bool, with_estimate: bool) -> None:
+def _start_worker(work: str, out_of_phase: bool, harness: str, with_estimate: bool) -> None:
     global _worker
     from testbed.interrupts import ignore_stop_signals
 
     ignore_stop_signals()  # Ctrl-C is the parent's to handle: it cancels the pool
     folder = Path(work) / f"worker-{os.getpid()}"  # in the parent's folder, which it removes however it ends
-    _worker = (PointSimulator(folder, out_of_phase=out_of_phase), _estimator() if with_estimate else None)
+    _worker = (PointSimulator(folder, out_of_phase=out_of_phase, harness=harness), _estimator() if with_estimate else None)
 
 
 def _work_chunk(points) -> list[PointResult]:
@@ -78,16 +82,21 @@ def _estimator():
     return estimate_point
 
 
-def validate(points, jobs: int = 1, out_of_phase: bool = False, with_estimate: bool = True, progress=None) -> list[PointResult]:
-    """A result for every point, in the points' order. Points of one kind (system, backend, model, TP,
-    precision: one kernel profile) go to a worker together, so each worker builds few profiles."""
-    order = sorted(range(len(points)), key=lambda i: (points[i].skip_reason() is not None, points[i].group, points[i].tp or 0))
+def validate(
+    points, jobs: int = 1, out_of_phase: bool = False, harness: str = "auto", with_estimate: bool = True, progress=None
+) -> list[PointResult]:
+    """A result for every point, in the points' order. The points of one load (the file repeats some)
+    are simulated once, by one worker; the loads of one kind (system, backend, model, TP, precision:
+    one kernel profile) go to a worker together, so each worker builds few profiles."""
+    loads: dict[tuple, list[int]] = {}  # (load, harness) -> its points, in kernel-profile order
+    for i in sorted(range(len(points)), key=lambda i: (points[i].skip_reason() is not None, points[i].group, points[i].tp or 0)):
+        loads.setdefault((points[i].load, harness_of(points[i], harness)), []).append(i)
     results: list[PointResult | None] = [None] * len(points)
     if jobs <= 1:
-        simulator = PointSimulator(out_of_phase=out_of_phase)
+        simulator = PointSimulator(out_of_phase=out_of_phase, harness=harness)
         estimate = _estimator() if with_estimate else None
         try:
-            for k, i in enumerate(order):
+            for k, i in enumerate(i for same in loads.values() for i in same):
                 results[i] = _result(points[i], simulator, estimate)
                 if progress:
                     progress(k + 1, len(points))
@@ -97,15 +106,29 @@ def validate(points, jobs: int = 1, out_of_phase: bool = False, with_estimate: b
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="testbed-validate-") as work:
-        return _validate_in_pool(points, order, results, jobs, work, out_of_phase, with_estimate, progress)
+        chunks = _chunks(points, list(loads.items()), jobs)
+        return _validate_in_pool(points, chunks, results, jobs, work, (out_of_phase, harness, with_estimate), progress)
 
 
-def _validate_in_pool(points, order, results, jobs, work, out_of_phase, with_estimate, progress) -> list[PointResult]:
+def _chunks(points, loads: list[tuple[tuple, list[int]]], jobs: int) -> list[list[int]]:
+    """The pool's work: runs of up to `size` loads of one kernel profile, the largest first (a large
+    load last would leave the other workers idle: a 5,120-request point takes 10 s)."""
+    size = max(1, min(8, len(loads) // (4 * jobs)))
+    chunks: list[tuple[int, list[int]]] = []  # (tokens the chunk simulates, its points)
+    for k, ((_, harness), same) in enumerate(loads):
+        p = points[same[0]]
+        if not chunks or k % size == 0 or (p.group, p.tp) != (points[chunks[-1][1][0]].group, points[chunks[-1][1][0]].tp):
+            chunks.append((0, []))
+        tokens, chunk = chunks[-1]
+        chunks[-1] = (tokens + (0 if p.skip_reason() else simulated_tokens(p, harness)), chunk + same)
+    return [chunk for _, chunk in sorted(chunks, key=lambda c: -c[0])]
+
+
+def _validate_in_pool(points, chunks, results, jobs, work, settings, progress) -> list[PointResult]:
+    """settings: _start_worker's arguments after the folder."""
     from concurrent.futures import ProcessPoolExecutor
 
-    size = max(1, min(8, len(points) // (4 * jobs)))
-    chunks = [order[k : k + size] for k in range(0, len(order), size)]
-    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker, initargs=(work, out_of_phase, with_estimate))
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker, initargs=(work, *settings))
     try:
         # Futures of our own, not pool.map: on Ctrl-C map's iterator cancels the pending ones,
         # which races the pool's manager thread (CPython 3.11 then prints an InvalidStateError).
@@ -152,7 +175,12 @@ def validate_points(args: argparse.Namespace, t0: float) -> None:
             print(f"validate: {done}/{total} points ({now - t0:.0f} s)", file=sys.stderr, flush=True)
 
     results = validate(
-        chosen, jobs=args.jobs, out_of_phase=args.phase == "spread", with_estimate=not args.no_aiconfigurator, progress=progress
+        chosen,
+        jobs=args.jobs,
+        out_of_phase=args.phase == "spread",
+        harness=args.harness,
+        with_estimate=not args.no_aiconfigurator,
+        progress=progress,
     )
     print(f"{path}: {len(chosen)} of {len(points)} points" + (f" (--filter {args.filter})" if args.filter else ""))
     rows = group_rows(results)
@@ -220,12 +248,21 @@ def register(sub) -> None:
     p.add_argument("--out", default=None, help="folder for points.csv (every point: measured, sim, AIConfigurator) and validate.html")
     p.add_argument("--no-aiconfigurator", action="store_true", help="leave out AIConfigurator's own estimate of the points")
     p.add_argument(
+        "--harness",
+        choices=("auto", *HARNESSES),
+        default="auto",
+        help="the benchmark client that measured the points: inferencemax (10 x concurrency requests, lengths drawn "
+        "from [0.8 L, L]), fixed (exact lengths, synchronized waves), or auto (default: a point's harness column, else "
+        "inferencemax for its shapes 1k/1k, 1k/8k, 8k/1k unless the source names a gap-analysis job, else fixed; "
+        "testbed/validate/harness.py)",
+    )
+    p.add_argument(
         "--phase",
         choices=("together", "spread"),
         default="together",
-        help="how the clients of a point start: "
+        help="how the clients of a fixed-length harness start: "
         "together (as a benchmark's --max-concurrency sends its first wave; default) or spread out of phase over "
-        "one request's decode (testbed/validate/simulate.py)",
+        "one request's decode",
     )
     p.add_argument("-j", "--jobs", type=positive_int, default=os.cpu_count() or 1, help="processes (default: one a core, %(default)s)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")

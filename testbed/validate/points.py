@@ -18,6 +18,7 @@ from pathlib import Path
 
 from scheduler.model_config import ModelConfig, bundled_model_names, checkpoint_weight_format, load_model_config
 from testbed.errors import ConfigError, TraceError
+from testbed.validate.harness import HARNESSES
 
 # Columns a points file must have, and what each means.
 REQUIRED = {
@@ -44,6 +45,7 @@ OPTIONAL = (
     "moe_ep_size",
     "moe_tp_size",
     "silicon_data_source",
+    "harness",  # the benchmark client that measured the point (harness.py); else inferred from the others
 )
 BACKENDS_WITH_A_SCHEDULER = ("vllm", "sglang")
 # Weight formats the simulator prices (the database's GEMM tables of that format), by the row's
@@ -286,6 +288,8 @@ def _point(path: str, line: int, row: dict) -> MeasuredPoint:
     for col in ("backend", "model_path", "system"):
         if not text.get(col):
             raise TraceError(path, line, col, "empty")
+    if text.get("harness") and text["harness"].lower() not in HARNESSES:
+        raise TraceError(path, line, "harness", f"must be one of {', '.join(HARNESSES)}, got {text['harness'][:40]!r}")
     return MeasuredPoint(
         line=line,
         id=text.get("id") or f"line {line}",

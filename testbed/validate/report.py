@@ -20,6 +20,8 @@ class PointResult:
     sim_ttft_ms: float | None = None
     sim_tpot_ms: float | None = None
     kernels: str | None = None
+    harness: str | None = None  # the benchmark client simulated (harness.py)
+    sim_seconds: float | None = None  # wall time of its simulation (0 for a load simulated before)
     kernel_bound: float | None = None  # the kernels' least time for the load over the measured (kernel_bound.py)
     aic_ttft_ms: float | None = None
     aic_tpot_ms: float | None = None
@@ -143,6 +145,8 @@ CSV_COLUMNS = (
     "osl",
     "concurrency",
     "tp",
+    "harness",
+    "sim_seconds",
     "measured_ttft_ms",
     "measured_tpot_ms",
     "sim_ttft_ms",
@@ -179,6 +183,8 @@ def write_csv(results: list[PointResult], path: Path) -> None:
                 "osl": p.osl,
                 "concurrency": p.concurrency,
                 "tp": p.tp,
+                "harness": r.harness,
+                "sim_seconds": None if r.sim_seconds is None else round(r.sim_seconds, 3),
                 "measured_ttft_ms": p.ttft_ms,
                 "measured_tpot_ms": p.tpot_ms,
                 "sim_ttft_ms": r.sim_ttft_ms,

@@ -1,28 +1,21 @@
 """The simulator's answer for one measured point: the same load, replayed in sim.
 
-A point is a closed-loop benchmark: `concurrency` clients, each sending a request of `isl` random
-tokens (no shared prefixes) that generates exactly `osl` tokens, the next one when its last has
-finished (`vllm bench serve` / `sglang.bench_serving --max-concurrency`). The simulator runs the
+A point is a closed-loop benchmark: `concurrency` clients, each sending a request of random
+tokens (no shared prefixes, about `isl` of them) that generates about `osl` tokens, the next one
+when its last has finished (`vllm bench serve` / `sglang.bench_serving --max-concurrency`). The simulator runs the
 point's engine's scheduler (vLLM's or SGLang's, their defaults) at the point's TP and precision,
 with every forward priced from AIConfigurator's kernels of that GPU system and backend (a kernel
 profile, built once per system, backend, version, model, TP and precision).
 
-Waves. The benchmark's clients keep sending until the run ends, so a measured request decodes
-beside the prefills of the requests sent as others finish. The simulation sends three waves of
-`concurrency` requests: a warm-up, the measured wave, and a trailing wave that keeps that load
-on while the measured wave runs (without it, the measured wave's last decodes ran alone: on a
-prefill-heavy point, 4,096 tokens in and 128 out at 64 clients, TPOT came out 76 ms against
-140 ms measured; with it, 129 ms). The means are over the measured wave.
-
-Phase. A benchmark with `--max-concurrency` sends its first wave of `concurrency` requests at once;
-with equal lengths they prefill together, finish together and send the next wave together, unless
-something in the server or the client spreads them. `--phase together` (the default) simulates what
-the benchmark literally does. The measured SGLang points of silicon_sample.csv match it (TTFT
-grows with the clients, as waves do); the vLLM points lie between it and `--phase spread`, where
-the warm-up wave's k-th request generates osl x (k + 1) / concurrency tokens, so the clients run
-out of phase (each new request then prefills mostly alone beside the others' decodes). What
-spreads vLLM's clients (its API server's per-request work, or lengths that vary in the harness)
-is not modelled yet.
+The client. What the benchmark client sent decides the load as much as the server does: the
+simulation sends what the point's harness sent (harness.py: InferenceMAX's 10 x concurrency
+requests of lengths drawn from [0.8 L, L], or fixed lengths in synchronized waves) and averages
+the requests it averaged. With fixed lengths, three waves are simulated: a warm-up, the measured
+wave, and a trailing wave that keeps the load on while the measured wave runs (without it, the
+measured wave's last decodes ran alone: on a prefill-heavy point, 4,096 tokens in and 128 out at
+64 clients, TPOT came out 76 ms against 140 ms measured; with it, 129 ms). InferenceMAX's spread
+of lengths is what puts its clients out of phase: its Llama-3.1-70B points on the H200 were
+simulated 1.8x too slow in TTFT (median) as synchronized waves, 13% too fast with its requests.
 """
 
 from __future__ import annotations
@@ -36,10 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from testbed.options import ReplayOptions
+from testbed.validate.harness import harness_of, workload
 from testbed.validate.kernel_bound import kernel_bound
 from testbed.validate.points import MeasuredPoint
-
-WAVES = 3  # requests = WAVES x concurrency: a warm-up wave, the measured wave, and a trailing wave
 
 
 class PointSkipped(Exception):
@@ -51,20 +43,22 @@ class SimulatedPoint:
     ttft_ms: float
     tpot_ms: float
     kernels: str  # which kernels priced it: system, backend and database version
+    harness: str  # the benchmark client whose requests were simulated (harness.py)
     kernel_bound: float  # the kernels' least time for the point's load over the measured (kernel_bound.py)
 
 
 class PointSimulator:
     """Simulates points one after another, keeping one kernel profile per kind of point."""
 
-    def __init__(self, work: Path | None = None, out_of_phase: bool = False) -> None:
-        self.out_of_phase = out_of_phase  # True: the warm-up wave spreads the clients out of phase
+    def __init__(self, work: Path | None = None, out_of_phase: bool = False, harness: str = "auto") -> None:
+        self.out_of_phase = out_of_phase  # True: a fixed-length harness's warm-up wave spreads the clients out of phase
+        self.harness = harness  # auto: each point's own (harness.harness_of)
         self._tmp = tempfile.TemporaryDirectory(prefix="testbed-validate-") if work is None else None
         self.work = Path(self._tmp.name) if self._tmp else Path(work)
         self.work.mkdir(parents=True, exist_ok=True)
         self._profiles: dict[tuple, tuple[str, str] | PointSkipped] = {}
         self._cost_models: dict[str, object] = {}  # profile path -> its KernelProfileCostModel
-        self._by_load: dict[tuple, SimulatedPoint | PointSkipped] = {}  # (MeasuredPoint.load, prefix cache) -> its result
+        self._by_load: dict[tuple, SimulatedPoint | PointSkipped] = {}  # (MeasuredPoint.load, harness, prefix cache) -> its result
 
     def close(self) -> None:
         if self._tmp is not None:
@@ -119,7 +113,7 @@ class PointSimulator:
     def simulate(self, p: MeasuredPoint, prefix_cache: bool = False) -> SimulatedPoint:
         """p's load replayed in sim; a load simulated before (the file repeats some: 1,343 points it
         can express, 1,101 loads) is not simulated again, only its kernel bound is p's own."""
-        key = (p.load, prefix_cache)
+        key = (p.load, harness_of(p, self.harness), prefix_cache)
         found = self._by_load.get(key)
         if found is None:
             try:
@@ -135,20 +129,17 @@ class PointSimulator:
         from testbed.errors import USER_ERRORS
         from testbed.replay import replay
         from testbed.runs.folder import load_run
-        from testbed.traces.schema import Trace, TraceRequest
+        from testbed.traces.schema import Trace
 
         reason = p.skip_reason()
         if reason:
             raise PointSkipped(reason)
         profile, kernels = self.profile(p)
-        c = p.concurrency
-        spread = (lambda k: max(1, p.osl * (k + 1) // c)) if self.out_of_phase else (lambda k: p.osl)
-        warm_up = [TraceRequest(0.0, p.isl, spread(k), rid=f"warm-up-{k}") for k in range(c)]
-        measured = [TraceRequest(0.0, p.isl, p.osl, rid=f"r{k}") for k in range((WAVES - 2) * c)]
-        trailing = [TraceRequest(0.0, p.isl, p.osl, rid=f"trailing-{k}") for k in range(c)]
+        harness = harness_of(p, self.harness)
+        load = workload(p, harness, self.out_of_phase)
         name = f"point-{p.line}"
         trace_path = self.work / f"{name}.jsonl"
-        Trace(warm_up + measured + trailing).write(trace_path)
+        Trace(load.requests).write(trace_path)
         out = self.work / name
         try:
             replay(str(trace_path), self.options(p, profile, prefix_cache), out=out)
@@ -157,7 +148,7 @@ class PointSimulator:
         requests = load_run(out).requests
         shutil.rmtree(out, ignore_errors=True)
         trace_path.unlink()
-        steady = requests[requests["rid"].str.match(r"r\d+$")]
+        steady = requests[requests["rid"].isin(load.measured_rids)]
         done = steady[steady["status"] == "finished"]
         if done.empty:
             raise PointSkipped("no request finished in the simulation (the KV pool cannot hold one)")
@@ -168,6 +159,7 @@ class PointSimulator:
             float(np.mean(ttft)) * 1e3,
             float(np.mean(tpot)) * 1e3 if len(tpot) else float("nan"),
             kernels,
+            harness,
             kernel_bound(self.cost_model(profile), p),
         )
 
