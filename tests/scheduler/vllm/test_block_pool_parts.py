@@ -159,3 +159,19 @@ def test_a_tokens_key_is_the_same_however_it_is_made(seed, num_big):
         finally:
             block_hashes_module.FEW_BIG = old
     assert got[0] == got[1]
+
+
+def test_an_idle_pool_reports_a_block_neither_free_nor_held():
+    """The check that ends every replay: all blocks back in the free queue, each once. A block
+    taken and dropped without being freed (a leak) is counted, and a pool given everything back
+    passes."""
+    from scheduler.vllm.block_pool import BlockPool
+
+    pool = BlockPool(64, enable_caching=True)
+    blocks = pool.get_new_blocks(5)
+    pool.free_blocks(blocks[:4])
+    assert any("still referenced" in e for e in pool.errors_when_idle())
+    pool.ref_cnt[int(blocks[4])] = 0  # dropped without going back to the queue
+    assert pool.errors_when_idle() == ["KV leak: 1 blocks neither free nor held"]
+    pool.free_queue.append_n(blocks[4:])
+    assert pool.errors_when_idle() == []
