@@ -169,19 +169,20 @@ class VllmKVBlocks:
             self.cache_known_blocks(req)
         return locs
 
-    def allocate_decode(self, req: Req) -> array | None:
+    def allocate_decode(self, req: Req) -> int:
         """allocate_slots(req, 1, cache=False) of a running request (a row, its blocks covering
-        its computed tokens): the slot after its last, in a new block when that one is full.
-        The step's most common call, kept to a few operations."""
+        its computed tokens), as the one slot, or -1 for None: the slot after its last, in a new
+        block when that one is full. The step's most common call, kept to a few operations."""
         rows = self.req_to_token_pool
         before, ps = req.seq_len, self.page_size
         row = rows.req_to_token[req.req_pool_idx]
         if rows.journal is not None or len(row) != before:
-            return self.allocate_slots(req, 1, cache=False)
+            locs = self.allocate_slots(req, 1, cache=False)
+            return -1 if locs is None else locs[0]
         blocks = self.reqs[req].blocks
         if -(-(before + 1) // ps) > len(blocks):
             if not len(self.pool.free_queue):
-                return None
+                return -1
             b = self.pool.get_new_block()
             blocks.append(b)
             loc = b * ps
@@ -189,7 +190,7 @@ class VllmKVBlocks:
             loc = row[before - 1] + 1
         row.append(loc)
         req.seq_len = before + 1
-        return ids((loc,))
+        return loc
 
     def blocks_from_rows(self, reqs: list[Req]) -> None:
         """Each request's blocks extended by those its row's new slots lie in (slots written in

@@ -42,10 +42,6 @@ null block), long_prefill_token_threshold and partial-prefill limits.
 
 from __future__ import annotations
 
-from array import array
-from dataclasses import dataclass
-
-from scheduler.core.forward_plan import ForwardMode, ForwardPlan
 from scheduler.core.future_indices import FutureIndices
 from scheduler.core.ids import ids
 from scheduler.core.invariants import InvariantError, end_of_run_errors
@@ -58,15 +54,7 @@ from scheduler.vllm.config import VllmSchedulerConfig
 from scheduler.vllm.decode_stretches import VllmDecodeStretches
 from scheduler.vllm.kv_blocks import VllmKVBlocks
 from scheduler.vllm.queues import RunningQueue, WaitingQueue
-
-
-@dataclass(eq=False, slots=True)
-class _Scheduled:
-    req: Req
-    before: int  # tokens computed before this step
-    num_new: int  # tokens this step computes
-    sample: bool  # the step reaches every known token: its last position is sampled
-    locs: array  # the KV slots of the new tokens
+from scheduler.vllm.step_rows import StepRows
 
 
 class VllmScheduler(SchedulerBase):
@@ -160,52 +148,65 @@ class VllmScheduler(SchedulerBase):
 
     def _schedule_once(self) -> tuple[VllmBatch | None, int]:
         budget = self.config.max_num_batched_tokens
-        scheduled: list[_Scheduled] = []
+        rows = StepRows()
         num_preempted = 0
-        running = self.running
+        running, kv = self.running, self.kv
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            pending = req.pending_token is not None
-            if pending and len(req.output_ids) + 1 >= req.max_new_tokens:
+            outs, token = req.output_ids, req.pending_token
+            pending = token is not None
+            if pending and len(outs) + 1 >= req.max_new_tokens:
                 i += 1  # async: its token in flight is its last; no extra step
                 continue
-            known = req.input_len + len(req.output_ids) + pending
-            num_new = min(known - req.seq_len, budget)
+            before = req.seq_len
+            known = req.input_len + len(outs) + pending
+            num_new = min(known - before, budget)
             if num_new <= 0:
                 i += 1
                 continue
-            before = req.seq_len
-            locs = self.kv.allocate_decode(req) if num_new == 1 else self.kv.allocate_slots(req, num_new, cache=False)
+            if num_new == 1:
+                loc = kv.allocate_decode(req)
+                if loc >= 0:
+                    if before + 1 == known and before >= req.input_len:  # (most rows of a step)
+                        rows.add_decode(req, before, token if pending else outs[-1], loc)
+                    else:
+                        rows.add(req, before, 1, before + 1 == known, ids((loc,)))
+                    budget -= 1
+                    i += 1
+                    continue
+                locs = None
+            else:
+                locs = kv.allocate_slots(req, num_new, cache=False)
             while locs is None:
                 victim = self._pick_victim()
                 num_preempted += 1
                 if victim is req:
                     self._preempt(req)
                     break
-                done_before = next((s for s in scheduled if s.req is victim), None)
+                done_before = rows.remove(victim)
                 if done_before is not None:  # priority: it was scheduled earlier in this step
-                    scheduled.remove(done_before)
-                    budget += done_before.num_new
+                    budget += done_before
                     i -= 1
                 self._preempt(victim)
-                locs = self.kv.allocate_slots(req, num_new, cache=False)
+                locs = kv.allocate_slots(req, num_new, cache=False)
             if locs is None:
                 break
-            scheduled.append(_Scheduled(req, before, num_new, before + num_new == known, locs))
+            rows.add(req, before, num_new, before + num_new == known, locs)
             budget -= num_new
             i += 1
         # Their new full blocks enter the cache only now: a request preempted later in this
         # pass (priority) must not leave blocks in the cache whose KV no forward computes.
-        self.kv.cache_known_blocks_of([s.req for s in scheduled])
+        kv.cache_known_blocks_of(rows.reqs)
 
         hits = 0
         if not num_preempted:
-            hits = self._schedule_waiting(scheduled, budget)
+            hits = self._schedule_waiting(rows, budget)
         self.num_preemptions += num_preempted
-        if not scheduled:
+        if not rows:
             return None, num_preempted
-        return VllmBatch([s.req for s in scheduled], self._plan(scheduled), num_preempted, hits), num_preempted
+        plan = rows.plan(self.req_to_token_pool.take_journal())
+        return VllmBatch(rows.reqs, plan, num_preempted, hits), num_preempted
 
     def _pick_victim(self) -> Req:
         """The request to preempt: the last admitted (FCFS), or the lowest priority, latest arrival."""
@@ -216,7 +217,7 @@ class VllmScheduler(SchedulerBase):
             return victim
         return running.pop()
 
-    def _schedule_waiting(self, scheduled: list[_Scheduled], budget: int) -> int:
+    def _schedule_waiting(self, rows: StepRows, budget: int) -> int:
         """Admit waiting requests into this step; return the prefix tokens they reuse."""
         waiting, running, kv, ps = self.waiting_queue, self.running, self.kv, self.page_size
         hits = 0
@@ -240,7 +241,7 @@ class VllmScheduler(SchedulerBase):
             req.cached_tokens += computed
             req.prefill_tokens += known
             hits += computed
-            scheduled.append(_Scheduled(req, computed, num_new, computed + num_new == known, locs))
+            rows.add(req, computed, num_new, computed + num_new == known, locs)
             budget -= num_new
         return hits
 
@@ -250,75 +251,6 @@ class VllmScheduler(SchedulerBase):
         self.kv.free(req)
         req.num_retractions += 1
         self.waiting_queue.prepend(req)
-
-    # -- the plan -----------------------------------------------------------------------
-    def _new_token_ids(self, req: Req, start: int, end: int) -> array:
-        """Tokens at positions [start, end): prompt, outputs, then the one still in flight."""
-        prompt_len, outs = req.input_len, req.output_ids
-        out = ids()
-        if start < prompt_len:
-            out.extend(req.origin_input_ids[start : min(end, prompt_len)])
-        if end > prompt_len:
-            out.extend(outs[max(start - prompt_len, 0) : end - prompt_len])
-            if end - prompt_len > len(outs):
-                out.append(req.pending_token)
-        return out
-
-    def _plan(self, scheduled: list[_Scheduled]) -> ForwardPlan:
-        """The step's forward, in one pass over its requests (a step carries every running
-        decode: this runs once a step for each)."""
-        prefix_lens: list[int] = []
-        extend_lens: list[int] = []
-        seq_lens: list[int] = []
-        sample: list[bool] = []
-        rows: list[int] = []
-        sampling = []
-        input_ids = ids()
-        out_cache_loc = ids()
-        num_decoding = 0
-        pairs = 0.0
-        longest = 0
-        for s in scheduled:
-            req, p, e = s.req, s.before, s.num_new
-            prefix_lens.append(p)
-            extend_lens.append(e)
-            seq_lens.append(p + e)
-            sample.append(s.sample)
-            rows.append(req.req_pool_idx)
-            sampling.append(req.sampling_params)
-            k = p - req.input_len
-            if e == 1 and 0 <= k:  # a decode: its last output, or the one in flight
-                num_decoding += s.sample
-                input_ids.append(req.output_ids[k] if k < len(req.output_ids) else req.pending_token)
-            else:
-                input_ids.extend(self._new_token_ids(req, p, p + e))
-            out_cache_loc.extend(s.locs)
-            pairs += e * (p + (e + 1) / 2)  # (ForwardPlan.summarize's sums, in its order)
-            if p + e > longest:
-                longest = p + e
-        if num_decoding == len(scheduled):
-            mode = ForwardMode.DECODE
-        else:
-            mode = ForwardMode.MIXED if num_decoding else ForwardMode.EXTEND
-        num_tokens = sum(extend_lens)
-        sum_prefix = sum(prefix_lens)
-        return ForwardPlan(
-            mode=mode,
-            req_pool_indices=rows,
-            prefix_lens=prefix_lens,
-            extend_lens=extend_lens,
-            seq_lens=seq_lens,
-            sampling=sampling,
-            sample=sample,
-            out_cache_loc=out_cache_loc,
-            row_writes=self.req_to_token_pool.take_journal(),
-            _input_ids=input_ids,
-            num_tokens=num_tokens,
-            sum_seq_len=sum_prefix + num_tokens,
-            sum_prefix_len=sum_prefix,
-            attention_pairs=pairs,
-            max_seq_len=longest,
-        )
 
     # -- launch and results -------------------------------------------------------------
     def launch(self, batch: VllmBatch, now: float, overlap: bool) -> LaunchedBatch:
@@ -339,7 +271,8 @@ class VllmScheduler(SchedulerBase):
             self._in_flight = None
         plan = launched.plan
         future = plan.future_indices
-        overlap = self.config.overlap
+        # AsyncScheduler: each output caches its request's blocks (nothing to do without caching).
+        cache = self.config.overlap and self.kv.enable_caching
         finished_any = False
         for i, req in enumerate(launched.reqs):
             if not plan.sample[i]:
@@ -349,8 +282,8 @@ class VllmScheduler(SchedulerBase):
             if future is not None and req.pending_token == -future[i]:
                 req.pending_token = None
             req.take_token(next_token_ids[i], now)
-            if overlap and req.req_pool_idx is not None:
-                # AsyncScheduler: the blocks its computed tokens fill, less the one in flight.
+            if cache and req.req_pool_idx is not None:
+                # The blocks its computed tokens fill, less the one in flight.
                 self.kv.cache_blocks(req, req.seq_len - (req.pending_token is not None))
             if req.finished_reason is None:
                 continue
