@@ -26,6 +26,7 @@ from testbed.validate.report import (
     PointResult,
     faster_than_kernels_line,
     group_rows,
+    harness_line,
     skip_counts,
     summary_line,
     table,
@@ -187,6 +188,9 @@ def validate_points(args: argparse.Namespace, t0: float) -> None:
     print(table(rows, GROUP_HEADER) if rows else "no point could be simulated")
     for reason, n in skip_counts(results):
         print(f"skipped {n}: {reason}")
+    clients = harness_line(results)
+    if clients:
+        print(clients)
     faster = faster_than_kernels_line(results)
     if faster:
         print(faster)

@@ -105,6 +105,15 @@ def skip_counts(results: list[PointResult]) -> list[tuple[str, int]]:
     return Counter(r.skipped.split(": ")[0] for r in results if r.skipped).most_common()
 
 
+def harness_line(results: list[PointResult]) -> str | None:
+    """Which benchmark client each simulated point was replayed as (harness.py), so the reader
+    knows what was assumed: 'simulated as the client of: inferencemax 1,010 points, fixed 183'."""
+    counts = Counter(r.harness for r in results if r.skipped is None and r.harness)
+    if not counts:
+        return None
+    return "simulated as the client of: " + ", ".join(f"{h} {n:,} point{'s' if n > 1 else ''}" for h, n in counts.most_common())
+
+
 def faster_than_kernels_line(results: list[PointResult]) -> str | None:
     """How many points were measured faster than their kernels allow under any schedule, if any."""
     from testbed.validate.kernel_bound import BOUND_EXCEEDED

@@ -150,6 +150,7 @@ def test_a_small_file_gives_a_group_row_the_skips_and_the_summary_line(small_fil
     assert re.search(r"^h200_sxm\s+vllm\s+meta-llama/Llama-3.1-70B\s+fp8\s+1\s", out, re.M), out
     for skipped in ("skipped 1: backend trtllm", "skipped 1: disagg", "skipped 1: mixture of experts"):
         assert skipped in out, out
+    assert "simulated as the client of: inferencemax 1 point\n" in out, out  # an InferenceMAX 1k/1k point
     with open(tmp_path / "out" / "points.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 4
@@ -157,6 +158,7 @@ def test_a_small_file_gives_a_group_row_the_skips_and_the_summary_line(small_fil
     assert len(simulated) == 1
     r = simulated[0]
     assert float(r["sim_ttft_ms"]) > 0 and float(r["sim_tpot_ms"]) > 0 and r["kernels"].startswith("h200_sxm vllm")
+    assert r["harness"] == "inferencemax" and float(r["sim_seconds"]) > 0
     # Its errors are what the table summarises: (sim - measured) / measured.
     assert float(r["sim_tpot_err"]) == pytest.approx(float(r["sim_tpot_ms"]) / float(r["measured_tpot_ms"]) - 1)
     html = (tmp_path / "out" / "validate.html").read_text()
