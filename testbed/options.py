@@ -184,6 +184,14 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
         help="scale of the decode estimate that admission reserves (new_token_ratio); > 1 admits fewer (default %(default)s)",
     )
     p.add_argument(
+        "--scheduler-recv-interval",
+        type=positive_int,
+        default=d.scheduler_recv_interval,
+        metavar="N",
+        help="SGLang: take in new requests once every N decode steps (at once after a prefill or when idle), as SGLang's "
+        "flag; servers raise it to poll less (default %(default)s: before every step)",
+    )
+    p.add_argument(
         "--concurrency",
         type=positive_int,
         default=None,

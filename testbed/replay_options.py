@@ -62,6 +62,7 @@ class ReplayOptions:
     enable_priority_scheduling: bool = False  # waiting queue by priority; preemption of running requests
     priority_scheduling_preemption_threshold: int = 10  # priority gap a preemption needs
     schedule_conservativeness: float = 1.0  # scales the decode estimate (new_token_ratio)
+    scheduler_recv_interval: int = 1  # new requests taken in once every N decode steps
     # The simulator takes decode stretches at once (equal results); off steps one by one.
     fast_forward: bool = True
     # Closed loop: this many clients, each sending its next request (in trace order) when its last

@@ -41,11 +41,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Iterator
 
-from scheduler.core.forward_plan import ForwardPlan
+from scheduler.core.forward_plan import ForwardMode, ForwardPlan
 from scheduler.core.protocol import Launched, SchedulerCore
 from scheduler.core.req import Req
 from scheduler.fast_forward.decode_stretch import DecodeStretch, steps_through_first_finish
 from scheduler.loop.arrivals import ArrivalSource, OpenLoopArrivals
+from scheduler.loop.recv_skipper import RecvSkipper
 from scheduler.loop.step_log import StepLog, StepRow, StepTimes, StretchRows, StretchState
 
 
@@ -143,6 +144,11 @@ class EventLoop:
         # None: step one by one (the real engine, or --no-fast-forward).
         self.fast_forward_token: int | None = None
         self.num_stretches = 0  # decode stretches taken (each counts its steps in the step log)
+        # SGLang's --scheduler-recv-interval (recv_skipper.py): new requests taken in only when
+        # _may_receive, decided once a step from the batch the step before scheduled.
+        interval = getattr(getattr(scheduler, "config", None), "scheduler_recv_interval", 1)
+        self._recv_skipper = RecvSkipper(interval) if interval > 1 else None
+        self._may_receive = True
 
     def forget_history(self) -> None:
         """Drop what a replay keeps for its run folder: the step log, the requests received, and
@@ -161,6 +167,8 @@ class EventLoop:
     def recv_requests(self, now: float) -> None:
         arrivals, sched = self.arrivals, self.scheduler
         self._report_done()
+        if not self._may_receive:
+            return
         req = arrivals.pop_arrived(now)
         while req is not None:
             self.received.append(req)
@@ -188,6 +196,8 @@ class EventLoop:
         t0 = self.clock()
         self.recv_requests(t0)
         batch = sched.get_next_batch_to_run()
+        if self._recv_skipper is not None:
+            self._may_receive = self._recv_skipper.should_receive(None if batch is None else batch.plan.mode)
         if batch is None:
             return None
         plan = batch.plan
@@ -258,6 +268,10 @@ class EventLoop:
         m = times.num_steps
         kv_before, cached_before = sched.kv_used_tokens(), sched.kv_cached_tokens()
         launched = stretches.advance_decode_stretch(stretch, m, times.schedule_end, times.process_start, token)
+        if self._recv_skipper is not None:
+            # Steps 2..m received nothing (none was due before them); the next may, after m decodes.
+            self._recv_skipper.skip_decode_iterations(m - 1)
+            self._may_receive = self._recv_skipper.should_receive(ForwardMode.DECODE)
         first_step = self._num_steps + 1
         self._num_steps += m
         self.num_stretches += 1

@@ -28,6 +28,9 @@ class SchedulerConfig:
     enable_priority_scheduling: bool = False
     priority_scheduling_preemption_threshold: int = 10
     new_token_ratio_decay_steps: int = 600
+    # SGLang's --scheduler-recv-interval: new requests are taken in once every this many decode
+    # steps (scheduler/loop/recv_skipper.py); 1 takes them in before every step.
+    scheduler_recv_interval: int = 1
     seed: int = 0
     # Journal ReqToTokenPool writes into each plan, for an executor that mirrors the table.
     journal_row_writes: bool = False
@@ -63,6 +66,8 @@ class SchedulerConfig:
             raise ValueError(f"chunked_prefill_size {chunk} is smaller than a page ({self.page_size} tokens)")
         if self.max_prefill_tokens < 1:
             raise ValueError("max_prefill_tokens must be positive")
+        if self.scheduler_recv_interval < 1:
+            raise ValueError("scheduler_recv_interval must be positive")
 
     def to_dict(self) -> dict:
         return {"name": "sglang", "follows": f"sglang {SGLANG_RELEASE}"} | asdict(self)

@@ -47,6 +47,7 @@ def config(opts: ReplayOptions, model: ModelConfig, kv_tokens: int) -> Scheduler
         enable_mixed_chunk=opts.enable_mixed_chunk,
         enable_priority_scheduling=opts.enable_priority_scheduling,
         priority_scheduling_preemption_threshold=opts.priority_scheduling_preemption_threshold,
+        scheduler_recv_interval=opts.scheduler_recv_interval,
     )
 
 
@@ -62,6 +63,7 @@ SGLANG = SchedulerKind(
         "enable_priority_scheduling",
         "priority_scheduling_preemption_threshold",
         "schedule_conservativeness",
+        "scheduler_recv_interval",
     ),
     counterparts={
         "max_num_seqs": "use --max-running-requests",

@@ -61,6 +61,7 @@ VLLM = SchedulerKind(
         "enable_priority_scheduling": "use --policy priority",
         "priority_scheduling_preemption_threshold": "use --policy priority (it preempts by priority alone)",
         "schedule_conservativeness": "admission reserves no decode estimate (it preempts when the KV runs out)",
+        "scheduler_recv_interval": "vLLM's engine core takes in new requests before every step",
     },
     chunk_option="max_num_batched_tokens",
     with_defaults=with_defaults,
