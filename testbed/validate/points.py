@@ -46,6 +46,7 @@ OPTIONAL = (
     "moe_tp_size",
     "silicon_data_source",
     "harness",  # the benchmark client that measured the point (harness.py); else inferred from the others
+    "scheduler_recv_interval",  # SGLang's --scheduler-recv-interval of the server (default 1)
 )
 BACKENDS_WITH_A_SCHEDULER = ("vllm", "sglang")
 # Weight formats the simulator prices (the database's GEMM tables of that format), by the row's
@@ -83,6 +84,7 @@ class MeasuredPoint:
     moe_tp: int | None  # the routed experts' TP (a mixture of experts; None where not given)
     gemm_quant: str | None
     moe_quant: str | None
+    scheduler_recv_interval: int  # SGLang's --scheduler-recv-interval the server ran with (1: every step)
     ttft_ms: float
     tpot_ms: float
     row: dict  # every column as read, for the output CSV
@@ -108,6 +110,7 @@ class MeasuredPoint:
             self.moe_tp,
             self.gemm_quant,
             self.moe_quant,
+            self.scheduler_recv_interval,
         )
 
     @property
@@ -147,6 +150,8 @@ class MeasuredPoint:
             return f"precision {self.precision}: not priced ({self.gemm_quant or '?'} GEMMs; have {', '.join(PRECISIONS)})"
         if self.gemm_quant and self.gemm_quant not in GEMM_FORMATS:
             return f"GEMM format {self.gemm_quant}: not priced (have {', '.join(GEMM_FORMATS)})"
+        if self.scheduler_recv_interval > 1 and self.backend != "sglang":
+            return f"scheduler_recv_interval {self.scheduler_recv_interval}: SGLang's setting, not {self.backend}'s"
         if self.pp > 1:
             return f"pipeline parallelism: {self.pp} stages"
         if self.attention_dp > 1:
@@ -309,6 +314,7 @@ def _point(path: str, line: int, row: dict) -> MeasuredPoint:
         moe_tp=_int(path, line, text, "moe_tp_size", minimum=0, default=0) or None,  # dense rows: 0 or empty
         gemm_quant=(text.get("gemm_quant_mode") or None),
         moe_quant=(text.get("moe_quant_mode") or None),
+        scheduler_recv_interval=_int(path, line, text, "scheduler_recv_interval", default=1, minimum=1),
         ttft_ms=_ms(path, line, text, "silicon_ttft_ms"),
         tpot_ms=_ms(path, line, text, "silicon_tpot_ms"),
         row=text,

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from testbed.validate.points import MeasuredPoint
+from testbed.validate.recipes import scheduler_recv_interval
 
 
 @dataclass
@@ -155,6 +156,7 @@ CSV_COLUMNS = (
     "concurrency",
     "tp",
     "harness",
+    "scheduler_recv_interval",
     "sim_seconds",
     "measured_ttft_ms",
     "measured_tpot_ms",
@@ -193,6 +195,7 @@ def write_csv(results: list[PointResult], path: Path) -> None:
                 "concurrency": p.concurrency,
                 "tp": p.tp,
                 "harness": r.harness,
+                "scheduler_recv_interval": None if r.harness is None else scheduler_recv_interval(p, r.harness),
                 "sim_seconds": None if r.sim_seconds is None else round(r.sim_seconds, 3),
                 "measured_ttft_ms": p.ttft_ms,
                 "measured_tpot_ms": p.tpot_ms,

@@ -32,6 +32,7 @@ from testbed.options import ReplayOptions
 from testbed.validate.harness import harness_of, workload
 from testbed.validate.kernel_bound import kernel_bound
 from testbed.validate.points import MeasuredPoint
+from testbed.validate.recipes import scheduler_recv_interval
 
 
 class PointSkipped(Exception):
@@ -58,7 +59,8 @@ class PointSimulator:
         self.work.mkdir(parents=True, exist_ok=True)
         self._profiles: dict[tuple, tuple[str, str] | PointSkipped] = {}
         self._cost_models: dict[str, object] = {}  # profile path -> its KernelProfileCostModel
-        self._by_load: dict[tuple, SimulatedPoint | PointSkipped] = {}  # (MeasuredPoint.load, harness, prefix cache) -> its result
+        # (MeasuredPoint.load, harness, its recipe's receive interval, prefix cache) -> its result
+        self._by_load: dict[tuple, SimulatedPoint | PointSkipped] = {}
 
     def close(self) -> None:
         if self._tmp is not None:
@@ -93,7 +95,8 @@ class PointSimulator:
         return found
 
     def options(self, p: MeasuredPoint, profile: str, prefix_cache: bool = False) -> ReplayOptions:
-        """The point's engine with its defaults. The prompts are random tokens that share no prefix (as the
+        """The point's engine with its defaults, but for the server settings its recipe is known
+        to have changed (recipes.py). The prompts are random tokens that share no prefix (as the
         benchmarks' random datasets), so a prefix cache never hits: the engines' default (on) and off
         schedule alike (tests/testbed/validate/test_validate.py checks it), and off spares the cache's per-block work
         (a 128-request, 8,192-token vLLM point: 13.6 s on, 1.3 s off)."""
@@ -108,12 +111,14 @@ class PointSimulator:
             concurrency=p.concurrency,
             seed=0,
             disable_radix_cache=not prefix_cache,
+            scheduler_recv_interval=scheduler_recv_interval(p, harness_of(p, self.harness)),
         )
 
     def simulate(self, p: MeasuredPoint, prefix_cache: bool = False) -> SimulatedPoint:
         """p's load replayed in sim; a load simulated before (the file repeats some: 1,343 points it
         can express, 1,101 loads) is not simulated again, only its kernel bound is p's own."""
-        key = (p.load, harness_of(p, self.harness), prefix_cache)
+        harness = harness_of(p, self.harness)
+        key = (p.load, harness, scheduler_recv_interval(p, harness), prefix_cache)
         found = self._by_load.get(key)
         if found is None:
             try:

@@ -1,0 +1,83 @@
+"""Server settings of the recipes behind measured points (testbed/validate/recipes.py): InferenceMAX's
+SGLang DeepSeek-R1 servers on the B200 and B300 take in new requests once every 10 or 30 decode
+steps (--scheduler-recv-interval), and validate replays them so; a points file can say it too."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cli_helpers import assert_clean_error
+
+from testbed.validate.harness import harness_of
+from testbed.validate.points import default_points_path, load_points
+from testbed.validate.recipes import scheduler_recv_interval
+from testbed.validate.simulate import PointSimulator
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def points():
+    return load_points(default_points_path())
+
+
+def _point(points, **match):
+    return next(p for p in points if p.skip_reason() is None and all(getattr(p, k) == v for k, v in match.items()))
+
+
+def _b200_r1(points, **more):
+    return _point(points, system="b200_sxm", backend="sglang", model_path="deepseek-ai/DeepSeek-R1", isl=1024, osl=1024, **more)
+
+
+def test_inferencemax_deepseek_on_b200_polls_every_10_or_30_decode_steps(points):
+    few, many = _b200_r1(points, tp=8, concurrency=8), _b200_r1(points, tp=8, concurrency=32)
+    assert harness_of(few) == harness_of(many) == "inferencemax"
+    assert scheduler_recv_interval(few, "inferencemax") == 10
+    assert scheduler_recv_interval(many, "inferencemax") == 30
+    assert scheduler_recv_interval(many, "fixed") == 1  # another client's points: not that recipe
+    h200 = _point(points, system="h200_sxm", backend="sglang", model_path="deepseek-ai/DeepSeek-R1", isl=1024, osl=1024)
+    assert scheduler_recv_interval(h200, "inferencemax") == 1  # its H200 recipe does not set it
+    told = dataclasses.replace(many, scheduler_recv_interval=5, row={**many.row, "scheduler_recv_interval": "5"})
+    assert scheduler_recv_interval(told, "inferencemax") == 5  # the file's column wins
+
+
+@pytest.mark.slow
+def test_the_recipes_interval_delays_first_tokens(points):
+    """32 clients on eight B200s: polling every 30 decode steps holds a new request back for up to
+    30 of them, so TTFT comes out several decode steps longer than the engine's default gives."""
+    p = _b200_r1(points, tp=8, concurrency=32)
+    every_step = dataclasses.replace(p, scheduler_recv_interval=1, row={**p.row, "scheduler_recv_interval": "1"})
+    sim = PointSimulator()
+    try:
+        recipe, default = sim.simulate(p), sim.simulate(every_step)
+    finally:
+        sim.close()
+    assert recipe.ttft_ms > default.ttft_ms + 5 * default.tpot_ms
+    assert recipe.ttft_ms < default.ttft_ms + 31 * recipe.tpot_ms
+
+
+@pytest.mark.slow
+def test_the_column_is_read_and_checked(tmp_path):
+    with open(default_points_path(), newline="") as f:
+        reader = csv.DictReader(f)
+        vllm = next(r for r in reader if r["backend"] == "vllm" and r["mode"] == "agg" and "Llama-3.1-70B" in r["model_path"])
+        header = [*(reader.fieldnames or []), "scheduler_recv_interval"]
+
+    def run(value: str) -> subprocess.CompletedProcess:
+        path = tmp_path / f"points-{value}.csv"
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=header)
+            w.writeheader()
+            w.writerow({**vllm, "scheduler_recv_interval": value})
+        cmd = [sys.executable, "-m", "testbed.cli", "validate", "--points", path, "--no-aiconfigurator", "-q"]
+        return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+
+    assert_clean_error(run("0"), "points-0.csv:2", "scheduler_recv_interval", "0")
+    skipped = run("10")
+    assert skipped.returncode == 0, skipped.stderr
+    assert "skipped 1: scheduler_recv_interval 10" in skipped.stdout, skipped.stdout
