@@ -2,9 +2,10 @@
 
 A point is a closed-loop benchmark: `concurrency` clients, each sending a request of random
 tokens (no shared prefixes, about `isl` of them) that generates about `osl` tokens, the next one
-when its last has finished (`vllm bench serve` / `sglang.bench_serving --max-concurrency`). The simulator runs the
-point's engine's scheduler (vLLM's or SGLang's, their defaults) at the point's TP and precision,
-with every forward priced from AIConfigurator's kernels of that GPU system and backend (a kernel
+when its last has finished (`vllm bench serve` / `sglang.bench_serving --max-concurrency`). The
+simulator runs the point's engine's scheduler (vLLM's or SGLang's, with their defaults but for
+the settings recipes.py knows the point's server changed) at the point's TP and precision, with
+every forward priced from AIConfigurator's kernels of that GPU system and backend (a kernel
 profile, built once per system, backend, version, model, TP and precision).
 
 The client. What the benchmark client sent decides the load as much as the server does: the
