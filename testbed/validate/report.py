@@ -108,7 +108,7 @@ def skip_counts(results: list[PointResult]) -> list[tuple[str, int]]:
 
 def harness_line(results: list[PointResult]) -> str | None:
     """Which benchmark client each simulated point was replayed as (harness.py), so the reader
-    knows what was assumed: 'simulated as the client of: inferencemax 1,010 points, fixed 183'."""
+    knows what was assumed: 'simulated as the client of: inferencemax 896 points, fixed 297 points'."""
     counts = Counter(r.harness for r in results if r.skipped is None and r.harness)
     if not counts:
         return None
