@@ -51,6 +51,33 @@ def run_spaced_requests(sched, count: int, gap: float, seed: int, fast_forward: 
     return loop
 
 
+def run_closed_loop(sched, fast_forward: bool, overlap: bool) -> CountingLoop:
+    """sched serves 24 requests of 100 to 400 output tokens from 4 clients (long decodes between
+    finishes) on Llama-3.1-8B's H100 roofline; the loop after the run, the invariants checked."""
+    import numpy as np
+
+    from scheduler.core.req import Req
+    from scheduler.core.sampling import SamplingParams
+    from scheduler.loop.arrivals import ClosedLoopArrivals
+    from scheduler.model_config import load_model_config
+    from simulator.costs.roofline import RooflineCostModel
+    from simulator.driver.sim_driver import SimDriver
+    from simulator.hardware.specs import load_hardware
+
+    rnd = np.random.default_rng(5)
+    cost = RooflineCostModel(load_model_config("llama-3.1-8b"), load_hardware("h100"))
+    reqs = []
+    for i in range(24):
+        n = int(rnd.integers(50, 300))
+        prompt = list(range(i * 1000, i * 1000 + n))
+        reqs.append(Req(str(i), n, (lambda p=prompt: p), SamplingParams(max_new_tokens=int(rnd.integers(100, 400))), 0.0, index=i))
+    driver = SimDriver(cost, fast_forward=fast_forward)
+    loop = CountingLoop(sched, ClosedLoopArrivals(iter(reqs), 4), driver.clock, overlap)
+    driver.run(loop)
+    sched.check_invariants()
+    return loop
+
+
 def assert_same_run(ff_loop, ff_sched, step_loop, step_sched) -> None:
     """Every step row, every request's token and finish times, and the KV pool's free list and
     cache as stepping left them."""

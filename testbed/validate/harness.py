@@ -23,19 +23,15 @@ for InferenceMAX's shapes unless the point's silicon_data_source names a gap-ana
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from testbed.errors import ConfigError
 from testbed.traces.schema import TraceRequest
+from testbed.validate.points import HARNESSES, MeasuredPoint
 
-if TYPE_CHECKING:
-    from testbed.validate.points import MeasuredPoint
-
-HARNESSES = ("inferencemax", "fixed")
 INFERENCEMAX_SHAPES = {(1024, 1024), (1024, 8192), (8192, 1024)}  # its sweeps' (ISL, OSL)
-INFERENCEMAX_RANGE_RATIO = 0.8  # --random-range-ratio of every InferenceMAX sweep (.github/workflows)
+INFERENCEMAX_RANGE_RATIO = 0.8  # --random-range-ratio of every InferenceMAX sweep (its workflows' configs)
 INFERENCEMAX_PROMPTS_PER_CLIENT = 10  # --num-prompts $(( CONC * 10 ))
 INFERENCEMAX_SEED = 0  # benchmark_serving.py's --seed default, before it draws the lengths
 GAP_ANALYSIS_MARK = "gap-analysis"  # in silicon_data_source: a point of AIConfigurator's gap-analysis jobs (aic-auto-gap-analysis/...)

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from scheduler.model_config import ModelConfig, bundled_model_names, checkpoint_weight_format, load_model_config
 from testbed.errors import ConfigError, TraceError
-from testbed.validate.harness import HARNESSES
 
 # Columns a points file must have, and what each means.
 REQUIRED = {
@@ -49,6 +48,7 @@ OPTIONAL = (
     "scheduler_recv_interval",  # SGLang's --scheduler-recv-interval of the server (default 1)
 )
 BACKENDS_WITH_A_SCHEDULER = ("vllm", "sglang")
+HARNESSES = ("inferencemax", "fixed")  # the benchmark clients a harness column may name (harness.py)
 # Weight formats the simulator prices (the database's GEMM tables of that format), by the row's
 # precision and GEMM format. A row that states neither (366 of silicon_sample.csv's, all of original
 # checkpoints such as Qwen/Qwen3-32B) is served as the checkpoint is: its own dtype, as vLLM and SGLang

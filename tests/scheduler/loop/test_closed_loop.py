@@ -27,19 +27,15 @@ from cli_helpers import assert_clean_error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis_profiles import examples
-from loop_helpers import CountingLoop
+from loop_helpers import CountingLoop, run_closed_loop
 
 from scheduler.core.req import Req
 from scheduler.core.sampling import SamplingParams
 from scheduler.loop.arrivals import ClosedLoopArrivals
-from scheduler.model_config import load_model_config
 from scheduler.sglang.config import SchedulerConfig
 from scheduler.sglang.scheduler import Scheduler
 from scheduler.vllm.config import VllmSchedulerConfig
 from scheduler.vllm.scheduler import VllmScheduler
-from simulator.costs.roofline import RooflineCostModel
-from simulator.driver.sim_driver import SimDriver
-from simulator.hardware.specs import load_hardware
 from testbed.options import ReplayOptions
 from testbed.replay import replay
 from testbed.runs.folder import load_run
@@ -261,23 +257,11 @@ def test_fast_forward_equals_stepping_on_random_closed_loops(case, tmp_path_fact
 
 
 def _direct_run(fast_forward: bool, overlap: bool, scheduler: str) -> tuple[CountingLoop, Scheduler | VllmScheduler]:
-    """24 requests of 100 to 400 output tokens from 4 clients: long decodes between finishes."""
-    rnd = np.random.default_rng(5)
-    cost = RooflineCostModel(load_model_config("llama-3.1-8b"), load_hardware("h100"))
     if scheduler == "vllm":
         sched = VllmScheduler(VllmSchedulerConfig(kv_tokens=200_000, context_len=8192, overlap=overlap, page_size=16))
     else:
         sched = Scheduler(SchedulerConfig(kv_tokens=200_000, context_len=8192, overlap=overlap))
-    reqs = []
-    for i in range(24):
-        n = int(rnd.integers(50, 300))
-        prompt = list(range(i * 1000, i * 1000 + n))
-        reqs.append(Req(str(i), n, (lambda p=prompt: p), SamplingParams(max_new_tokens=int(rnd.integers(100, 400))), 0.0, index=i))
-    driver = SimDriver(cost, fast_forward=fast_forward)
-    loop = CountingLoop(sched, ClosedLoopArrivals(iter(reqs), 4), driver.clock, overlap)
-    driver.run(loop)
-    sched.check_invariants()
-    return loop, sched
+    return run_closed_loop(sched, fast_forward, overlap), sched
 
 
 @pytest.mark.slow

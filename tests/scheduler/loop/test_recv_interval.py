@@ -15,19 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_helpers import assert_clean_error
-from loop_helpers import CountingLoop, assert_same_run
+from loop_helpers import CountingLoop, assert_same_run, run_closed_loop
 
 from scheduler.core.forward_plan import ForwardMode
-from scheduler.core.req import Req
-from scheduler.core.sampling import SamplingParams
-from scheduler.loop.arrivals import ClosedLoopArrivals
 from scheduler.loop.recv_skipper import RecvSkipper
-from scheduler.model_config import load_model_config
 from scheduler.sglang.config import SchedulerConfig
 from scheduler.sglang.scheduler import Scheduler
-from simulator.costs.roofline import RooflineCostModel
-from simulator.driver.sim_driver import SimDriver
-from simulator.hardware.specs import load_hardware
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -46,20 +39,8 @@ def test_the_counter_is_sglangs():
 
 
 def _closed_loop(interval: int, fast_forward: bool, overlap: bool) -> tuple[CountingLoop, Scheduler]:
-    """24 requests of 100 to 400 output tokens from 4 clients on Llama-3.1-8B's H100 roofline."""
-    rnd = np.random.default_rng(5)
-    cost = RooflineCostModel(load_model_config("llama-3.1-8b"), load_hardware("h100"))
     sched = Scheduler(SchedulerConfig(kv_tokens=200_000, context_len=8192, overlap=overlap, scheduler_recv_interval=interval))
-    reqs = []
-    for i in range(24):
-        n = int(rnd.integers(50, 300))
-        prompt = list(range(i * 1000, i * 1000 + n))
-        reqs.append(Req(str(i), n, (lambda p=prompt: p), SamplingParams(max_new_tokens=int(rnd.integers(100, 400))), 0.0, index=i))
-    driver = SimDriver(cost, fast_forward=fast_forward)
-    loop = CountingLoop(sched, ClosedLoopArrivals(iter(reqs), 4), driver.clock, overlap)
-    driver.run(loop)
-    sched.check_invariants()
-    return loop, sched
+    return run_closed_loop(sched, fast_forward, overlap), sched
 
 
 def _ttft_and_tpot(sched: Scheduler) -> tuple[float, float]:

@@ -13,31 +13,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_helpers import assert_clean_error
+from validate_helpers import simulable_point
 
 from testbed.validate.harness import harness_of, workload
-from testbed.validate.points import default_points_path, load_points
+from testbed.validate.points import default_points_path
 from testbed.validate.simulate import PointSimulator
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture(scope="module")
-def points():
-    return load_points(default_points_path())
-
-
-def _point(points, **match):
-    return next(p for p in points if p.skip_reason() is None and all(getattr(p, k) == v for k, v in match.items()))
-
-
 def _llama_70b(points, **more):
-    return _point(points, system="h200_sxm", backend="vllm", model_path="meta-llama/Llama-3.1-70B", isl=1024, osl=1024, **more)
+    return simulable_point(points, system="h200_sxm", backend="vllm", model_path="meta-llama/Llama-3.1-70B", isl=1024, osl=1024, **more)
 
 
 def test_each_point_is_given_the_client_that_measured_it(points):
     inferencemax = _llama_70b(points, tp=2, concurrency=8)  # an InferenceMAX sweep's 1k/1k point
-    gap_analysis = _point(points, backend="vllm", model_path="Qwen/Qwen3-32B", isl=1024, osl=1024)  # same shape, AIC's job
-    other_shape = _point(points, backend="vllm", model_path="Qwen/Qwen3-32B", isl=4096, osl=128)
+    gap_analysis = simulable_point(points, backend="vllm", model_path="Qwen/Qwen3-32B", isl=1024, osl=1024)  # same shape, AIC's job
+    other_shape = simulable_point(points, backend="vllm", model_path="Qwen/Qwen3-32B", isl=4096, osl=128)
     assert "gap-analysis" in gap_analysis.row["silicon_data_source"]
     assert harness_of(inferencemax) == "inferencemax"
     assert harness_of(gap_analysis) == "fixed"

@@ -12,26 +12,18 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import assert_clean_error
+from validate_helpers import simulable_point
 
 from testbed.validate.harness import harness_of
-from testbed.validate.points import default_points_path, load_points
+from testbed.validate.points import default_points_path
 from testbed.validate.recipes import scheduler_recv_interval
 from testbed.validate.simulate import PointSimulator
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture(scope="module")
-def points():
-    return load_points(default_points_path())
-
-
-def _point(points, **match):
-    return next(p for p in points if p.skip_reason() is None and all(getattr(p, k) == v for k, v in match.items()))
-
-
 def _b200_r1(points, **more):
-    return _point(points, system="b200_sxm", backend="sglang", model_path="deepseek-ai/DeepSeek-R1", isl=1024, osl=1024, **more)
+    return simulable_point(points, system="b200_sxm", backend="sglang", model_path="deepseek-ai/DeepSeek-R1", isl=1024, osl=1024, **more)
 
 
 def test_inferencemax_deepseek_on_b200_polls_every_10_or_30_decode_steps(points):
@@ -40,7 +32,7 @@ def test_inferencemax_deepseek_on_b200_polls_every_10_or_30_decode_steps(points)
     assert scheduler_recv_interval(few, "inferencemax") == 10
     assert scheduler_recv_interval(many, "inferencemax") == 30
     assert scheduler_recv_interval(many, "fixed") == 1  # another client's points: not that recipe
-    h200 = _point(points, system="h200_sxm", backend="sglang", model_path="deepseek-ai/DeepSeek-R1", isl=1024, osl=1024)
+    h200 = simulable_point(points, system="h200_sxm", backend="sglang", model_path="deepseek-ai/DeepSeek-R1", isl=1024, osl=1024)
     assert scheduler_recv_interval(h200, "inferencemax") == 1  # its H200 recipe does not set it
     told = dataclasses.replace(many, scheduler_recv_interval=5, row={**many.row, "scheduler_recv_interval": "5"})
     assert scheduler_recv_interval(told, "inferencemax") == 5  # the file's column wins
