@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler.model_config import ModelConfig, bundled_model_names, checkpoint_weight_format, load_model_config
+from simulator.costs.precision import KV_CACHE_DTYPES
 from testbed.errors import ConfigError, TraceError
 
 # Columns a points file must have, and what each means.
@@ -46,6 +47,7 @@ OPTIONAL = (
     "silicon_data_source",
     "harness",  # the benchmark client that measured the point (harness.py); else inferred from the others
     "scheduler_recv_interval",  # SGLang's --scheduler-recv-interval of the server (default 1)
+    "kv_cache_dtype",  # the server's --kv-cache-dtype (auto, bf16, fp8; default: recipes.py, else auto)
 )
 BACKENDS_WITH_A_SCHEDULER = ("vllm", "sglang")
 HARNESSES = ("inferencemax", "fixed")  # the benchmark clients a harness column may name (harness.py)
@@ -293,6 +295,8 @@ def _point(path: str, line: int, row: dict) -> MeasuredPoint:
     for col in ("backend", "model_path", "system"):
         if not text.get(col):
             raise TraceError(path, line, col, "empty")
+    if text.get("kv_cache_dtype") and text["kv_cache_dtype"].lower() not in KV_CACHE_DTYPES:
+        raise TraceError(path, line, "kv_cache_dtype", f"must be one of {', '.join(KV_CACHE_DTYPES)}, got {text['kv_cache_dtype'][:40]!r}")
     if text.get("harness") and text["harness"].lower() not in HARNESSES:
         raise TraceError(path, line, "harness", f"must be one of {', '.join(HARNESSES)}, got {text['harness'][:40]!r}")
     return MeasuredPoint(

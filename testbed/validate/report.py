@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from testbed.validate.points import MeasuredPoint
-from testbed.validate.recipes import scheduler_recv_interval
+from testbed.validate.recipes import kv_cache_dtype, scheduler_recv_interval
 
 
 @dataclass
@@ -157,6 +157,7 @@ CSV_COLUMNS = (
     "tp",
     "harness",
     "scheduler_recv_interval",
+    "kv_cache_dtype",
     "sim_seconds",
     "measured_ttft_ms",
     "measured_tpot_ms",
@@ -196,6 +197,7 @@ def write_csv(results: list[PointResult], path: Path) -> None:
                 "tp": p.tp,
                 "harness": r.harness,
                 "scheduler_recv_interval": None if r.harness is None else scheduler_recv_interval(p, r.harness),
+                "kv_cache_dtype": None if r.harness is None else kv_cache_dtype(p, r.harness),
                 "sim_seconds": None if r.sim_seconds is None else round(r.sim_seconds, 3),
                 "measured_ttft_ms": p.ttft_ms,
                 "measured_tpot_ms": p.tpot_ms,

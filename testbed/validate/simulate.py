@@ -33,7 +33,7 @@ from testbed.options import ReplayOptions
 from testbed.validate.harness import harness_of, workload
 from testbed.validate.kernel_bound import kernel_bound
 from testbed.validate.points import MeasuredPoint
-from testbed.validate.recipes import scheduler_recv_interval
+from testbed.validate.recipes import kv_cache_dtype, scheduler_recv_interval
 
 
 class PointSkipped(Exception):
@@ -60,7 +60,7 @@ class PointSimulator:
         self.work.mkdir(parents=True, exist_ok=True)
         self._profiles: dict[tuple, tuple[str, str] | PointSkipped] = {}
         self._cost_models: dict[str, object] = {}  # profile path -> its KernelProfileCostModel
-        # (MeasuredPoint.load, harness, its recipe's receive interval, prefix cache) -> its result
+        # (MeasuredPoint.load, harness, its recipe's receive interval and KV dtype, prefix cache) -> its result
         self._by_load: dict[tuple, SimulatedPoint | PointSkipped] = {}
 
     def close(self) -> None:
@@ -74,19 +74,31 @@ class PointSimulator:
 
         versions = kernel_db.available().get(p.system, {}).get(p.backend, [])
         version = kernel_db.nearest_version(versions, p.backend_version)
-        key = (p.system, p.backend, version, p.model, p.tp, p.moe_ep, p.quantization)
+        kv = kv_cache_dtype(p, harness_of(p, self.harness))
+        key = (p.system, p.backend, version, p.model, p.tp, p.moe_ep, p.quantization, kv)
         if key not in self._profiles:
             if not versions:
                 self._profiles[key] = PointSkipped(f"AIConfigurator has no {p.backend} kernels of {p.system}")
             else:
                 try:
                     profile = build_kernel_profile(
-                        p.system, p.backend, version, p.model, p.tp, quantization=p.quantization, ep=p.moe_ep, holdout=False
+                        p.system,
+                        p.backend,
+                        version,
+                        p.model,
+                        p.tp,
+                        quantization=p.quantization,
+                        kv_cache_dtype=kv,
+                        ep=p.moe_ep,
+                        holdout=False,
                     )
                 except (kernel_db.KernelDatabaseError, ValueError) as e:
                     self._profiles[key] = PointSkipped(f"no kernel profile: {e}")
                 else:
-                    path = self.work / f"{len(self._profiles)}-{p.system}-{p.backend}-{p.model}-tp{p.tp}-ep{p.moe_ep}-{p.precision}.json"
+                    path = (
+                        self.work
+                        / f"{len(self._profiles)}-{p.system}-{p.backend}-{p.model}-tp{p.tp}-ep{p.moe_ep}-{p.precision}-kv{kv}.json"
+                    )
                     path.write_text(json.dumps(profile) + "\n")
                     used = profile["database"]["backend_version"]
                     self._profiles[key] = (str(path), f"{p.system} {p.backend} {used}")
@@ -113,13 +125,14 @@ class PointSimulator:
             seed=0,
             disable_radix_cache=not prefix_cache,
             scheduler_recv_interval=scheduler_recv_interval(p, harness_of(p, self.harness)),
+            kv_cache_dtype=kv_cache_dtype(p, harness_of(p, self.harness)),
         )
 
     def simulate(self, p: MeasuredPoint, prefix_cache: bool = False) -> SimulatedPoint:
         """p's load replayed in sim; a load simulated before (the file repeats some: 1,343 points it
         can express, 1,101 loads) is not simulated again, only its kernel bound is p's own."""
         harness = harness_of(p, self.harness)
-        key = (p.load, harness, scheduler_recv_interval(p, harness), prefix_cache)
+        key = (p.load, harness, scheduler_recv_interval(p, harness), kv_cache_dtype(p, harness), prefix_cache)
         found = self._by_load.get(key)
         if found is None:
             try:

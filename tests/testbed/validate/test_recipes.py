@@ -16,7 +16,7 @@ from validate_helpers import simulable_point
 
 from testbed.validate.harness import harness_of
 from testbed.validate.points import default_points_path
-from testbed.validate.recipes import scheduler_recv_interval
+from testbed.validate.recipes import kv_cache_dtype, scheduler_recv_interval
 from testbed.validate.simulate import PointSimulator
 
 REPO = Path(__file__).resolve().parents[3]
@@ -36,6 +36,32 @@ def test_inferencemax_deepseek_on_b200_polls_every_10_or_30_decode_steps(points)
     assert scheduler_recv_interval(h200, "inferencemax") == 1  # its H200 recipe does not set it
     told = dataclasses.replace(many, scheduler_recv_interval=5, row={**many.row, "scheduler_recv_interval": "5"})
     assert scheduler_recv_interval(told, "inferencemax") == 5  # the file's column wins
+
+
+def test_inferencemax_keeps_the_kv_cache_in_fp8_where_its_recipes_did(points):
+    llama = simulable_point(points, system="h200_sxm", backend="vllm", model_path="meta-llama/Llama-3.1-70B", isl=1024, osl=1024)
+    assert kv_cache_dtype(llama, "inferencemax") == "fp8"
+    assert kv_cache_dtype(llama, "fixed") == "auto"  # another client's points: not that recipe
+    minimax = simulable_point(points, system="h200_sxm", backend="vllm", model_path="MiniMaxAI/MiniMax-M2.5", isl=1024, osl=1024)
+    assert kv_cache_dtype(minimax, "inferencemax") == "auto"
+    told = dataclasses.replace(llama, row={**llama.row, "kv_cache_dtype": "bf16"})
+    assert kv_cache_dtype(told, "inferencemax") == "bf16"  # the file's column wins
+
+
+@pytest.mark.slow
+def test_an_fp8_kv_cache_holds_the_clients_a_bf16_one_cannot(points):
+    """70B on one H200, 64 clients of 1,024 + 8,192 tokens: a bf16 KV cache cannot hold them, so
+    requests queue for seconds; the recipe's fp8 cache holds twice the tokens, and the queue shrinks."""
+    p = simulable_point(
+        points, system="h200_sxm", backend="vllm", model_path="meta-llama/Llama-3.1-70B", tp=1, isl=1024, osl=8192, concurrency=64
+    )
+    bf16 = dataclasses.replace(p, row={**p.row, "kv_cache_dtype": "auto"})
+    sim = PointSimulator()
+    try:
+        fp8_kv, bf16_kv = sim.simulate(p), sim.simulate(bf16)
+    finally:
+        sim.close()
+    assert fp8_kv.ttft_ms < bf16_kv.ttft_ms / 5
 
 
 @pytest.mark.slow
@@ -73,3 +99,19 @@ def test_the_column_is_read_and_checked(tmp_path):
     skipped = run("10")
     assert skipped.returncode == 0, skipped.stderr
     assert "skipped 1: scheduler_recv_interval 10" in skipped.stdout, skipped.stdout
+
+
+@pytest.mark.slow
+def test_a_bad_kv_cache_dtype_column_is_one_line(tmp_path):
+    with open(default_points_path(), newline="") as f:
+        reader = csv.DictReader(f)
+        row = next(reader)
+        header = [*(reader.fieldnames or []), "kv_cache_dtype"]
+    path = tmp_path / "points.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header)
+        w.writeheader()
+        w.writerow({**row, "kv_cache_dtype": "int4"})
+    cmd = [sys.executable, "-m", "testbed.cli", "validate", "--points", path]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert_clean_error(proc, f"{path}:2", "kv_cache_dtype", "int4", "fp8")
