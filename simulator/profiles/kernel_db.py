@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simulator.profiles.kernel_tables import KernelTables
+
 BACKENDS = ("sglang", "vllm", "trtllm")
 EXTRA_HINT = "pip install -e '.[aiconfigurator]' (the aiconfigurator-core package)"
 
@@ -124,6 +126,11 @@ class KernelDatabase:
     _db: Any = field(repr=False)
     _handle: Any = field(repr=False)
     _ops: dict = field(default_factory=dict, repr=False)
+
+    @functools.cached_property
+    def tables(self) -> KernelTables:
+        """What the database measured for this system, backend and version (kernel_tables.py)."""
+        return KernelTables(systems_dir() / system_spec(self.system)["data_dir"], self.backend, self.version, self._db)
 
     @classmethod
     def open(cls, system: str, backend: str, version: str | None = None) -> "KernelDatabase":
@@ -258,23 +265,6 @@ class KernelDatabase:
             s=1,
         )
 
-    def measured_mla(self, context: bool, heads: int, kv_cache: str = "bfloat16", fmha: str | None = None) -> list[tuple[int, int]]:
-        """(batch, sequence length) of the database's measured MLA rows for `heads` heads a GPU, that KV-cache
-        dtype (and attention dtype, for prefill), as measured_attention."""
-        import pandas as pd
-
-        name = "context_mla_perf.parquet" if context else "generation_mla_perf.parquet"
-        rows = set()
-        for path in self._table_files("mla", name):
-            t = pd.read_parquet(path)
-            keep = (t.num_heads == heads) & (t.kv_cache_dtype == kv_cache)
-            if fmha is not None and context:
-                keep &= t.mla_dtype == fmha
-            t = t[keep]
-            seq = t.isl if context else t.isl + t.step
-            rows |= {(int(b), int(s)) for b, s in zip(t.batch_size, seq)}
-        return sorted(rows)
-
     def _attention_op(
         self, context: bool, heads: int, kv_heads: int, head_dim: int, qk_norm: bool, kv_cache: str = "bfloat16", fmha: str = "bfloat16"
     ):
@@ -289,14 +279,8 @@ class KernelDatabase:
         else:
             op = ops.GenerationAttention("generation_attention", 1, heads, kv_heads, kv, head_size=head_dim, use_qk_norm=qk_norm)
         # Which measured kernel (flashinfer, fa3, ...) the backend uses: the database's own choice.
-        op._lane_order = self.attention_lane_order(context)
+        op._lane_order = self.tables.attention_lane_order(context)
         return op
-
-    def attention_lane_order(self, context: bool) -> list[str]:
-        """The database's order of attention kernels (kernel_source lanes) for this backend, version and GPU."""
-        from aiconfigurator_core.sdk.operations.attention import resolved_lane_order_for_op
-
-        return resolved_lane_order_for_op(self._db, "_context_attention_data" if context else "_generation_attention_data", None)
 
     def all_reduce(self, tokens: int, hidden: int, tp: int) -> float:
         """The backend's all-reduce of `tokens` x `hidden` bf16 activations over `tp` GPUs (0 for TP 1)."""
@@ -360,108 +344,6 @@ class KernelDatabase:
             s=tokens,
             x=tokens,
         )
-
-    # ------------------------------------------------------- measured shapes
-    def measured_gemm_tokens(self, quant: str = "bfloat16") -> list[int]:
-        """The token counts (m) at which the database measured GEMMs of that quant mode."""
-        import pandas as pd
-
-        files = self._table_files("gemm", "gemm_perf.parquet")
-        if files:  # the version's own table, read directly (seconds faster than the engine's view)
-            t = pd.read_parquet(files[0], columns=["m", "gemm_dtype"])
-            ms = sorted(int(m) for m in t.m[t.gemm_dtype == quant].unique())
-            if ms:
-                return ms
-        # A version whose GEMMs come from another (the database's backward fill): its loaded view.
-        import aiconfigurator_core.sdk.operations as ops
-        from aiconfigurator_core.sdk import common
-
-        ops.GEMM.load_data(self._db)
-        return sorted(int(m) for m in self._db._gemm_data.get(common.GEMMQuantMode[quant], {}))
-
-    def gemm_kernel(self, quant: str) -> str | None:
-        """The kernel the database measured GEMMs of that quant mode with (its kernel_source: SGLang's
-        sgl_kernel fp8_scaled_mm, vLLM's CutlassFP8ScaledMMLinearKernel, ...); None where this version's
-        own table has no such rows (the database fills them from another version, or has none)."""
-        import pandas as pd
-
-        files = self._table_files("gemm", "gemm_perf.parquet")
-        if not files:
-            return None
-        t = pd.read_parquet(files[0], columns=["gemm_dtype", "kernel_source"])
-        kernels = sorted(set(t.kernel_source[t.gemm_dtype == quant]))
-        return ", ".join(kernels) if kernels else None
-
-    def gemm_quant_modes(self) -> list[str]:
-        """The GEMM quant modes the database answers for (measured, or modelled from a measured one)."""
-        return sorted(self._db.supported_quant_mode.get("gemm", []) or [])
-
-    def attention_kv_dtypes(self, context: bool) -> list[str]:
-        """The KV-cache dtypes of this version's measured attention rows (bfloat16, fp8)."""
-        import pandas as pd
-
-        name = "context_attention_perf.parquet" if context else "generation_attention_perf.parquet"
-        return sorted(
-            {
-                str(v)
-                for path in self._table_files("attention", name)
-                for v in pd.read_parquet(path, columns=["kv_cache_dtype"]).kv_cache_dtype.unique()
-            }
-        )
-
-    def attention_kernel(self, context: bool, kv_cache: str) -> tuple[str | None, list[str]]:
-        """(kernel, its attention dtypes) of the measured rows with this KV-cache dtype that the database's
-        lane order reaches first: the kernel (kernel_source) the backend runs, and the attention dtypes
-        its rows are labelled with (prefill with an fp8 KV cache: fp8 for FA3 under SGLang, which casts
-        q to fp8 as well; bfloat16 for vLLM's rows, and for FlashInfer's). (None, []) without such rows."""
-        import pandas as pd
-        import pyarrow.parquet as pq
-
-        name = "context_attention_perf.parquet" if context else "generation_attention_perf.parquet"
-        by_lane: dict[str, set[str]] = {}
-        for path in self._table_files("attention", name):
-            columns = ["kernel_source", "attn_dtype", "kv_cache_dtype"]
-            t = pd.read_parquet(path, columns=columns + [c for c in ("window_size",) if c in pq.read_schema(path).names])
-            keep = t.kv_cache_dtype == kv_cache
-            if "window_size" in t:
-                keep &= t.window_size == 0
-            for lane, dtype in zip(t.kernel_source[keep], t.attn_dtype[keep]):
-                by_lane.setdefault(str(lane), set()).add(str(dtype))
-        # The named lanes of the database's order first; "default" (no named lane) lets its engine take
-        # any lane with data, in name order.
-        order = [lane for lane in self.attention_lane_order(context) if lane != "default"] + sorted(by_lane)
-        lane = next((lane for lane in order if lane in by_lane), None)
-        return (lane, sorted(by_lane[lane])) if lane else (None, [])
-
-    def measured_attention(
-        self, context: bool, heads: int, kv_heads: int, head_dim: int, kv_cache: str = "bfloat16", fmha: str | None = None
-    ) -> list[tuple[int, int]]:
-        """(batch, sequence length) of the database's measured attention rows for these heads, that KV-cache
-        dtype (and attention dtype, for prefill), no sliding window: prefill (new tokens, no prefix) or
-        decode (context length)."""
-        import pandas as pd
-
-        name = "context_attention_perf.parquet" if context else "generation_attention_perf.parquet"
-        files = self._table_files("attention", name)
-        rows = set()
-        for path in files:
-            t = pd.read_parquet(path)
-            keep = (t.num_heads == heads) & (t.num_key_value_heads == kv_heads) & (t.head_dim == head_dim) & (t.kv_cache_dtype == kv_cache)
-            if fmha is not None and context:
-                keep &= t.attn_dtype == fmha
-            if "window_size" in t:  # older tables have no sliding-window rows at all
-                keep &= t.window_size == 0
-            t = t[keep]
-            # Decode rows are isl 1 plus `step` generated tokens: the new token attends over isl + step.
-            seq = t.isl if context else t.isl + t.step
-            rows |= {(int(b), int(s)) for b, s in zip(t.batch_size, seq)}
-        return sorted(rows)
-
-    def _table_files(self, family: str, name: str) -> list[Path]:
-        """The parquet file of one table for this version (read directly: the query API has no listing of shapes)."""
-        spec = system_spec(self.system)
-        path = systems_dir() / spec["data_dir"] / family / self.backend / self.version / name
-        return [path] if path.is_file() else []
 
     def eager_forward_overhead(self, layers: int) -> float:
         """Seconds a forward run outside a CUDA graph costs beyond its kernels, by the backend's own

@@ -89,9 +89,9 @@ def holdout_errors(profile: dict, db: KernelDatabase, g) -> dict:
         # The measured rows of the precision that priced the table (KV dtype; prefill: attention dtype too).
         kv, fmha = (g.prefill_kv, g.prefill_fmha) if extend else (g.decode_kv, None)
         if g.kv_lora:
-            measured = db.measured_mla(extend, g.heads, kv, fmha)
+            measured = db.tables.measured_mla(extend, g.heads, kv, fmha)
         else:
-            measured = db.measured_attention(extend, g.heads, g.kv_heads, g.head_dim, kv, fmha)
+            measured = db.tables.measured_attention(extend, g.heads, g.kv_heads, g.head_dim, kv, fmha)
         shapes = [(b, s) for b, s in measured if s not in used and s >= 1]
         errors = []
         for b, s in shapes:

@@ -100,18 +100,18 @@ def quantized_gemm_check(db: KernelDatabase, g: GpuShapes, quant: str) -> str | 
         why = (
             f"the GPU has no {cores[0]} tensor cores (its spec has no {cores[1]})"
             if not gpu.get(cores[1])
-            else f"its GEMM tables: {', '.join(db.gemm_quant_modes()) or 'none'} ({e})"
+            else f"its GEMM tables: {', '.join(db.tables.gemm_quant_modes()) or 'none'} ({e})"
         )
         raise KernelDatabaseError(
             f"--quantization {quant}: {db.system}/{db.backend} {db.version} has no {quant} GEMM kernels: {why}"
         ) from None
-    return db.gemm_kernel(quant)
+    return db.tables.gemm_kernel(quant)
 
 
 def _fp8_kv_fallback_why(db: KernelDatabase, missing: list[str], errors: list[str]) -> str:
     """Why an fp8 KV cache was priced from bf16-KV attention tables: the database has none (A100), or
     none it can answer for these heads (then its own message)."""
-    have = sorted(set(db.attention_kv_dtypes(True)) | set(db.attention_kv_dtypes(False)))
+    have = sorted(set(db.tables.attention_kv_dtypes(True)) | set(db.tables.attention_kv_dtypes(False)))
     why = f"{db.system}/{db.backend} {db.version} has no fp8-KV {' and '.join(missing)} attention"
     if errors and (FP8 in have or not have):  # fp8 rows, but none for these heads; or no table of its own
         why += f" for these heads ({errors[0]})" if have else f" ({errors[0]})"
@@ -174,7 +174,7 @@ def build_kernel_profile(
     except ValueError as e:
         raise KernelDatabaseError(str(e)) from None
     g = GpuShapes.of(model, tp, ep)
-    gemm_kernel = db.gemm_kernel(BF16)
+    gemm_kernel = db.tables.gemm_kernel(BF16)
     if precision.quantized_weights:
         gemm_kernel = quantized_gemm_check(db, g, precision.weights)
         g = replace(g, gemm_quant=precision.weights)
@@ -191,7 +191,7 @@ def build_kernel_profile(
             f"--expert-imbalance {expert_imbalance:g}: the database measures the experts under balanced, power_law_1.01 "
             f"and power_law_1.2 loads ({e})"
         ) from None
-    tokens = sorted(set(db.measured_gemm_tokens(g.gemm_quant)) | set(POWERS))
+    tokens = sorted(set(db.tables.measured_gemm_tokens(g.gemm_quant)) | set(POWERS))
 
     phases = [
         ("dense", len(tokens) + len(REQUESTS)),
@@ -247,8 +247,8 @@ def build_kernel_profile(
                 error, done = str(e), start  # the phase again, from its first step
         return candidates[-1], build(candidates[-1]), error
 
-    prefill_kernel, prefill_dtypes = db.attention_kernel(True, precision.kv_cache if precision.fp8_kv else BF16)
-    decode_kernel, _ = db.attention_kernel(False, precision.kv_cache if precision.fp8_kv else BF16)
+    prefill_kernel, prefill_dtypes = db.tables.attention_kernel(True, precision.kv_cache if precision.fp8_kv else BF16)
+    decode_kernel, _ = db.tables.attention_kernel(False, precision.kv_cache if precision.fp8_kv else BF16)
     prefill_candidates, decode_candidates = [g], [g]
     if precision.fp8_kv:
         # The attention dtype the database measured the backend's kernel in over an fp8 KV cache: fp8
@@ -273,8 +273,8 @@ def build_kernel_profile(
     if missing:
         kv_record["why"] = _fp8_kv_fallback_why(db, missing, [e for e in (prefill_error, decode_error) if e])
     if not precision.fp8_kv or missing:  # the kernels measured with the KV dtype that priced them
-        prefill_kernel = db.attention_kernel(True, g.prefill_kv)[0]
-        decode_kernel = db.attention_kernel(False, g.decode_kv)[0]
+        prefill_kernel = db.tables.attention_kernel(True, g.prefill_kv)[0]
+        decode_kernel = db.tables.attention_kernel(False, g.decode_kv)[0]
     if g.kv_lora:  # the database's MLA tables, not its GQA kernels
         prefill_kernel, decode_kernel = "context_mla + kv_b_proj", "generation_mla + latent BMMs"
     profile = {
@@ -307,7 +307,7 @@ def build_kernel_profile(
                 if g.moe_split_extrapolated
                 else {}
             ),
-            "lm_head": {"quant_mode": BF16, "kernel": db.gemm_kernel(BF16)},
+            "lm_head": {"quant_mode": BF16, "kernel": db.tables.gemm_kernel(BF16)},
             "prefill_attention": {"kv_cache": g.prefill_kv, "fmha": g.prefill_fmha, "kernel": prefill_kernel},
             "decode_attention": {"kv_cache": g.decode_kv, "kernel": decode_kernel},
             "kv_cache_dtype": kv_record,
