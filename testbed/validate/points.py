@@ -86,7 +86,9 @@ class MeasuredPoint:
     moe_tp: int | None  # the routed experts' TP (a mixture of experts; None where not given)
     gemm_quant: str | None
     moe_quant: str | None
-    scheduler_recv_interval: int  # SGLang's --scheduler-recv-interval the server ran with (1: every step)
+    # The server's settings where the file states them (None: recipes.py's, else the engine's default)
+    scheduler_recv_interval: int | None  # SGLang's --scheduler-recv-interval
+    kv_cache_dtype: str | None  # --kv-cache-dtype
     ttft_ms: float
     tpot_ms: float
     row: dict  # every column as read, for the output CSV
@@ -113,6 +115,7 @@ class MeasuredPoint:
             self.gemm_quant,
             self.moe_quant,
             self.scheduler_recv_interval,
+            self.kv_cache_dtype,
         )
 
     @property
@@ -152,7 +155,7 @@ class MeasuredPoint:
             return f"precision {self.precision}: not priced ({self.gemm_quant or '?'} GEMMs; have {', '.join(PRECISIONS)})"
         if self.gemm_quant and self.gemm_quant not in GEMM_FORMATS:
             return f"GEMM format {self.gemm_quant}: not priced (have {', '.join(GEMM_FORMATS)})"
-        if self.scheduler_recv_interval > 1 and self.backend != "sglang":
+        if (self.scheduler_recv_interval or 1) > 1 and self.backend != "sglang":
             return f"scheduler_recv_interval {self.scheduler_recv_interval}: SGLang's setting, not {self.backend}'s"
         if self.pp > 1:
             return f"pipeline parallelism: {self.pp} stages"
@@ -318,7 +321,10 @@ def _point(path: str, line: int, row: dict) -> MeasuredPoint:
         moe_tp=_int(path, line, text, "moe_tp_size", minimum=0, default=0) or None,  # dense rows: 0 or empty
         gemm_quant=(text.get("gemm_quant_mode") or None),
         moe_quant=(text.get("moe_quant_mode") or None),
-        scheduler_recv_interval=_int(path, line, text, "scheduler_recv_interval", default=1, minimum=1),
+        scheduler_recv_interval=_int(path, line, text, "scheduler_recv_interval", minimum=1)
+        if text.get("scheduler_recv_interval")
+        else None,
+        kv_cache_dtype=(text.get("kv_cache_dtype") or "").lower() or None,
         ttft_ms=_ms(path, line, text, "silicon_ttft_ms"),
         tpot_ms=_ms(path, line, text, "silicon_tpot_ms"),
         row=text,

@@ -35,7 +35,7 @@ RECV_INTERVAL_FEW, RECV_INTERVAL_MANY = 10, 30
 
 def scheduler_recv_interval(p: MeasuredPoint, harness: str) -> int:
     """SGLang's --scheduler-recv-interval that p's server ran with (1: every step)."""
-    if "scheduler_recv_interval" in p.row and p.row["scheduler_recv_interval"]:
+    if p.scheduler_recv_interval is not None:
         return p.scheduler_recv_interval
     if harness != "inferencemax" or p.backend != "sglang" or p.system not in RECV_INTERVAL_GPUS or p.model_path not in RECV_INTERVAL_MODELS:
         return 1
@@ -46,8 +46,8 @@ def scheduler_recv_interval(p: MeasuredPoint, harness: str) -> int:
 
 def kv_cache_dtype(p: MeasuredPoint, harness: str) -> str:
     """The KV cache's dtype that p's server ran with, as --kv-cache-dtype says it (auto: the model's)."""
-    if p.row.get("kv_cache_dtype"):
-        return p.row["kv_cache_dtype"].lower()
+    if p.kv_cache_dtype is not None:
+        return p.kv_cache_dtype
     if harness == "inferencemax" and any(
         p.backend == backend and p.model_path == model and p.system in gpus for backend, model, gpus in FP8_KV_RECIPES
     ):

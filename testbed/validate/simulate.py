@@ -60,8 +60,7 @@ class PointSimulator:
         self.work.mkdir(parents=True, exist_ok=True)
         self._profiles: dict[tuple, tuple[str, str] | PointSkipped] = {}
         self._cost_models: dict[str, object] = {}  # profile path -> its KernelProfileCostModel
-        # (MeasuredPoint.load, harness, its recipe's receive interval and KV dtype, prefix cache) -> its result
-        self._by_load: dict[tuple, SimulatedPoint | PointSkipped] = {}
+        self._by_load: dict[tuple, SimulatedPoint | PointSkipped] = {}  # (MeasuredPoint.load, harness, prefix cache) -> its result
 
     def close(self) -> None:
         if self._tmp is not None:
@@ -132,7 +131,7 @@ class PointSimulator:
         """p's load replayed in sim; a load simulated before (the file repeats some: 1,343 points it
         can express, 1,101 loads) is not simulated again, only its kernel bound is p's own."""
         harness = harness_of(p, self.harness)
-        key = (p.load, harness, scheduler_recv_interval(p, harness), kv_cache_dtype(p, harness), prefix_cache)
+        key = (p.load, harness, prefix_cache)  # (the load and its harness decide its recipe too)
         found = self._by_load.get(key)
         if found is None:
             try:

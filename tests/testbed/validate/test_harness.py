@@ -4,19 +4,15 @@ does to the simulated TTFT."""
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from cli_helpers import assert_clean_error
-from validate_helpers import simulable_point
+from validate_helpers import simulable_point, validate_one_row
 
 from testbed.validate.harness import harness_of, workload
-from testbed.validate.points import default_points_path
 from testbed.validate.simulate import PointSimulator
 
 REPO = Path(__file__).resolve().parents[3]
@@ -63,24 +59,8 @@ def test_fixed_lengths_measure_the_middle_of_three_waves(points):
 
 @pytest.mark.slow
 def test_a_bad_harness_column_is_one_line(tmp_path):
-    with open(default_points_path(), newline="") as f:
-        reader = csv.DictReader(f)
-        row = next(reader)
-        header = [*(reader.fieldnames or []), "harness"]
-    bad = tmp_path / "points.csv"
-    with open(bad, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=header)
-        w.writeheader()
-        w.writerow({**row, "harness": "locust"})
-    proc = subprocess.run(
-        [sys.executable, "-m", "testbed.cli", "validate", "--points", bad],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert_clean_error(proc, f"{bad}:2", "harness", "locust", "inferencemax")
+    path = tmp_path / "points.csv"
+    assert_clean_error(validate_one_row(path, {"harness": "locust"}), f"{path}:2", "harness", "locust", "inferencemax")
 
 
 @pytest.mark.slow
