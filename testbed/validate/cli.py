@@ -21,6 +21,7 @@ from testbed.errors import ConfigError
 from testbed.options import positive_int
 from testbed.validate.harness import HARNESSES, harness_of, simulated_tokens
 from testbed.validate.points import default_points_path, load_points, parse_filter, select
+from testbed.validate.recipes import server_recipe
 from testbed.validate.report import (
     GROUP_HEADER,
     PointResult,
@@ -89,9 +90,10 @@ def validate(
     """A result for every point, in the points' order. The points of one load (the file repeats some)
     are simulated once, by one worker; the loads of one kind (system, backend, model, TP, precision:
     one kernel profile) go to a worker together, so each worker builds few profiles."""
-    loads: dict[tuple, list[int]] = {}  # (load, harness) -> its points, in kernel-profile order
+    loads: dict[tuple, list[int]] = {}  # (load, harness, server recipe) -> its points, in kernel-profile order
     for i in sorted(range(len(points)), key=lambda i: (points[i].skip_reason() is not None, points[i].group, points[i].tp or 0)):
-        loads.setdefault((points[i].load, harness_of(points[i], harness)), []).append(i)
+        h = harness_of(points[i], harness)
+        loads.setdefault((points[i].load, h, server_recipe(points[i], h)), []).append(i)
     results: list[PointResult | None] = [None] * len(points)
     if jobs <= 1:
         simulator = PointSimulator(out_of_phase=out_of_phase, harness=harness)
@@ -116,7 +118,7 @@ def _chunks(points, loads: list[tuple[tuple, list[int]]], jobs: int) -> list[lis
     load last would leave the other workers idle: a 5,120-request point takes 10 s)."""
     size = max(1, min(8, len(loads) // (4 * jobs)))
     chunks: list[tuple[int, list[int]]] = []  # (tokens the chunk simulates, its points)
-    for k, ((_, harness), same) in enumerate(loads):
+    for k, ((_, harness, _), same) in enumerate(loads):
         p = points[same[0]]
         if not chunks or k % size == 0 or (p.group, p.tp) != (points[chunks[-1][1][0]].group, points[chunks[-1][1][0]].tp):
             chunks.append((0, []))

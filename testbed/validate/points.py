@@ -89,6 +89,7 @@ class MeasuredPoint:
     # The server's settings where the file states them (None: recipes.py's, else the engine's default)
     scheduler_recv_interval: int | None  # SGLang's --scheduler-recv-interval
     kv_cache_dtype: str | None  # --kv-cache-dtype
+    measured_on: str | None  # the day it was measured (YYYY-MM-DD, the source's measured=): its recipe's version
     ttft_ms: float
     tpot_ms: float
     row: dict  # every column as read, for the output CSV
@@ -266,6 +267,12 @@ def _concurrency(path: str, line: int, row: dict) -> int | None:
     return int(found.group(1)) if found and int(found.group(1)) > 0 else None
 
 
+def _measured_on(row: dict) -> str | None:
+    """The day the point was measured, from its source's `measured=2026-04-03T17:02:12Z`; None if unsaid."""
+    found = re.search(r"measured=(\d{4}-\d\d-\d\d)", row.get("silicon_data_source") or "")
+    return found.group(1) if found else None
+
+
 def load_points(path: str | Path) -> list[MeasuredPoint]:
     """Every row of a points file; TraceError (file, line, column) for one that cannot be read."""
     path = str(path)
@@ -325,6 +332,7 @@ def _point(path: str, line: int, row: dict) -> MeasuredPoint:
         if text.get("scheduler_recv_interval")
         else None,
         kv_cache_dtype=(text.get("kv_cache_dtype") or "").lower() or None,
+        measured_on=_measured_on(text),
         ttft_ms=_ms(path, line, text, "silicon_ttft_ms"),
         tpot_ms=_ms(path, line, text, "silicon_tpot_ms"),
         row=text,

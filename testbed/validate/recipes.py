@@ -1,55 +1,188 @@
-"""Server settings that measured points ran with, where they differ from the engine's defaults
-and the replay can take them.
+"""The server settings that measured points ran with, where they differ from the engine's defaults
+and the replay can take them: a point is replayed against the server its benchmark ran.
 
 InferenceMAX publishes each sweep's server command (SemiAnalysisAI/InferenceX,
-benchmarks/single_node/<model>_<precision>_<gpu>.sh; benchmarks/*_docker.sh before 2026-01).
-Of what those recipes set, the replay takes SGLang's --scheduler-recv-interval: every SGLang
-DeepSeek-R1 recipe on the B200 and B300, fp8 and fp4, from 2025-11 (the file's first such
-points) to 2026-04 (its last), runs `--scheduler-recv-interval 30` at 16 clients or more and 10
-below, except the fp8 recipe at TP 4 (10 at every concurrency). Its points in silicon_sample.csv
-are labelled DeepSeek-R1 or DeepSeek-V3 (the db-dump's rows of the same dsr1 sweeps).
+benchmarks/single_node/<model>_<precision>_<gpu>.sh; benchmarks/*_docker.sh before 2026-01), and
+changes it over time. Each point's source says the day it was measured (`measured=`), so a point is
+replayed with the version of its recipe in force that day (RECIPES: each version from the day its
+commit landed). A point measured before its recipe's first version, or one no recipe covers,
+runs the engine's defaults.
 
-Every vLLM Llama-3.1-70B recipe (fp8 on H100, H200 and B200, fp4 on B200) ran
-`kv-cache-dtype: fp8` until the model left the sweeps on 2025-10-29, the date of its points; the
-SGLang DeepSeek-R1 recipes on B200 and B300 run `--kv-cache-dtype fp8_e4m3`. An fp8 KV cache holds
-twice the tokens, and its attention is priced from the database's fp8-KV tables.
+What the recipes set that the replay takes:
+- the KV cache's dtype (`--kv-cache-dtype fp8`: the pool holds twice the tokens, and attention is
+  priced from the database's fp8-KV tables);
+- SGLang's `--scheduler-recv-interval` (new requests taken in once every N decode steps);
+- expert parallelism over the TP GPUs: the experts spread whole over them instead of split across
+  them. vLLM's MiniMax recipes on the H200 (from 2026-03-13) and the B200 (until 2026-04-03) turn
+  on `--enable-expert-parallel` whenever `EP_SIZE -ge 1`, that is always, though their rows say
+  moe_ep_size 1; SGLang's DeepSeek fp4 recipe ran `--enable-ep-moe` until 2025-11-10;
+- the step's token budget (vLLM's `--max-num-batched-tokens`, SGLang's `--chunked-prefill-size`
+  and `--max-prefill-tokens`), the running-request cap (`--max-num-seqs`,
+  `--max-running-requests`), the memory share (`--gpu-memory-utilization`,
+  `--mem-fraction-static`) and vLLM's `--block-size`.
+Not taken: stream intervals (how often tokens reach the client, not when they are made), CUDA
+graph capture sizes and modes, and kernel backends (the kernel database prices its own).
 
-A points file's own `scheduler_recv_interval` and `kv_cache_dtype` columns win over this table.
+A points file's own `scheduler_recv_interval` and `kv_cache_dtype` columns win over the recipe.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+
 from testbed.validate.points import MeasuredPoint
 
-FP8_KV_RECIPES = (
-    ("vllm", "meta-llama/Llama-3.1-70B", ("h100_sxm", "h200_sxm", "b200_sxm")),
-    ("sglang", "deepseek-ai/DeepSeek-R1", ("b200_sxm", "b300_sxm")),
-    ("sglang", "deepseek-ai/DeepSeek-V3", ("b200_sxm", "b300_sxm")),
-)  # (backend, model, GPUs) whose InferenceMAX recipes keep the KV cache in fp8
 
-RECV_INTERVAL_GPUS = ("b200_sxm", "b300_sxm")
-RECV_INTERVAL_MODELS = ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3")
-RECV_INTERVAL_MANY_CLIENTS = 16  # `if [[ $CONC -ge 16 ]]`
-RECV_INTERVAL_FEW, RECV_INTERVAL_MANY = 10, 30
+@dataclass(frozen=True)
+class ServerRecipe:
+    """The flags of a point's server that the replay takes; None: the engine's default."""
+
+    kv_cache_dtype: str = "auto"
+    scheduler_recv_interval: int = 1  # SGLang: take in new requests once every N decode steps
+    expert_parallel: bool = False  # experts spread whole over the TP GPUs (vLLM --enable-expert-parallel, SGLang --enable-ep-moe)
+    max_num_batched_tokens: int | None = None  # vLLM: the tokens of one step
+    chunked_prefill_size: int | None = None  # SGLang: the longest prefill chunk
+    max_prefill_tokens: int | None = None  # SGLang: the prefill tokens of one step
+    max_running_requests: int | None = None  # vLLM --max-num-seqs, SGLang --max-running-requests
+    memory_fraction: float | None = None  # vLLM --gpu-memory-utilization, SGLang --mem-fraction-static
+    block_size: int | None = None  # vLLM --block-size (KV page)
+    source: str = ""  # the recipe and its version, e.g. "InferenceX minimaxm2.5_fp8_b200.sh of 2026-04-03"
+
+    def flags(self, backend: str) -> str:
+        """The settings the recipe gives, as the engine's flags (empty: the engine's defaults throughout)."""
+        names = {
+            "kv_cache_dtype": "--kv-cache-dtype",
+            "scheduler_recv_interval": "--scheduler-recv-interval",
+            "expert_parallel": "--enable-expert-parallel" if backend == "vllm" else "--enable-ep-moe",
+            "max_num_batched_tokens": "--max-num-batched-tokens",
+            "chunked_prefill_size": "--chunked-prefill-size",
+            "max_prefill_tokens": "--max-prefill-tokens",
+            "max_running_requests": "--max-num-seqs" if backend == "vllm" else "--max-running-requests",
+            "memory_fraction": "--gpu-memory-utilization" if backend == "vllm" else "--mem-fraction-static",
+            "block_size": "--block-size",
+        }
+        default = ServerRecipe()
+        out = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in names and value != getattr(default, f.name):
+                out.append(names[f.name] if value is True else f"{names[f.name]} {value}")
+        return " ".join(out)
 
 
-def scheduler_recv_interval(p: MeasuredPoint, harness: str) -> int:
-    """SGLang's --scheduler-recv-interval that p's server ran with (1: every step)."""
+Rule = Callable[[MeasuredPoint], ServerRecipe]
+
+
+@dataclass(frozen=True)
+class RecipeVersion:
+    backend: str
+    models: tuple[str, ...]  # model_path as the points file says it
+    systems: tuple[str, ...]
+    precisions: tuple[str, ...]  # the row's precision column
+    script: str  # InferenceX's script of this recipe
+    since: str  # the day this version's commit landed (YYYY-MM-DD)
+    rule: Rule  # the settings it gives a point (some depend on TP, clients and lengths)
+
+
+def _sglang_clients_interval(p: MeasuredPoint) -> int:
+    # `if [[ $CONC -ge 16 ]]; then SCHEDULER_RECV_INTERVAL=30 else 10`
+    return 30 if (p.concurrency or 1) >= 16 else 10
+
+
+def _dsr1_fp8_blackwell(p: MeasuredPoint) -> ServerRecipe:
+    """dsr1_fp8_b200/b300: TP 8 polls every 30 steps from 16 clients (else 10), 128 running requests,
+    32,768-token chunks; TP 4 (8,192/1,024 only) every 10, 32 running, 8,192-token chunks."""
+    if p.tp == 4:
+        return ServerRecipe("fp8", 10, False, None, 8192, 8192, 32, 0.95)
+    return ServerRecipe("fp8", _sglang_clients_interval(p), False, None, 32768, 32768, 128, 0.82)
+
+
+def _dsr1_fp8_b200_2025(p: MeasuredPoint) -> ServerRecipe:
+    """dsr1_fp8_b200_docker.sh until 2026-01-13: the TP-8 settings at every TP."""
+    return ServerRecipe("fp8", _sglang_clients_interval(p), False, None, 32768, 32768, 128, 0.82)
+
+
+def _dsr1_fp4_blackwell(ep_moe: bool) -> Rule:
+    """dsr1_fp4_b200/b300 (and the docker script before them): 256 running requests, 16,384-token
+    chunks (and SGLang's default --max-prefill-tokens, 16,384). Until 2025-11-10 it ran
+    `--enable-ep-moe` (experts over every TP GPU), then `--ep-size $EP_SIZE` (the row's)."""
+    return lambda p: ServerRecipe("fp8", _sglang_clients_interval(p), ep_moe, None, 16384, None, 256, 0.85)
+
+
+def _dsr1_fp8_h200(p: MeasuredPoint) -> ServerRecipe:
+    """dsr1_fp8_h200.sh: 512 running requests at 1,024/1,024, else 256; 32,768-token chunks."""
+    running = 512 if (p.isl, p.osl) == (1024, 1024) else 256
+    return ServerRecipe(chunked_prefill_size=32768, max_prefill_tokens=32768, max_running_requests=running, memory_fraction=0.82)
+
+
+def _minimax_vllm_first(memory: float, expert_parallel: bool, block: int | None) -> Rule:
+    """minimaxm2.5_fp8 on H200/B200 before their 2026-04 upgrades: `EP_SIZE -ge 1` turns expert
+    parallelism on for every row."""
+    return lambda p: ServerRecipe(expert_parallel=expert_parallel, memory_fraction=memory, block_size=block)
+
+
+def _minimax_vllm_blackwell(block: int | None) -> Rule:
+    """minimaxm2.5 on B200/B300 from 2026-04: an fp8 KV cache and a step of twice the prompt."""
+    return lambda p: ServerRecipe(
+        "fp8", expert_parallel=p.moe_ep > 1, max_num_batched_tokens=2 * p.isl, memory_fraction=0.90, block_size=block
+    )
+
+
+def _llama70b_vllm(p: MeasuredPoint) -> ServerRecipe:
+    """70b_fp8_{h100,h200,b200} and 70b_fp4_b200 (until the model left on 2025-10-29): an fp8 KV
+    cache; their 8,192-token steps, 0.9 memory share and running caps (the clients, or 512) are vLLM's defaults in effect."""
+    return ServerRecipe("fp8")
+
+
+DEEPSEEK = ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3")  # the db-dump labels rows of the dsr1 sweeps either way
+MINIMAX = ("MiniMaxAI/MiniMax-M2.5",)
+LLAMA_70B = ("meta-llama/Llama-3.1-70B",)
+BLACKWELL = ("b200_sxm", "b300_sxm")
+RECIPES = (
+    RecipeVersion("vllm", LLAMA_70B, ("h100_sxm", "h200_sxm", "b200_sxm"), ("fp8", "fp4"), "70b_*_docker.sh", "2025-09-12", _llama70b_vllm),
+    RecipeVersion("sglang", DEEPSEEK, ("b200_sxm",), ("fp8",), "dsr1_fp8_b200_docker.sh", "2025-11-10", _dsr1_fp8_b200_2025),
+    RecipeVersion("sglang", DEEPSEEK, BLACKWELL, ("fp8",), "dsr1_fp8_b200.sh / dsr1_fp8_b300.sh", "2026-01-13", _dsr1_fp8_blackwell),
+    RecipeVersion("sglang", DEEPSEEK, BLACKWELL, ("fp4",), "dsr1_fp4_b200_docker.sh", "2025-10-01", _dsr1_fp4_blackwell(ep_moe=True)),
+    RecipeVersion(
+        "sglang", DEEPSEEK, BLACKWELL, ("fp4",), "dsr1_fp4_b200.sh / dsr1_fp4_b300.sh", "2025-11-10", _dsr1_fp4_blackwell(ep_moe=False)
+    ),
+    RecipeVersion("sglang", DEEPSEEK, ("h200_sxm",), ("fp8",), "dsr1_fp8_h200.sh", "2026-03-06", _dsr1_fp8_h200),
+    RecipeVersion(
+        "vllm", MINIMAX, ("h100_sxm",), ("fp8",), "minimaxm2.5_fp8_h100.sh", "2026-03-02", lambda p: ServerRecipe(max_running_requests=256)
+    ),
+    RecipeVersion(
+        "vllm", MINIMAX, ("h200_sxm",), ("fp8",), "minimaxm2.5_fp8_h200.sh", "2026-03-01", _minimax_vllm_first(0.95, False, None)
+    ),
+    RecipeVersion("vllm", MINIMAX, ("h200_sxm",), ("fp8",), "minimaxm2.5_fp8_h200.sh", "2026-03-13", _minimax_vllm_first(0.95, True, None)),
+    RecipeVersion("vllm", MINIMAX, ("b200_sxm",), ("fp8",), "minimaxm2.5_fp8_b200.sh", "2026-03-11", _minimax_vllm_first(0.95, True, 32)),
+    RecipeVersion("vllm", MINIMAX, ("b200_sxm",), ("fp8",), "minimaxm2.5_fp8_b200.sh", "2026-04-03", _minimax_vllm_blackwell(32)),
+    RecipeVersion("vllm", MINIMAX, ("b300_sxm",), ("fp8",), "minimaxm2.5_fp8_b300.sh", "2026-04-17", _minimax_vllm_blackwell(32)),
+    RecipeVersion("vllm", MINIMAX, ("b200_sxm",), ("fp4",), "minimaxm2.5_fp4_b200.sh", "2026-04-08", _minimax_vllm_blackwell(None)),
+    RecipeVersion("vllm", MINIMAX, ("b300_sxm",), ("fp4",), "minimaxm2.5_fp4_b300.sh", "2026-04-17", _minimax_vllm_blackwell(None)),
+)
+
+
+def recipe_version(p: MeasuredPoint, harness: str) -> RecipeVersion | None:
+    """The version of InferenceMAX's recipe that p ran (the latest before the day it was measured);
+    None for another client's points, a point measured before its recipe's first version, or one no recipe covers."""
+    if harness != "inferencemax":
+        return None
+    found = None
+    for v in RECIPES:
+        if p.backend == v.backend and p.model_path in v.models and p.system in v.systems and p.precision in v.precisions:
+            if p.measured_on is None or v.since <= p.measured_on:  # an undated point: the latest version
+                if found is None or v.since > found.since:
+                    found = v
+    return found
+
+
+def server_recipe(p: MeasuredPoint, harness: str) -> ServerRecipe:
+    """The server settings p is replayed with: its recipe's, with the points file's columns winning."""
+    v = recipe_version(p, harness)
+    recipe = ServerRecipe() if v is None else replace(v.rule(p), source=f"InferenceX {v.script} of {v.since}")
     if p.scheduler_recv_interval is not None:
-        return p.scheduler_recv_interval
-    if harness != "inferencemax" or p.backend != "sglang" or p.system not in RECV_INTERVAL_GPUS or p.model_path not in RECV_INTERVAL_MODELS:
-        return 1
-    if p.tp == 4 and p.precision == "fp8":
-        return RECV_INTERVAL_FEW
-    return RECV_INTERVAL_MANY if (p.concurrency or 1) >= RECV_INTERVAL_MANY_CLIENTS else RECV_INTERVAL_FEW
-
-
-def kv_cache_dtype(p: MeasuredPoint, harness: str) -> str:
-    """The KV cache's dtype that p's server ran with, as --kv-cache-dtype says it (auto: the model's)."""
+        recipe = replace(recipe, scheduler_recv_interval=p.scheduler_recv_interval)
     if p.kv_cache_dtype is not None:
-        return p.kv_cache_dtype
-    if harness == "inferencemax" and any(
-        p.backend == backend and p.model_path == model and p.system in gpus for backend, model, gpus in FP8_KV_RECIPES
-    ):
-        return "fp8"
-    return "auto"
+        recipe = replace(recipe, kv_cache_dtype=p.kv_cache_dtype)
+    return recipe

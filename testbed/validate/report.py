@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from testbed.validate.points import MeasuredPoint
-from testbed.validate.recipes import kv_cache_dtype, scheduler_recv_interval
+from testbed.validate.recipes import server_recipe
 
 
 @dataclass
@@ -158,6 +158,8 @@ CSV_COLUMNS = (
     "harness",
     "scheduler_recv_interval",
     "kv_cache_dtype",
+    "server_flags",
+    "recipe",
     "sim_seconds",
     "measured_ttft_ms",
     "measured_tpot_ms",
@@ -183,6 +185,7 @@ def write_csv(results: list[PointResult], path: Path) -> None:
         for r in results:
             p = r.point
             err = {f"{s}_{m}_err": r.error(s, m) for s in ("sim", "aic") for m in ("ttft", "tpot")}
+            recipe = None if r.harness is None else server_recipe(p, r.harness)
             values = {
                 "id": p.id,
                 "line": p.line,
@@ -196,8 +199,10 @@ def write_csv(results: list[PointResult], path: Path) -> None:
                 "concurrency": p.concurrency,
                 "tp": p.tp,
                 "harness": r.harness,
-                "scheduler_recv_interval": None if r.harness is None else scheduler_recv_interval(p, r.harness),
-                "kv_cache_dtype": None if r.harness is None else kv_cache_dtype(p, r.harness),
+                "scheduler_recv_interval": None if recipe is None else recipe.scheduler_recv_interval,
+                "kv_cache_dtype": None if recipe is None else recipe.kv_cache_dtype,
+                "server_flags": None if recipe is None else recipe.flags(p.backend),  # what the replay changed from the engine's defaults
+                "recipe": None if recipe is None else recipe.source,
                 "sim_seconds": None if r.sim_seconds is None else round(r.sim_seconds, 3),
                 "measured_ttft_ms": p.ttft_ms,
                 "measured_tpot_ms": p.tpot_ms,

@@ -33,7 +33,7 @@ from testbed.options import ReplayOptions
 from testbed.validate.harness import harness_of, workload
 from testbed.validate.kernel_bound import kernel_bound
 from testbed.validate.points import MeasuredPoint
-from testbed.validate.recipes import kv_cache_dtype, scheduler_recv_interval
+from testbed.validate.recipes import ServerRecipe, server_recipe
 
 
 class PointSkipped(Exception):
@@ -60,7 +60,7 @@ class PointSimulator:
         self.work.mkdir(parents=True, exist_ok=True)
         self._profiles: dict[tuple, tuple[str, str] | PointSkipped] = {}
         self._cost_models: dict[str, object] = {}  # profile path -> its KernelProfileCostModel
-        self._by_load: dict[tuple, SimulatedPoint | PointSkipped] = {}  # (MeasuredPoint.load, harness, prefix cache) -> its result
+        self._by_load: dict[tuple, SimulatedPoint | PointSkipped] = {}  # (MeasuredPoint.load, harness, recipe, prefix cache) -> its result
 
     def close(self) -> None:
         if self._tmp is not None:
@@ -73,8 +73,9 @@ class PointSimulator:
 
         versions = kernel_db.available().get(p.system, {}).get(p.backend, [])
         version = kernel_db.nearest_version(versions, p.backend_version)
-        kv = kv_cache_dtype(p, harness_of(p, self.harness))
-        key = (p.system, p.backend, version, p.model, p.tp, p.moe_ep, p.quantization, kv)
+        recipe = self.recipe(p)
+        kv, ep = recipe.kv_cache_dtype, self.expert_ranks(p)
+        key = (p.system, p.backend, version, p.model, p.tp, ep, p.quantization, kv)
         if key not in self._profiles:
             if not versions:
                 self._profiles[key] = PointSkipped(f"AIConfigurator has no {p.backend} kernels of {p.system}")
@@ -88,7 +89,7 @@ class PointSimulator:
                         p.tp,
                         quantization=p.quantization,
                         kv_cache_dtype=kv,
-                        ep=p.moe_ep,
+                        ep=ep,
                         holdout=False,
                     )
                 except (kernel_db.KernelDatabaseError, ValueError) as e:
@@ -96,7 +97,7 @@ class PointSimulator:
                 else:
                     path = (
                         self.work
-                        / f"{len(self._profiles)}-{p.system}-{p.backend}-{p.model}-tp{p.tp}-ep{p.moe_ep}-{p.precision}-kv{kv}.json"
+                        / f"{len(self._profiles)}-{p.system}-{p.backend}-{p.model}-tp{p.tp}-ep{ep}-{p.precision}-kv{kv}.json"
                     )
                     path.write_text(json.dumps(profile) + "\n")
                     used = profile["database"]["backend_version"]
@@ -106,32 +107,55 @@ class PointSimulator:
             raise found
         return found
 
+    def recipe(self, p: MeasuredPoint) -> ServerRecipe:
+        """The server settings p ran with, as far as its recipe is known (recipes.py)."""
+        return server_recipe(p, harness_of(p, self.harness))
+
+    def expert_ranks(self, p: MeasuredPoint) -> int:
+        """The GPUs p's experts spread over: all TP GPUs where its recipe turned expert parallelism on."""
+        return p.tp if self.recipe(p).expert_parallel and p.tp else p.moe_ep
+
     def options(self, p: MeasuredPoint, profile: str, prefix_cache: bool = False) -> ReplayOptions:
         """The point's engine with its defaults, but for the server settings its recipe is known
         to have changed (recipes.py). The prompts are random tokens that share no prefix (as the
         benchmarks' random datasets), so a prefix cache never hits: the engines' default (on) and off
         schedule alike (tests/testbed/validate/test_validate.py checks it), and off spares the cache's per-block work
         (a 128-request, 8,192-token vLLM point: 13.6 s on, 1.3 s off)."""
-        return ReplayOptions(
+        recipe = self.recipe(p)
+        options = ReplayOptions(
             mode="sim",
             scheduler=p.backend,
             model=p.model,
             tp=p.tp,
-            ep=p.moe_ep,
+            ep=self.expert_ranks(p),
             profile=profile,
             quantization=p.quantization,
             concurrency=p.concurrency,
             seed=0,
             disable_radix_cache=not prefix_cache,
-            scheduler_recv_interval=scheduler_recv_interval(p, harness_of(p, self.harness)),
-            kv_cache_dtype=kv_cache_dtype(p, harness_of(p, self.harness)),
+            scheduler_recv_interval=recipe.scheduler_recv_interval,
+            kv_cache_dtype=recipe.kv_cache_dtype,
+            mem_fraction_static=recipe.memory_fraction,
+        )
+        if p.backend == "vllm":
+            return replace(
+                options,
+                max_num_batched_tokens=recipe.max_num_batched_tokens,
+                max_num_seqs=recipe.max_running_requests,
+                page_size=recipe.block_size,
+            )
+        return replace(
+            options,
+            chunked_prefill_size=recipe.chunked_prefill_size,
+            max_prefill_tokens=recipe.max_prefill_tokens or options.max_prefill_tokens,
+            max_running_requests=recipe.max_running_requests,
         )
 
     def simulate(self, p: MeasuredPoint, prefix_cache: bool = False) -> SimulatedPoint:
         """p's load replayed in sim; a load simulated before (the file repeats some: 1,343 points it
         can express, 1,101 loads) is not simulated again, only its kernel bound is p's own."""
         harness = harness_of(p, self.harness)
-        key = (p.load, harness, prefix_cache)  # (the load and its harness decide its recipe too)
+        key = (p.load, harness, self.recipe(p), prefix_cache)
         found = self._by_load.get(key)
         if found is None:
             try:

@@ -1,6 +1,8 @@
-"""Server settings of the recipes behind measured points (testbed/validate/recipes.py): InferenceMAX's
-SGLang DeepSeek-R1 servers on the B200 and B300 take in new requests once every 10 or 30 decode
-steps (--scheduler-recv-interval), and validate replays them so; a points file can say it too."""
+"""Server settings of the recipes behind measured points (testbed/validate/recipes.py): each point
+is replayed with the version of InferenceMAX's recipe in force the day it was measured (the SGLang
+DeepSeek-R1 servers on the B200 and B300 take in new requests once every 10 or 30 decode steps; the
+MiniMax servers turned expert parallelism on, then an fp8 KV cache and a step of twice the prompt);
+a points file's columns win."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from cli_helpers import assert_clean_error
 from validate_helpers import simulable_point, validate_one_row
 
 from testbed.validate.harness import harness_of
-from testbed.validate.recipes import kv_cache_dtype, scheduler_recv_interval
+from testbed.validate.recipes import ServerRecipe, server_recipe
 from testbed.validate.simulate import PointSimulator
 
 REPO = Path(__file__).resolve().parents[3]
@@ -25,23 +27,49 @@ def _b200_r1(points, **more):
 def test_inferencemax_deepseek_on_b200_polls_every_10_or_30_decode_steps(points):
     few, many = _b200_r1(points, tp=8, concurrency=8), _b200_r1(points, tp=8, concurrency=32)
     assert harness_of(few) == harness_of(many) == "inferencemax"
-    assert scheduler_recv_interval(few, "inferencemax") == 10
-    assert scheduler_recv_interval(many, "inferencemax") == 30
-    assert scheduler_recv_interval(many, "fixed") == 1  # another client's points: not that recipe
+    assert server_recipe(few, "inferencemax").scheduler_recv_interval == 10
+    assert server_recipe(many, "inferencemax").scheduler_recv_interval == 30
+    assert server_recipe(many, "inferencemax").max_running_requests == 128  # `--max-running-requests 128` at TP 8
+    assert server_recipe(many, "fixed") == ServerRecipe()  # another client's points: not that recipe
     h200 = simulable_point(points, system="h200_sxm", backend="sglang", model_path="deepseek-ai/DeepSeek-R1", isl=1024, osl=1024)
-    assert scheduler_recv_interval(h200, "inferencemax") == 1  # its H200 recipe does not set it
+    assert server_recipe(h200, "inferencemax").scheduler_recv_interval == 1  # its H200 recipe does not set it
+    assert server_recipe(h200, "inferencemax").max_running_requests == 512  # but runs 512 requests at 1,024/1,024
     told = dataclasses.replace(many, scheduler_recv_interval=5)
-    assert scheduler_recv_interval(told, "inferencemax") == 5  # the file's column wins
+    assert server_recipe(told, "inferencemax").scheduler_recv_interval == 5  # the file's column wins
 
 
 def test_inferencemax_keeps_the_kv_cache_in_fp8_where_its_recipes_did(points):
     llama = simulable_point(points, system="h200_sxm", backend="vllm", model_path="meta-llama/Llama-3.1-70B", isl=1024, osl=1024)
-    assert kv_cache_dtype(llama, "inferencemax") == "fp8"
-    assert kv_cache_dtype(llama, "fixed") == "auto"  # another client's points: not that recipe
+    assert server_recipe(llama, "inferencemax").kv_cache_dtype == "fp8"
+    assert server_recipe(llama, "fixed").kv_cache_dtype == "auto"  # another client's points: not that recipe
     minimax = simulable_point(points, system="h200_sxm", backend="vllm", model_path="MiniMaxAI/MiniMax-M2.5", isl=1024, osl=1024)
-    assert kv_cache_dtype(minimax, "inferencemax") == "auto"
+    assert server_recipe(minimax, "inferencemax").kv_cache_dtype == "auto"
     told = dataclasses.replace(llama, kv_cache_dtype="bf16")
-    assert kv_cache_dtype(told, "inferencemax") == "bf16"  # the file's column wins
+    assert server_recipe(told, "inferencemax").kv_cache_dtype == "bf16"  # the file's column wins
+
+
+def test_a_point_runs_the_recipe_of_the_day_it_was_measured(points):
+    """minimaxm2.5_fp8_b200.sh: from 2026-03-11 `EP_SIZE -ge 1` turned expert parallelism on for every
+    row at 0.95 of the memory; its 2026-04-03 upgrade kept the KV cache in fp8 and set the step to
+    twice the prompt. A point measured before its recipe's first version runs the engine's defaults."""
+    b200 = dict(system="b200_sxm", backend="vllm", model_path="MiniMaxAI/MiniMax-M2.5", precision="fp8", isl=1024, osl=1024, tp=2)
+    march = simulable_point(points, measured_on="2026-03-11", **b200)
+    april = simulable_point(points, measured_on="2026-04-08", **b200)
+    first, upgraded = server_recipe(march, "inferencemax"), server_recipe(april, "inferencemax")
+    assert (first.expert_parallel, first.memory_fraction, first.kv_cache_dtype, first.max_num_batched_tokens) == (True, 0.95, "auto", None)
+    assert (upgraded.expert_parallel, upgraded.kv_cache_dtype, upgraded.max_num_batched_tokens) == (False, "fp8", 2048)
+    assert "2026-04-03" in upgraded.source and "2026-03-11" in first.source
+    assert upgraded.flags("vllm") == "--kv-cache-dtype fp8 --max-num-batched-tokens 2048 --gpu-memory-utilization 0.9 --block-size 32"
+    sim = PointSimulator()
+    try:
+        options = sim.options(march, "profile.json")
+        assert (options.ep, options.mem_fraction_static, options.page_size) == (2, 0.95, 32)  # experts over both GPUs
+        options = sim.options(april, "profile.json")
+        assert (options.ep, options.max_num_batched_tokens, options.kv_cache_dtype) == (1, 2048, "fp8")
+    finally:
+        sim.close()
+    b300 = simulable_point(points, system="b300_sxm", backend="vllm", model_path="MiniMaxAI/MiniMax-M2.5", measured_on="2026-04-03")
+    assert server_recipe(b300, "inferencemax") == ServerRecipe()  # before minimaxm2.5_fp8_b300.sh (2026-04-17)
 
 
 @pytest.mark.slow
