@@ -95,10 +95,7 @@ class PointSimulator:
                 except (kernel_db.KernelDatabaseError, ValueError) as e:
                     self._profiles[key] = PointSkipped(f"no kernel profile: {e}")
                 else:
-                    path = (
-                        self.work
-                        / f"{len(self._profiles)}-{p.system}-{p.backend}-{p.model}-tp{p.tp}-ep{ep}-{p.precision}-kv{kv}.json"
-                    )
+                    path = self.work / f"{len(self._profiles)}-{p.system}-{p.backend}-{p.model}-tp{p.tp}-ep{ep}-{p.precision}-kv{kv}.json"
                     path.write_text(json.dumps(profile) + "\n")
                     used = profile["database"]["backend_version"]
                     self._profiles[key] = (str(path), f"{p.system} {p.backend} {used}")
