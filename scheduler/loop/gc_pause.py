@@ -15,6 +15,11 @@ collections that CPython triggers by itself count only what survived younger one
 next block starts with one (gc.collect), which a process that replays once (the CLI) never
 pays, and one that replays many times (a study) pays once a run, as it did before.
 (gc.unfreeze also returns objects that someone else froze to the oldest generation.)
+
+A process that replays hundreds of times (validate's workers) holds much beside the runs: kernel
+profiles, the points, AIConfigurator's tables. A full collection walks them all before every
+replay, 40-50 ms each time. freeze_held() moves what the process holds to the permanent generation
+for good, and gc_paused then leaves the permanent generation alone: its blocks' objects stay young.
 """
 
 from __future__ import annotations
@@ -25,6 +30,18 @@ from typing import Iterator
 
 # A block has ended since the last full collection: its cyclic garbage waits for one.
 _collect_before_next = False
+# freeze_held() has moved what the process holds to the permanent generation: keep it there.
+_held_frozen = False
+
+
+def freeze_held() -> None:
+    """Collect, then move every object the process still holds to the permanent generation, which
+    no collection walks (call it again after holding more; garbage is collected first, not frozen)."""
+    global _collect_before_next, _held_frozen
+    gc.collect()
+    gc.freeze()
+    _collect_before_next = False
+    _held_frozen = True
 
 
 @contextmanager
@@ -41,7 +58,8 @@ def gc_paused(collect_earlier: bool = True) -> Iterator[None]:
         yield
     finally:
         if was_enabled:
-            gc.freeze()  # every tracked object, this block's too, to the permanent generation...
-            gc.unfreeze()  # ...and from there to the oldest
+            if not _held_frozen:
+                gc.freeze()  # every tracked object, this block's too, to the permanent generation...
+                gc.unfreeze()  # ...and from there to the oldest
             _collect_before_next = True
             gc.enable()

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from scheduler.loop.gc_pause import freeze_held
 from testbed.errors import ConfigError
 from testbed.options import positive_int
 from testbed.validate.harness import HARNESSES, harness_of, simulated_tokens
@@ -55,6 +56,7 @@ def _result(p, simulator: PointSimulator, estimate) -> PointResult:
             except Exception as e:  # noqa: BLE001 - the SDK's own failures: the point keeps its sim figures
                 _estimates[p.load] = (None, None, f"no estimate: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
         r.aic_ttft_ms, r.aic_tpot_ms, r.aic_note = _estimates[p.load]
+    freeze_held()  # the replay's garbage collected, what the process keeps (profiles, estimates) out of later collections
     return r
 
 
