@@ -26,6 +26,7 @@ SIZE_LIMITS: dict[str, tuple[int, str]] = {
     "page_size": (2**16, "tokens a KV page"),
     "max_running_requests": RUNNING_REQUESTS,
     "max_num_seqs": RUNNING_REQUESTS,
+    "max_cudagraph_capture_size": TOKENS_PER_FORWARD,
     "concurrency": (2**20, "clients"),
 }
 

@@ -20,6 +20,7 @@ from scheduler.sglang.policy import POLICIES
 from scheduler.vllm.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, VLLM_RELEASE
 from simulator.cluster.kv_link import KV_LINK_FORMAT
 from simulator.cluster.routing import ROUTERS
+from simulator.costs.cuda_graphs import VLLM_CUDAGRAPH_MODES, VLLM_MAX_CAPTURE_TOKENS
 from simulator.costs.precision import KV_CACHE_DTYPES, QUANTIZATIONS
 from testbed.live.endpoints import ENDPOINTS
 from testbed.option_checks import SCHEDULERS, SIZE_LIMITS, check_options, closed_loop_note  # noqa: F401 - re-exported
@@ -160,6 +161,19 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=None,
         help=f"vllm: tokens one step computes, decodes and prefill chunks together (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})",
+    )
+    p.add_argument(
+        "--max-cudagraph-capture-size",
+        type=positive_int,
+        default=None,
+        help=f"vllm: the largest step (tokens) a CUDA graph replays; larger ones run eagerly, paying the profile's host dispatch (default min(2 x --max-num-seqs, {VLLM_MAX_CAPTURE_TOKENS}))",
+    )
+    p.add_argument(
+        "--cudagraph-mode",
+        choices=VLLM_CUDAGRAPH_MODES,
+        default=None,
+        help="vllm: which steps replay CUDA graphs, as its compilation config's cudagraph_mode: FULL_AND_PIECEWISE or PIECEWISE or FULL "
+        "(every step up to the capture size; the default), FULL_DECODE_ONLY (decode-only steps), NONE (none)",
     )
     p.add_argument(
         "--enable-mixed-chunk",

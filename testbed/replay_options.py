@@ -57,6 +57,10 @@ class ReplayOptions:
     scheduler: str = "sglang"
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    # vLLM's CUDA graphs: the largest step a graph is captured for (None: min(2 x max_num_seqs, 512))
+    # and which steps get one (None: FULL_AND_PIECEWISE, every step up to that size).
+    max_cudagraph_capture_size: int | None = None
+    cudagraph_mode: str | None = None
     # SGLang's scheduling options, as SGLang names them.
     enable_mixed_chunk: bool = False  # decodes ride along in a prefill batch
     enable_priority_scheduling: bool = False  # waiting queue by priority; preemption of running requests

@@ -5,8 +5,9 @@ its kernels: launching every kernel of every layer from Python. A CUDA graph rep
 one launch. Which forwards get a graph is the engine's rule, not the GPU's:
 
 - vLLM v1 (0.19): graphs for every batch of at most min(2 x max_num_seqs, 512) tokens
-  (`cudagraph_capture_sizes`; FULL graphs for uniform decode batches, piecewise graphs for
-  prefill and mixed ones); larger forwards run eagerly.
+  (`max_cudagraph_capture_size`; FULL graphs for uniform decode batches, piecewise graphs for
+  prefill and mixed ones); larger forwards run eagerly. `cudagraph_mode` FULL_DECODE_ONLY
+  captures decode-only batches alone, NONE nothing.
 - SGLang: graphs for decode batches up to `cuda_graph_max_bs`; extend and mixed batches run
   eagerly (piecewise prefill graphs are off by default).
 
@@ -35,8 +36,17 @@ class CudaGraphPolicy:
         return plan.num_tokens <= self.max_tokens
 
 
-def vllm_graphs(max_num_seqs: int) -> CudaGraphPolicy:
-    return CudaGraphPolicy(min(2 * max_num_seqs, VLLM_MAX_CAPTURE_TOKENS), decode_only=False)
+# vLLM's compilation config cudagraph_mode values. PIECEWISE graphs leave attention outside the
+# graph, a few launches a layer: priced as captured, as FULL ones are.
+VLLM_CUDAGRAPH_MODES = ("FULL_AND_PIECEWISE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "NONE")
+
+
+def vllm_graphs(max_num_seqs: int, max_capture_size: int | None = None, mode: str | None = None) -> CudaGraphPolicy:
+    """max_capture_size None: vLLM's default, min(2 x max_num_seqs, 512); mode None: FULL_AND_PIECEWISE."""
+    size = min(2 * max_num_seqs, VLLM_MAX_CAPTURE_TOKENS) if max_capture_size is None else max_capture_size
+    if mode == "NONE":
+        size = 0
+    return CudaGraphPolicy(size, decode_only=mode == "FULL_DECODE_ONLY")
 
 
 def sglang_graphs() -> CudaGraphPolicy:

@@ -52,7 +52,7 @@ VLLM = SchedulerKind(
     name="vllm",
     label="vLLM",
     policies=tuple(VLLM_POLICIES),
-    own_options=("max_num_seqs", "max_num_batched_tokens"),
+    own_options=("max_num_seqs", "max_num_batched_tokens", "max_cudagraph_capture_size", "cudagraph_mode"),
     counterparts={
         "chunked_prefill_size": "use --max-num-batched-tokens (prefills are chunked to the step's token budget)",
         "max_prefill_tokens": "use --max-num-batched-tokens",
@@ -69,5 +69,5 @@ VLLM = SchedulerKind(
     new=VllmScheduler,
     new_prefill=VllmPrefill,
     new_decode=VllmDecode,
-    cuda_graphs=lambda opts: vllm_graphs(opts.max_num_seqs),
+    cuda_graphs=lambda opts: vllm_graphs(opts.max_num_seqs, opts.max_cudagraph_capture_size, opts.cudagraph_mode),
 )

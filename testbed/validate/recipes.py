@@ -16,12 +16,16 @@ What the recipes set that the replay takes:
   them. vLLM's MiniMax recipes on the H200 (from 2026-03-13) and the B200 (until 2026-04-03) turn
   on `--enable-expert-parallel` whenever `EP_SIZE -ge 1`, that is always, though their rows say
   moe_ep_size 1; SGLang's DeepSeek fp4 recipe ran `--enable-ep-moe` until 2025-11-10;
+- vLLM's CUDA graphs: the largest step captured (`--max-cudagraph-capture-size`) and which
+  steps are (`cudagraph_mode`): a step outside a graph pays the host's dispatch;
 - the step's token budget (vLLM's `--max-num-batched-tokens`, SGLang's `--chunked-prefill-size`
   and `--max-prefill-tokens`), the running-request cap (`--max-num-seqs`,
   `--max-running-requests`), the memory share (`--gpu-memory-utilization`,
   `--mem-fraction-static`) and vLLM's `--block-size`.
-Not taken: stream intervals (how often tokens reach the client, not when they are made), CUDA
-graph capture sizes and modes, and kernel backends (the kernel database prices its own).
+Not taken: stream intervals (how often tokens reach the client, not when they are made), SGLang's
+CUDA graph batch sizes (each recipe's equals its running cap; the simulator captures up to 256,
+and none of these points decodes more than 256 requests at once), and kernel backends (the
+kernel database prices its own).
 
 A points file's own `scheduler_recv_interval` and `kv_cache_dtype` columns win over the recipe.
 """
@@ -47,6 +51,8 @@ class ServerRecipe:
     max_running_requests: int | None = None  # vLLM --max-num-seqs, SGLang --max-running-requests
     memory_fraction: float | None = None  # vLLM --gpu-memory-utilization, SGLang --mem-fraction-static
     block_size: int | None = None  # vLLM --block-size (KV page)
+    max_cudagraph_capture_size: int | None = None  # vLLM: the largest step a CUDA graph replays
+    cudagraph_mode: str | None = None  # vLLM's compilation config's cudagraph_mode
     source: str = ""  # the recipe and its version, e.g. "InferenceX minimaxm2.5_fp8_b200.sh of 2026-04-03"
 
     def flags(self, backend: str) -> str:
@@ -61,6 +67,8 @@ class ServerRecipe:
             "max_running_requests": "--max-num-seqs" if backend == "vllm" else "--max-running-requests",
             "memory_fraction": "--gpu-memory-utilization" if backend == "vllm" else "--mem-fraction-static",
             "block_size": "--block-size",
+            "max_cudagraph_capture_size": "--max-cudagraph-capture-size",
+            "cudagraph_mode": "--cudagraph-mode",
         }
         default = ServerRecipe()
         out = []
@@ -123,16 +131,24 @@ def _minimax_vllm_first(memory: float, expert_parallel: bool, block: int | None)
 
 
 def _minimax_vllm_blackwell(block: int | None) -> Rule:
-    """minimaxm2.5 on B200/B300 from 2026-04: an fp8 KV cache and a step of twice the prompt."""
+    """minimaxm2.5 on B200/B300 from 2026-04: an fp8 KV cache, a step of twice the prompt, and CUDA
+    graphs for steps of up to 2,048 tokens."""
     return lambda p: ServerRecipe(
-        "fp8", expert_parallel=p.moe_ep > 1, max_num_batched_tokens=2 * p.isl, memory_fraction=0.90, block_size=block
+        "fp8",
+        expert_parallel=p.moe_ep > 1,
+        max_num_batched_tokens=2 * p.isl,
+        memory_fraction=0.90,
+        block_size=block,
+        max_cudagraph_capture_size=2048,
     )
 
 
 def _llama70b_vllm(p: MeasuredPoint) -> ServerRecipe:
     """70b_fp8_{h100,h200,b200} and 70b_fp4_b200 (until the model left on 2025-10-29): an fp8 KV
-    cache; their 8,192-token steps, 0.9 memory share and running caps (the clients, or 512) are vLLM's defaults in effect."""
-    return ServerRecipe("fp8")
+    cache; their 8,192-token steps, 0.9 memory share and running caps (the clients, or 512) are
+    vLLM's defaults in effect. The B200 recipes capture CUDA graphs of decode-only steps alone
+    (`"cudagraph_mode": "FULL_DECODE_ONLY"`)."""
+    return ServerRecipe("fp8", cudagraph_mode="FULL_DECODE_ONLY" if p.system == "b200_sxm" else None)
 
 
 DEEPSEEK = ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3")  # the db-dump labels rows of the dsr1 sweeps either way
@@ -149,7 +165,13 @@ RECIPES = (
     ),
     RecipeVersion("sglang", DEEPSEEK, ("h200_sxm",), ("fp8",), "dsr1_fp8_h200.sh", "2026-03-06", _dsr1_fp8_h200),
     RecipeVersion(
-        "vllm", MINIMAX, ("h100_sxm",), ("fp8",), "minimaxm2.5_fp8_h100.sh", "2026-03-02", lambda p: ServerRecipe(max_running_requests=256)
+        "vllm",
+        MINIMAX,
+        ("h100_sxm",),
+        ("fp8",),
+        "minimaxm2.5_fp8_h100.sh",
+        "2026-03-02",
+        lambda p: ServerRecipe(max_running_requests=256, cudagraph_mode="PIECEWISE"),
     ),
     RecipeVersion(
         "vllm", MINIMAX, ("h200_sxm",), ("fp8",), "minimaxm2.5_fp8_h200.sh", "2026-03-01", _minimax_vllm_first(0.95, False, None)

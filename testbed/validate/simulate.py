@@ -140,6 +140,8 @@ class PointSimulator:
                 max_num_batched_tokens=recipe.max_num_batched_tokens,
                 max_num_seqs=recipe.max_running_requests,
                 page_size=recipe.block_size,
+                max_cudagraph_capture_size=recipe.max_cudagraph_capture_size,
+                cudagraph_mode=recipe.cudagraph_mode,
             )
         return replace(
             options,

@@ -25,6 +25,7 @@ from testbed.calibrate_kernels import calibrate_kernels, hbm_floor_s, profile_pr
 from testbed.errors import ConfigError
 from testbed.options import ReplayOptions
 from testbed.replay import replay
+from testbed.traces.schema import Trace, TraceRequest
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "qwen3-0.6b"  # small, and with Qwen3's q/k norm and tied embeddings
@@ -170,6 +171,31 @@ def test_a_forward_outside_a_cuda_graph_waits_for_the_hosts_dispatch(profiles):
     assert sglang.forward_time(decode_batch) == sglang.kernel_time(decode_batch)
     # Without a rule (pricing kernels alone) nothing is added.
     assert load_profile(profiles["rtx-tp1"]).forward_time(large) == model.kernel_time(large)
+
+
+def test_vllms_capture_size_and_cudagraph_mode_decide_which_forwards_wait_for_the_host(profiles, tmp_path):
+    """--max-cudagraph-capture-size 2048 (InferenceMAX's MiniMax recipes) puts a 1,024-token prefill
+    in a graph; FULL_DECODE_ONLY (its Llama-3.1-70B B200 recipes) leaves every prefill eager, NONE
+    every forward; and a replay with the flag gives the prefill's first tokens earlier."""
+    dispatch = 0.8e-3 * load_model_config(MODEL).num_hidden_layers
+    prefill, decode_batch = uniform_plan(ForwardMode.EXTEND, 1, 1024, 0), uniform_plan(ForwardMode.DECODE, 64, 1, 1000)
+
+    def priced(**graphs):
+        return load_profile(profiles["rtx-tp1"], graphs=vllm_graphs(max_num_seqs=1024, **graphs))
+
+    assert priced().forward_time(prefill) == pytest.approx(max(dispatch, priced().kernel_time(prefill)))  # default: 512
+    assert priced(max_capture_size=2048).forward_time(prefill) == priced().kernel_time(prefill)
+    decode_only = priced(max_capture_size=2048, mode="FULL_DECODE_ONLY")
+    assert decode_only.forward_time(prefill) > decode_only.kernel_time(prefill)
+    assert decode_only.forward_time(decode_batch) == decode_only.kernel_time(decode_batch)
+    assert priced(mode="NONE").forward_time(decode_batch) > priced().kernel_time(decode_batch)
+    trace = tmp_path / "t.jsonl"
+    Trace([TraceRequest(k * 0.5, 1000, 4, rid=f"r{k}") for k in range(4)]).write(trace)  # one prefill at a time
+    ttft = {}
+    for size in (None, 2048):
+        opts = ReplayOptions(model=MODEL, scheduler="vllm", profile=str(profiles["rtx-tp1"]), max_cudagraph_capture_size=size)
+        ttft[size] = replay(str(trace), opts, out=tmp_path / f"run-{size}").summary["mean_ttft_ms"]
+    assert ttft[2048] < ttft[None]
 
 
 def test_tp2_is_faster_per_step_than_tp1_but_slower_than_half(profiles):
