@@ -31,9 +31,12 @@ class CudaGraphPolicy:
     decode_only: bool  # only decode batches are captured (SGLang)
 
     def captured(self, plan: ForwardPlan) -> bool:
-        if self.decode_only and plan.mode is not ForwardMode.DECODE:
+        return self.captures(plan.mode, plan.num_tokens)
+
+    def captures(self, mode: ForwardMode, num_tokens: int) -> bool:
+        if self.decode_only and mode is not ForwardMode.DECODE:
             return False
-        return plan.num_tokens <= self.max_tokens
+        return num_tokens <= self.max_tokens
 
 
 # vLLM's compilation config cudagraph_mode values. PIECEWISE graphs leave attention outside the

@@ -281,6 +281,30 @@ class KernelProfileCostModel:
             t = max(t, self.eager_overhead)  # the host dispatches while the GPU runs: the longer of the two
         return t
 
+    def decode_forward_times(self, batch_size: int, sum_prefix_len: int, max_seq_len: int, num_steps: int) -> np.ndarray:
+        """forward_time of num_steps consecutive decode steps of the same batch_size requests (step j:
+        sum_seq_len = sum_prefix_len + (j + 1) x batch_size), elementwise the same float operations
+        as forward_time on each step's plan: a decode stretch priced at once (sim_driver.py)."""
+        b = batch_size
+        curve = self.decode_curves.get(b) or self.decode_curve(b)
+        first = sum_prefix_len + b
+        # Each step's sum_seq_len as floats: integers below 2**53, exact, so the division by b gives
+        # the float that int / int does.
+        x = np.arange(first, first + b * num_steps, b, dtype=np.float64)
+        x /= b
+        xs = np.asarray(curve.xs)
+        i = np.searchsorted(xs, x, side="right") - 1  # bisect_right - 1, as Curve.__call__
+        below = i < 0
+        np.clip(i, 0, curve.last, out=i)
+        t = x - xs[i]
+        t *= np.asarray(curve.slopes)[i]
+        t += np.asarray(curve.ys)[i]
+        if below.any():
+            t[below] = curve.ys[0]
+        if self.eager_overhead and self.graphs is not None and not self.graphs.captures(ForwardMode.DECODE, b):
+            np.maximum(t, self.eager_overhead, out=t, where=t != 0)
+        return t
+
     def kernel_time(self, plan: ForwardPlan) -> float:
         """The sum of the forward's kernels (no eager overhead)."""
         b = len(plan.req_pool_indices)

@@ -198,6 +198,18 @@ def test_vllms_capture_size_and_cudagraph_mode_decide_which_forwards_wait_for_th
     assert ttft[2048] < ttft[None]
 
 
+def test_a_decode_stretch_priced_at_once_gives_the_floats_of_its_steps_priced_one_by_one(profiles):
+    """decode_forward_times (a stretch's steps in bulk) against forward_time on each step's plan:
+    equal floats, inside the tables and past them, in a graph and outside one (the host's dispatch)."""
+    for graphs in (None, vllm_graphs(max_num_seqs=1024), vllm_graphs(max_num_seqs=4), vllm_graphs(8, mode="NONE")):
+        model = load_profile(profiles["rtx-tp1"], graphs=graphs)
+        for b, sum_prefix in ((1, 0), (3, 3 * 7), (64, 64 * 900), (257, 257 * 40000)):
+            steps = 150
+            bulk = model.decode_forward_times(b, sum_prefix, 0, steps)
+            one_by_one = [model.forward_time(uniform_plan(ForwardMode.DECODE, b, 1, sum_prefix // b + j)) for j in range(steps)]
+            assert bulk.tolist() == one_by_one, (graphs, b)
+
+
 def test_tp2_is_faster_per_step_than_tp1_but_slower_than_half(profiles):
     one, two = cost(profiles, "h100-tp1"), cost(profiles, "h100-tp2")
     for price in (
