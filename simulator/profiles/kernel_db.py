@@ -109,6 +109,15 @@ def _supported_databases() -> dict[str, dict[str, tuple[str, ...]]]:
     return {s: {b: tuple(v) for b, v in backends.items() if v} for s, backends in sorted(perf_database.get_supported_databases().items())}
 
 
+@functools.lru_cache(maxsize=None)
+def _latest_version(system: str, backend: str) -> str | None:
+    """The version the database maintains as current for (system, backend), asked once a process
+    (the SDK lists every database to answer: 0.75 s a call)."""
+    from aiconfigurator_core.sdk import perf_database
+
+    return perf_database.get_latest_database_version(system, backend)
+
+
 def _choices(items) -> str:
     return ", ".join(sorted(items))
 
@@ -148,7 +157,7 @@ class KernelDatabase:
             raise KernelDatabaseError(f"system {system!r} has no {backend!r} kernels; it has: {_choices(have[system])}")
         versions = have[system][backend]
         if version is None:
-            version = perf_database.get_latest_database_version(system, backend)
+            version = _latest_version(system, backend)
         if version not in versions:
             raise KernelDatabaseError(f"{system}/{backend} has no version {version!r}; it has: {_choices(versions)}")
         db = perf_database.get_database(system, backend, version)
