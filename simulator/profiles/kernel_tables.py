@@ -70,7 +70,7 @@ class KernelTables:
         if not files:
             return None
         t = pd.read_parquet(files[0], columns=["gemm_dtype", "kernel_source"])
-        kernels = sorted(set(t.kernel_source[t.gemm_dtype == quant]))
+        kernels = sorted(str(k) for k in t.kernel_source[t.gemm_dtype == quant].unique())  # (unique: not row by row)
         return ", ".join(kernels) if kernels else None
 
     def gemm_quant_modes(self) -> list[str]:
@@ -106,7 +106,8 @@ class KernelTables:
             keep = t.kv_cache_dtype == kv_cache
             if "window_size" in t:
                 keep &= t.window_size == 0
-            for lane, dtype in zip(t.kernel_source[keep], t.attn_dtype[keep]):
+            pairs = t.loc[keep, ["kernel_source", "attn_dtype"]].drop_duplicates()  # (not row by row: 10^5 rows)
+            for lane, dtype in zip(pairs.kernel_source, pairs.attn_dtype):
                 by_lane.setdefault(str(lane), set()).add(str(dtype))
         # The named lanes of the database's order first; "default" (no named lane) lets its engine take
         # any lane with data, in name order.

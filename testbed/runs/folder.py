@@ -278,6 +278,12 @@ def _read_table(path: Path, name: str) -> pd.DataFrame:
     return table.sort_values("index", ignore_index=True) if name == REQUESTS_FILE else table
 
 
+def load_requests(path: str | os.PathLike, columns: list[str]) -> pd.DataFrame:
+    """These columns of a finished run's requests table, and nothing else of the folder (a caller
+    that replays hundreds of runs: testbed validate)."""
+    return pd.read_parquet(Path(path) / REQUESTS_FILE, columns=columns)
+
+
 def load_run(path: str | os.PathLike) -> Run:
     """Load a run folder; an incomplete run loads with whatever tables it has, a run still going
     or killed from its journals (with a summary of what they hold)."""

@@ -169,7 +169,7 @@ class PointSimulator:
     def _simulate(self, p: MeasuredPoint, prefix_cache: bool) -> SimulatedPoint:
         from testbed.errors import USER_ERRORS
         from testbed.replay import replay
-        from testbed.runs.folder import load_run
+        from testbed.runs.folder import load_requests
         from testbed.traces.schema import Trace
 
         reason = p.skip_reason()
@@ -186,7 +186,7 @@ class PointSimulator:
             replay(str(trace_path), self.options(p, profile, prefix_cache), out=out)
         except USER_ERRORS as e:
             raise PointSkipped(f"the simulator refused it: {e}") from None
-        requests = load_run(out).requests
+        requests = load_requests(out, ["rid", "status", "arrival", "first_token", "finish", "output_tokens"])
         shutil.rmtree(out, ignore_errors=True)
         trace_path.unlink()
         steady = requests[requests["rid"].isin(load.measured_rids)]
