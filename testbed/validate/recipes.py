@@ -20,7 +20,7 @@ What the recipes set that the replay takes:
   steps are (`cudagraph_mode`): a step outside a graph pays the host's dispatch;
 - the step's token budget (vLLM's `--max-num-batched-tokens`, SGLang's `--chunked-prefill-size`
   and `--max-prefill-tokens`), the running-request cap (`--max-num-seqs`,
-  `--max-running-requests`), the memory share (`--gpu-memory-utilization`,
+  `--max-running-requests`; but see the Blackwell DeepSeek caps below), the memory share (`--gpu-memory-utilization`,
   `--mem-fraction-static`) and vLLM's `--block-size`.
 Not taken: stream intervals (how often tokens reach the client, not when they are made), SGLang's
 CUDA graph batch sizes (each recipe's equals its running cap; the simulator captures up to 256,
@@ -98,24 +98,32 @@ def _sglang_clients_interval(p: MeasuredPoint) -> int:
     return 30 if (p.concurrency or 1) >= 16 else 10
 
 
+# The Blackwell DeepSeek scripts also pass --max-running-requests (TP 8: 128, TP 4: 32, fp4: 256),
+# which their points contradict: past that many clients the measured TPOT keeps growing (TP 8, 1,024
+# in and out: 28.7 ms at 128 clients, 42.6 at 256, 68.8 at 512), as a decode batch does that keeps
+# growing, and at 256 clients the mean TTFT is 2.1 s where a 128-request cap would hold half the
+# clients back for a whole request (about 40 s). A cap the points show the server did not keep is
+# not replayed (replayed, it made those TTFTs 10-100x the measured ones).
+
+
 def _dsr1_fp8_blackwell(p: MeasuredPoint) -> ServerRecipe:
-    """dsr1_fp8_b200/b300: TP 8 polls every 30 steps from 16 clients (else 10), 128 running requests,
-    32,768-token chunks; TP 4 (8,192/1,024 only) every 10, 32 running, 8,192-token chunks."""
+    """dsr1_fp8_b200/b300: TP 8 polls every 30 steps from 16 clients (else 10), 32,768-token chunks;
+    TP 4 (8,192/1,024 only) every 10, 8,192-token chunks."""
     if p.tp == 4:
-        return ServerRecipe("fp8", 10, False, None, 8192, 8192, 32, 0.95)
-    return ServerRecipe("fp8", _sglang_clients_interval(p), False, None, 32768, 32768, 128, 0.82)
+        return ServerRecipe("fp8", 10, chunked_prefill_size=8192, max_prefill_tokens=8192, memory_fraction=0.95)
+    return ServerRecipe("fp8", _sglang_clients_interval(p), chunked_prefill_size=32768, max_prefill_tokens=32768, memory_fraction=0.82)
 
 
 def _dsr1_fp8_b200_2025(p: MeasuredPoint) -> ServerRecipe:
     """dsr1_fp8_b200_docker.sh until 2026-01-13: the TP-8 settings at every TP."""
-    return ServerRecipe("fp8", _sglang_clients_interval(p), False, None, 32768, 32768, 128, 0.82)
+    return ServerRecipe("fp8", _sglang_clients_interval(p), chunked_prefill_size=32768, max_prefill_tokens=32768, memory_fraction=0.82)
 
 
 def _dsr1_fp4_blackwell(ep_moe: bool) -> Rule:
-    """dsr1_fp4_b200/b300 (and the docker script before them): 256 running requests, 16,384-token
-    chunks (and SGLang's default --max-prefill-tokens, 16,384). Until 2025-11-10 it ran
-    `--enable-ep-moe` (experts over every TP GPU), then `--ep-size $EP_SIZE` (the row's)."""
-    return lambda p: ServerRecipe("fp8", _sglang_clients_interval(p), ep_moe, None, 16384, None, 256, 0.85)
+    """dsr1_fp4_b200/b300 (and the docker script before them): 16,384-token chunks (and SGLang's
+    default --max-prefill-tokens, 16,384). Until 2025-11-10 it ran `--enable-ep-moe` (experts over
+    every TP GPU), then `--ep-size $EP_SIZE` (the row's)."""
+    return lambda p: ServerRecipe("fp8", _sglang_clients_interval(p), ep_moe, chunked_prefill_size=16384, memory_fraction=0.85)
 
 
 def _dsr1_fp8_h200(p: MeasuredPoint) -> ServerRecipe:

@@ -29,7 +29,9 @@ def test_inferencemax_deepseek_on_b200_polls_every_10_or_30_decode_steps(points)
     assert harness_of(few) == harness_of(many) == "inferencemax"
     assert server_recipe(few, "inferencemax").scheduler_recv_interval == 10
     assert server_recipe(many, "inferencemax").scheduler_recv_interval == 30
-    assert server_recipe(many, "inferencemax").max_running_requests == 128  # `--max-running-requests 128` at TP 8
+    assert server_recipe(many, "inferencemax").chunked_prefill_size == 32768
+    # (its --max-running-requests 128 is not replayed: the points show more running, recipes.py)
+    assert server_recipe(many, "inferencemax").max_running_requests is None
     assert server_recipe(many, "fixed") == ServerRecipe()  # another client's points: not that recipe
     h200 = simulable_point(points, system="h200_sxm", backend="sglang", model_path="deepseek-ai/DeepSeek-R1", isl=1024, osl=1024)
     assert server_recipe(h200, "inferencemax").scheduler_recv_interval == 1  # its H200 recipe does not set it
@@ -59,7 +61,9 @@ def test_a_point_runs_the_recipe_of_the_day_it_was_measured(points):
     assert (first.expert_parallel, first.memory_fraction, first.kv_cache_dtype, first.max_num_batched_tokens) == (True, 0.95, "auto", None)
     assert (upgraded.expert_parallel, upgraded.kv_cache_dtype, upgraded.max_num_batched_tokens) == (False, "fp8", 2048)
     assert "2026-04-03" in upgraded.source and "2026-03-11" in first.source
-    assert upgraded.flags("vllm") == "--kv-cache-dtype fp8 --max-num-batched-tokens 2048 --gpu-memory-utilization 0.9 --block-size 32"
+    assert upgraded.flags("vllm") == (
+        "--kv-cache-dtype fp8 --max-num-batched-tokens 2048 --gpu-memory-utilization 0.9 --block-size 32 --max-cudagraph-capture-size 2048"
+    )
     sim = PointSimulator()
     try:
         options = sim.options(march, "profile.json")
