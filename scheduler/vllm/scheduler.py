@@ -151,6 +151,8 @@ class VllmScheduler(SchedulerBase):
         rows = StepRows()
         num_preempted = 0
         running, kv = self.running, self.kv
+        # (the loop runs once a running request a step: its calls bound once, min() spelled out)
+        allocate_decode, add_decode = kv.allocate_decode, rows.add_decode
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -161,15 +163,17 @@ class VllmScheduler(SchedulerBase):
                 continue
             before = req.seq_len
             known = req.input_len + len(outs) + pending
-            num_new = min(known - before, budget)
+            num_new = known - before
+            if num_new > budget:
+                num_new = budget
             if num_new <= 0:
                 i += 1
                 continue
             if num_new == 1:
-                loc = kv.allocate_decode(req)
+                loc = allocate_decode(req)
                 if loc >= 0:
                     if before + 1 == known and before >= req.input_len:  # (most rows of a step)
-                        rows.add_decode(req, before, token if pending else outs[-1], loc)
+                        add_decode(req, before, token if pending else outs[-1], loc)
                     else:
                         rows.add(req, before, 1, before + 1 == known, ids((loc,)))
                     budget -= 1
