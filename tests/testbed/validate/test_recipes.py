@@ -14,7 +14,7 @@ from cli_helpers import assert_clean_error
 from validate_helpers import simulable_point, validate_one_row
 
 from testbed.validate.harness import harness_of
-from testbed.validate.recipes import ServerRecipe, server_recipe
+from testbed.validate.recipes import RECIPES, ServerRecipe, recipe_version, server_recipe
 from testbed.validate.simulate import PointSimulator
 
 REPO = Path(__file__).resolve().parents[3]
@@ -116,3 +116,23 @@ def test_the_columns_are_read_and_checked(tmp_path):
     skipped = validate_one_row(tmp_path / "vllm.csv", {"scheduler_recv_interval": "10"}, **llama)
     assert skipped.returncode == 0, skipped.stderr
     assert "skipped 1: scheduler_recv_interval 10" in skipped.stdout, skipped.stdout
+
+
+def test_every_inferencemax_point_of_a_recipe_finds_the_version_of_its_day(points):
+    """Each point a recipe covers is dated (its source's measured=), and gets the latest version
+    landed on or before that day; the MoE scripts' expert parallelism follows the H200 script's
+    2026-03-13 change and the B200's 2026-04-03 upgrade."""
+    covered = [(p, recipe_version(p, "inferencemax")) for p in points if p.skip_reason() is None and harness_of(p) == "inferencemax"]
+    versions = [(p, v) for p, v in covered if v is not None]
+    assert len(versions) > 500
+    for p, v in versions:
+        assert p.measured_on is not None and v.since <= p.measured_on, (p.line, v.since)
+        later = [w for w in RECIPES if w is not v and w.backend == v.backend and w.models == v.models]
+        later = [w for w in later if p.system in w.systems and p.precision in w.precisions and v.since < w.since <= p.measured_on]
+        assert not later, (p.line, v.since, [w.since for w in later])
+    h200 = {
+        p.measured_on: server_recipe(p, "inferencemax").expert_parallel
+        for p, v in versions
+        if p.system == "h200_sxm" and "MiniMax" in p.model_path
+    }
+    assert h200 == {"2026-03-01": False, "2026-03-27": True, "2026-03-28": True}
