@@ -130,6 +130,19 @@ class Curve:
             i = self.last
         return self.ys[i] + (x - self.xs[i]) * self.slopes[i]
 
+    def many(self, x: np.ndarray) -> np.ndarray:
+        """__call__ at each of x, elementwise the same float operations (a sum of two floats is
+        the same either way round)."""
+        xs = np.asarray(self.xs)
+        i = np.searchsorted(xs, x, side="right") - 1  # bisect_right - 1
+        below = i < 0
+        np.clip(i, 0, self.last, out=i)
+        y = x - xs[i]
+        y *= np.asarray(self.slopes)[i]
+        y += np.asarray(self.ys)[i]
+        y[below] = self.ys[0]
+        return y
+
 
 class DecodeTable:
     """Decode attention of all layers: bilinear in (batch, context per request)."""
@@ -286,21 +299,12 @@ class KernelProfileCostModel:
         sum_seq_len = sum_prefix_len + (j + 1) x batch_size), elementwise the same float operations
         as forward_time on each step's plan: a decode stretch priced at once (sim_driver.py)."""
         b = batch_size
-        curve = self.decode_curves.get(b) or self.decode_curve(b)
         first = sum_prefix_len + b
         # Each step's sum_seq_len as floats: integers below 2**53, exact, so the division by b gives
         # the float that int / int does.
         x = np.arange(first, first + b * num_steps, b, dtype=np.float64)
         x /= b
-        xs = np.asarray(curve.xs)
-        i = np.searchsorted(xs, x, side="right") - 1  # bisect_right - 1, as Curve.__call__
-        below = i < 0
-        np.clip(i, 0, curve.last, out=i)
-        t = x - xs[i]
-        t *= np.asarray(curve.slopes)[i]
-        t += np.asarray(curve.ys)[i]
-        if below.any():
-            t[below] = curve.ys[0]
+        t = (self.decode_curves.get(b) or self.decode_curve(b)).many(x)
         if self.eager_overhead and self.graphs is not None and not self.graphs.captures(ForwardMode.DECODE, b):
             np.maximum(t, self.eager_overhead, out=t, where=t != 0)
         return t

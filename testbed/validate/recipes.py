@@ -194,7 +194,7 @@ RECIPES = (
 
 
 def recipe_version(p: MeasuredPoint, harness: str) -> RecipeVersion | None:
-    """The version of InferenceMAX's recipe that p ran (the latest before the day it was measured);
+    """The version of InferenceMAX's recipe that p ran (the latest landed on or before the day it was measured);
     None for another client's points, a point measured before its recipe's first version, or one no recipe covers."""
     if harness != "inferencemax":
         return None

@@ -201,7 +201,7 @@ def write_csv(results: list[PointResult], path: Path) -> None:
                 "harness": r.harness,
                 "scheduler_recv_interval": None if recipe is None else recipe.scheduler_recv_interval,
                 "kv_cache_dtype": None if recipe is None else recipe.kv_cache_dtype,
-                "server_flags": None if recipe is None else recipe.flags(p.backend),  # what the replay changed from the engine's defaults
+                "server_flags": None if recipe is None else recipe.flags(p.backend),  # the recipe's settings the replay took
                 "recipe": None if recipe is None else recipe.source,
                 "sim_seconds": None if r.sim_seconds is None else round(r.sim_seconds, 3),
                 "measured_ttft_ms": p.ttft_ms,
