@@ -9,7 +9,8 @@ gpt-oss: how many experts, how many a token is routed to, their sizes, which lay
 DeepSeek's multi-head latent attention (MLA: the KV cache holds one compressed latent per token and
 layer, ``kv_lora_rank + qk_rope_head_dim`` elements, instead of K and V heads). The simulator prices
 them (simulator/costs/roofline.py); the real engine runs the dense family, Qwen3-MoE and Mixtral
-(engine/support.py says what it refuses).
+(engine/support.py says what it refuses). A multimodal model's config (Kimi-K2.5) is read for the
+language model its text_config holds.
 
 Configs of common models ship in ``scheduler/configs/`` as the published
 ``config.json`` files, so a dummy-weight run or a simulation needs no download.
@@ -26,6 +27,8 @@ from scheduler.model_families import (  # noqa: F401 - ModelConfigError and chec
     ModelConfigError,
     checkpoint_fields,
     checkpoint_weight_format,
+    dsa_fields,
+    language_model_config,
     mla_fields,
     moe_fields,
 )
@@ -47,11 +50,19 @@ MOE_ARCHITECTURES = (
     "DeepseekV3ForCausalLM",
     "GptOssForCausalLM",
     "MiniMaxM2ForCausalLM",
+    "GlmMoeDsaForCausalLM",
 )
 SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES + MOE_ARCHITECTURES
-_MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+_MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "GlmMoeDsaForCausalLM")
+# DeepSeek Sparse Attention (DeepSeek-V3.2's, GLM-5's): MLA whose queries attend a few cached tokens an indexer picks.
+_DSA_ARCHITECTURES = ("GlmMoeDsaForCausalLM",)
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}
+# DSA's indexer keys as SGLang caches them, whatever --kv-cache-dtype says (DSATokenToKVPool's
+# index_k_with_scale_buffer, which its model runner adds to a token's cell size): fp8, 1 byte an
+# element, and one fp32 scale (4 bytes) per block of 128 elements.
+_INDEX_KEY_QUANT_BLOCK = 128
+_INDEX_KEY_SCALE_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -106,6 +117,13 @@ class ModelConfig:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # --- DeepSeek Sparse Attention (GLM-5; 0 otherwise): MLA over the cached tokens an indexer picks ---
+    # Each query attends only the index_topk cached tokens (of its layer) that a lightweight indexer
+    # scores highest; the indexer has index_n_heads heads of index_head_dim, whose keys (one of
+    # index_head_dim a token and layer) are cached beside MLA's latent.
+    index_topk: int = 0  # cached tokens each query's MLA attends to (GLM-5, DeepSeek-V3.2: 2048)
+    index_n_heads: int = 0  # the indexer's query heads (GLM-5: 32)
+    index_head_dim: int = 0  # the indexer's query and key size (GLM-5: 128)
     # --- gpt-oss ---
     # Layers of sliding-window attention (layer_types "sliding_attention", window `sliding_window`),
     # alternating with full ones; 0 where layer_types is not given.
@@ -124,6 +142,7 @@ class ModelConfig:
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any], name: str | None = None) -> "ModelConfig":
         """Parse a config.json dict; raise ModelConfigError if unsupported or incomplete."""
+        cfg = language_model_config(cfg, name)
         archs = cfg.get("architectures") or []
         if not archs:
             raise ModelConfigError(
@@ -146,6 +165,7 @@ class ModelConfig:
         kv_heads = int(cfg.get("num_key_value_heads") or heads)
         layers = int(need("num_hidden_layers"))
         mla = mla_fields(cfg, arch, name, need) if arch in _MLA_ARCHITECTURES else {}
+        dsa = dsa_fields(cfg, arch, name, need) if arch in _DSA_ARCHITECTURES else {}
         moe = moe_fields(cfg, arch, name, need, layers) if arch in MOE_ARCHITECTURES else {}
         # MLA's q and k heads are the no-RoPE part and the RoPE part together.
         head_dim = mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"] if mla else cfg.get("head_dim")
@@ -199,6 +219,7 @@ class ModelConfig:
             sliding_window=int(sliding) if sliding else None,
             **moe,
             **mla,
+            **dsa,
             **checkpoint_fields(cfg),
             raw=dict(cfg),
         )
@@ -237,6 +258,17 @@ class ModelConfig:
         return self.kv_lora_rank is not None
 
     @property
+    def is_dsa(self) -> bool:
+        """DeepSeek Sparse Attention (GLM-5): MLA whose queries attend the index_topk cached tokens an indexer picks."""
+        return self.index_topk > 0
+
+    @property
+    def index_key_bytes(self) -> int:
+        """Bytes of one token's indexer key in one layer (0 without DSA): fp8 with a scale per 128 elements."""
+        blocks = -(-self.index_head_dim // _INDEX_KEY_QUANT_BLOCK)
+        return self.index_head_dim + blocks * _INDEX_KEY_SCALE_BYTES if self.is_dsa else 0
+
+    @property
     def num_moe_layers(self) -> int:
         return self.num_hidden_layers - len(self.dense_layers) if self.is_moe else 0
 
@@ -255,9 +287,10 @@ class ModelConfig:
     def kv_bytes_per_token(self, dtype_bytes: int = 2, tp: int = 1) -> int:
         """K and V of one token across all layers (on one of `tp` GPUs). MLA caches one latent per
         layer instead, kv_lora_rank + qk_rope_head_dim elements (a single "head"), which every GPU
-        of a TP group holds whole (as SGLang's and vLLM's MLA backends do): TP does not divide it."""
+        of a TP group holds whole (as SGLang's and vLLM's MLA backends do): TP does not divide it.
+        DSA adds its indexer's key, index_key_bytes a layer, whole on every GPU too."""
         if self.is_mla:
-            return self.num_hidden_layers * (self.kv_lora_rank + self.qk_rope_head_dim) * dtype_bytes
+            return self.num_hidden_layers * ((self.kv_lora_rank + self.qk_rope_head_dim) * dtype_bytes + self.index_key_bytes)
         return 2 * self.num_hidden_layers * self.kv_heads_per_gpu(tp) * self.head_dim * dtype_bytes
 
     def weight_bytes(
@@ -346,7 +379,9 @@ class ModelConfig:
     def attention_matmul_params(self, tp: int = 1) -> int:
         """Matmul weights of one layer's attention on one of `tp` GPUs. MLA: q through its q_lora_rank
         latent (q_a replicated, q_b split by heads) or q_proj directly, kv_a (hidden -> latent and
-        RoPE key, replicated), kv_b (latent -> each head's k_nope and v), o_proj."""
+        RoPE key, replicated), kv_b (latent -> each head's k_nope and v), o_proj. DSA's indexer besides,
+        replicated as SGLang builds it: its queries from q's latent (wq_b), its key (wk) and its heads'
+        weights (weights_proj) from the hidden state."""
         h = self.hidden_size
         if self.is_mla:
             heads = self.num_attention_heads // tp
@@ -354,16 +389,20 @@ class ModelConfig:
             q = h * self.q_lora_rank + self.q_lora_rank * heads * q_head if self.q_lora_rank else h * heads * q_head
             kv_a = h * (self.kv_lora_rank + self.qk_rope_head_dim)
             kv_b = self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
-            return q + kv_a + kv_b + heads * self.v_head_dim * h
+            indexer = 0
+            if self.is_dsa:
+                wq_b = (self.q_lora_rank or h) * self.index_n_heads * self.index_head_dim
+                indexer = wq_b + h * self.index_head_dim + h * self.index_n_heads  # + wk + weights_proj
+            return q + kv_a + kv_b + heads * self.v_head_dim * h + indexer
         q, kv = self.q_size // tp, self.kv_heads_per_gpu(tp) * self.head_dim
         return h * q + 2 * h * kv + q * h
 
     def attention_other_params(self, tp: int = 1) -> int:
         """One layer's attention parameters besides its matmul weights: q/k/v (and o) biases, Qwen3's
-        q/k norms, MLA's latent norms, gpt-oss's sinks."""
+        q/k norms, MLA's latent norms (and DSA's indexer key LayerNorm, weight and bias), gpt-oss's sinks."""
         n = 0
         if self.is_mla:
-            n += self.kv_lora_rank + (self.q_lora_rank or 0)
+            n += self.kv_lora_rank + (self.q_lora_rank or 0) + 2 * self.index_head_dim
         else:
             q, kv = self.q_size // tp, self.kv_heads_per_gpu(tp) * self.head_dim
             if self.attention_bias:

@@ -1,7 +1,9 @@
 """How each family's config.json names what the dense Llama family has not: the experts of a
-mixture of experts (Qwen3-MoE, Mixtral, DeepSeek-V2/V3, gpt-oss, MiniMax-M2), DeepSeek's
-multi-head latent attention, and the weight format a pre-quantized checkpoint is stored in. Each
-returns ModelConfig fields; a shape the simulator cannot price is a ModelConfigError naming the key."""
+mixture of experts (Qwen3-MoE, Mixtral, DeepSeek-V2/V3, gpt-oss, MiniMax-M2, GLM-5), DeepSeek's
+multi-head latent attention and sparse attention's indexer (GLM-5), the weight format a
+pre-quantized checkpoint is stored in, and where a multimodal model's config nests its language model
+(Kimi-K2.5's text_config). Each returns ModelConfig fields; a shape the simulator cannot
+price is a ModelConfigError naming the key."""
 
 from __future__ import annotations
 
@@ -18,6 +20,22 @@ def _positive(cfg: dict, key: str, name: str | None, arch: str, value: Any = Non
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < 1:
         raise ModelConfigError(f"config of {name!r} ({arch}): {key} must be a positive integer, got {v!r}")
     return int(v)
+
+
+# Multimodal models whose config.json nests the language model under text_config (Kimi-K2.5's is a
+# DeepseekV3ForCausalLM config): serving text, only the language model runs, so it is the model.
+TEXT_CONFIG_WRAPPERS = ("KimiK25ForConditionalGeneration",)
+
+
+def language_model_config(cfg: dict, name: str | None) -> dict:
+    """The language model's config: a wrapper's text_config, any other config itself."""
+    archs = cfg.get("architectures") or []
+    if not archs or archs[0] not in TEXT_CONFIG_WRAPPERS:
+        return cfg
+    text = cfg.get("text_config")
+    if not isinstance(text, dict) or not text.get("architectures"):
+        raise ModelConfigError(f"config of {name!r} ({archs[0]}) has no text_config with the language model's architectures")
+    return text
 
 
 def moe_fields(cfg: dict, arch: str, name: str | None, need, layers: int) -> dict:
@@ -62,7 +80,7 @@ def moe_fields(cfg: dict, arch: str, name: str | None, need, layers: int) -> dic
         "shared_expert_intermediate_size": shared,
         "dense_layers": dense,
         "router_bias": arch == "GptOssForCausalLM"
-        or (arch == "DeepseekV3ForCausalLM" and cfg.get("topk_method") == "noaux_tc")
+        or (arch in ("DeepseekV3ForCausalLM", "GlmMoeDsaForCausalLM") and cfg.get("topk_method") == "noaux_tc")
         or (arch == "MiniMaxM2ForCausalLM" and bool(cfg.get("use_routing_bias"))),
         "expert_bias": arch == "GptOssForCausalLM",
         **(_gpt_oss_fields(cfg, name, layers) if arch == "GptOssForCausalLM" else {}),
@@ -93,6 +111,17 @@ def mla_fields(cfg: dict, arch: str, name: str | None, need) -> dict:
         "qk_nope_head_dim": _positive(cfg, "qk_nope_head_dim", name, arch, need("qk_nope_head_dim")),
         "qk_rope_head_dim": _positive(cfg, "qk_rope_head_dim", name, arch, need("qk_rope_head_dim")),
         "v_head_dim": _positive(cfg, "v_head_dim", name, arch, need("v_head_dim")),
+    }
+
+
+def dsa_fields(cfg: dict, arch: str, name: str | None, need) -> dict:
+    """DeepSeek Sparse Attention (GLM-5, as DeepSeek-V3.2): the lightweight indexer's heads and head size,
+    and how many cached tokens each query's MLA attends to. GLM-5.2's indexer shared across layers
+    (index_topk_freq > 1) is not modelled: every layer is priced with its own."""
+    return {
+        "index_topk": _positive(cfg, "index_topk", name, arch, need("index_topk")),
+        "index_n_heads": _positive(cfg, "index_n_heads", name, arch, need("index_n_heads")),
+        "index_head_dim": _positive(cfg, "index_head_dim", name, arch, need("index_head_dim")),
     }
 
 

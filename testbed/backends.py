@@ -56,7 +56,7 @@ def build_sim(opts, model: ModelConfig, make_config: Callable[[int], SchedulerCo
         graphs = scheduler_kind(opts.scheduler).cuda_graphs(opts)
         try:
             profile = load_profile(opts.profile, overlap=bool(opts.overlap), graphs=graphs)
-            profile.check_model(model, opts.tp, opts.ep)
+            profile.check_model(model, opts.tp, opts.ep, opts.dp)
             profile.check_expert_load(opts.expert_imbalance)
             profile.check_precision(precision)
         except ProfileError as e:

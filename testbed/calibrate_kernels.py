@@ -66,6 +66,7 @@ def calibrate_kernels(
     mixed_attention: str | None = None,
     ep: int = 1,
     expert_imbalance: float | None = None,
+    dp: int = 1,
 ) -> dict:
     """Build the profile and write it; bad input raises ConfigError (one line, exit 2)."""
     if not system:
@@ -77,7 +78,18 @@ def calibrate_kernels(
     model = load_model_config(model_name or DEFAULT_MODEL)
     try:
         profile = build_kernel_profile(
-            system, backend, backend_version, model, tp, progress, quantization, kv_cache_dtype, mixed_attention, ep, expert_imbalance
+            system,
+            backend,
+            backend_version,
+            model,
+            tp,
+            progress,
+            quantization,
+            kv_cache_dtype,
+            mixed_attention,
+            ep,
+            expert_imbalance,
+            dp=dp,
         )
     except KernelDatabaseError as e:
         raise ConfigError(str(e)) from None
@@ -89,9 +101,9 @@ def calibrate_kernels(
 
 def summary_lines(profile: dict, out: str | Path) -> list[str]:
     db, spec = profile["database"], profile["hardware_spec"]
-    model, tp, ep = load_model_config(profile["model"]), profile["tp"], profile.get("ep", 1)
+    model, tp, ep, dp = load_model_config(profile["model"]), profile["tp"], profile.get("ep", 1), profile.get("dp", 1)
     lines = [
-        f"profile {out}: {profile['model']} at TP {tp}{f', EP {ep}' if ep > 1 else ''} on {db['system']}, {db['backend']} {db['backend_version']} kernels "
+        f"profile {out}: {profile['model']} at TP {tp}{f', EP {ep}' if ep > 1 else ''}{f', DP {dp}' if dp > 1 else ''} on {db['system']}, {db['backend']} {db['backend_version']} kernels "
         f"(aiconfigurator-core {db['package_version']}), {profile['wall_s']} s"
     ]
     precision = profile_precision(profile)

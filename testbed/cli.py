@@ -100,12 +100,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         or args.backend_version
         or args.tp != 1
         or args.ep != 1
+        or args.dp != 1
         or args.expert_imbalance is not None
         or args.quantization
         or args.kv_cache_dtype != "auto"
     ):
         raise ConfigError(
-            "--system, --backend-version, --tp, --ep, --expert-imbalance, --quantization and --kv-cache-dtype are for --source aiconfigurator"
+            "--system, --backend-version, --tp, --ep, --dp, --expert-imbalance, --quantization and --kv-cache-dtype are for --source aiconfigurator"
         )
     from simulator.hardware.specs import load_hardware
     from testbed.calibrate import CalibrationConfig, calibrate
@@ -192,7 +193,7 @@ def cmd_calibrate_kernels(args: argparse.Namespace) -> int:
     out = args.out or str(
         Path("runs")
         / "profiles"
-        / f"{args.system}-{args.backend}-{Path(model.rstrip('/')).name}-tp{args.tp}{f'-ep{args.ep}' if args.ep > 1 else ''}{precision}.json"
+        / f"{args.system}-{args.backend}-{Path(model.rstrip('/')).name}-tp{args.tp}{f'-ep{args.ep}' if args.ep > 1 else ''}{f'-dp{args.dp}' if args.dp > 1 else ''}{precision}.json"
     )
     bars: list = []
 
@@ -215,6 +216,7 @@ def cmd_calibrate_kernels(args: argparse.Namespace) -> int:
             mixed_attention=args.mixed_attention,
             ep=args.ep,
             expert_imbalance=args.expert_imbalance,
+            dp=args.dp,
         )
     finally:
         for bar in bars:
@@ -299,7 +301,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--ep",
         type=positive_int,
         default=1,
-        help="a mixture of experts' experts over this many ranks of the --tp GPUs, whole experts a rank (expert parallelism; default %(default)s)",
+        help="a mixture of experts' experts over this many ranks of the --tp x --dp GPUs, whole experts a rank (expert parallelism; default %(default)s)",
+    )
+    g.add_argument(
+        "--dp",
+        type=positive_int,
+        default=1,
+        help="attention data parallelism: this many ranks of --tp GPUs, each with its own requests and attention, a mixture of "
+        "experts' experts over all tp x dp GPUs (as replay's --dp with --enable-dp-attention; default %(default)s)",
     )
     g.add_argument(
         "--expert-imbalance",

@@ -236,7 +236,8 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="attention data parallelism (with --enable-dp-attention): N ranks, each with its own requests, KV and "
         "attention over --tp GPUs, so tp x dp GPUs in all (SGLang's --tp 8 --dp 8 --enable-dp-attention is --tp 1 --dp 8 here, as "
-        "vLLM's -tp 1 -dp 8); one scheduler stands for the N ranks, its KV pool theirs together, requests spread round-robin "
+        "vLLM's -tp 1 -dp 8); one scheduler stands for the N ranks, its KV pool theirs together, requests spread round-robin; "
+        "vLLM's --max-num-seqs and --max-num-batched-tokens are each rank's, SGLang's limits the server's "
         "(default %(default)s)",
     )
     g.add_argument("--enable-dp-attention", action="store_true", help="run attention data parallel over --dp ranks, as SGLang's flag")

@@ -48,6 +48,14 @@ a large prefill hides it entirely. (Adding the two made every vLLM step that car
 chunk 25.6 ms slower for an 8B model: 2-4x the measured TPOT of the H200 points in
 `testbed validate`.) Without a policy every forward is priced as its kernels alone.
 
+Attention data parallelism (a profile built with `dp` > 1, moe_roofline.py's layout): dp ranks,
+each with its own requests and attention over the profile's TP GPUs, the routed experts over all
+of them. One scheduler stands for the dp ranks, its requests spread round-robin, so the busiest
+rank holds ceil(k / dp) of the forward's k decodes and of its k' prefills (and that share of their
+tokens and pairs): dense(), lm_head() and both attentions are priced at that rank's share, the
+experts (`per_layer_all_ranks`) at the tokens of every rank, and each rank replays a CUDA graph of
+its own tokens.
+
 Load-time work is all of the above; forward_time is a handful of bisections and multiply-adds
 (O(1) per plan; MIXED plans loop once over their requests to split decode from extend). The
 tables interpolated at a batch size are kept per batch size (a replay sees a few hundred).
@@ -55,6 +63,7 @@ tables interpolated at a batch size are kept per batch size (a replay sees a few
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 
 import numpy as np
@@ -212,6 +221,11 @@ class KernelProfileCostModel:
             dense = dense + np.sum([k["per_forward"][op] for op in k["per_forward"]], axis=0)
             self.dense = Curve(tokens, monotone(dense))
             self.lm_head = Curve(k["requests"], monotone(k["lm_head"]))
+            # Attention data parallelism: the kernels above and the attention tables are one rank's;
+            # the routed experts take every rank's tokens (kernel_profile.py). Profiles made before --dp: none.
+            self.dp = int(profile.get("dp", 1))
+            all_ranks = k.get("per_layer_all_ranks") or {}
+            self.all_ranks = Curve(tokens, monotone(np.sum([all_ranks[op] for op in all_ranks], axis=0) * layers)) if all_ranks else None
 
             pa, da = k["prefill_attention"], k["decode_attention"]
             self.prefill = PrefillTable(pa["batch"], pa["new_tokens"], pa["prefix"], np.asarray(pa["seconds"]) * layers)
@@ -248,18 +262,25 @@ class KernelProfileCostModel:
         """A decode forward of b requests against their mean context: dense(b) + lm_head(b) +
         the decode table interpolated at batch b (the same as pricing each part on its own)."""
         c = self.decode.at_batch(b)
-        base = self.dense(b) + self.lm_head(b)
+        if self.dp == 1:
+            base = self.dense(b) + self.lm_head(b)
+        else:  # the busiest rank's requests, and the experts over every rank's tokens
+            rank = -(-b // self.dp)
+            c = self.decode.at_batch(rank)
+            base = self.dense(rank) + self.lm_head(rank) + (self.all_ranks(b) if self.all_ranks else 0.0)
         curve = self.decode_curves[b] = Curve(c.xs, [base + y for y in c.ys])
         return curve
 
-    def check_model(self, model: ModelConfig, tp: int, ep: int = 1) -> None:
-        """Refuse a model, TP or EP the profile was not built for, naming both."""
+    def check_model(self, model: ModelConfig, tp: int, ep: int = 1, dp: int = 1) -> None:
+        """Refuse a model, TP, EP or DP the profile was not built for, naming both."""
 
-        def at(name: str, t: int, e: int) -> str:
-            return f"{name} at TP {t}" + (f", EP {e}" if e > 1 else "")
+        def at(name: str, t: int, e: int, d: int) -> str:
+            return f"{name} at TP {t}" + (f", EP {e}" if e > 1 else "") + (f", DP {d}" if d > 1 else "")
 
-        if model.name != self.model or tp != self.tp or ep != self.ep:
-            raise ProfileError(f"--profile {self.path} was built for {at(self.model, self.tp, self.ep)}, not {at(model.name, tp, ep)}")
+        if model.name != self.model or (tp, ep, dp) != (self.tp, self.ep, self.dp):
+            raise ProfileError(
+                f"--profile {self.path} was built for {at(self.model, self.tp, self.ep, self.dp)}, not {at(model.name, tp, ep, dp)}"
+            )
         if model_shapes(model) != self.model_shapes:
             differ = sorted(key for key, v in model_shapes(model).items() if self.model_shapes.get(key) != v)
             raise ProfileError(
@@ -290,7 +311,7 @@ class KernelProfileCostModel:
     # ------------------------------------------------------------------ hot path
     def forward_time(self, plan: ForwardPlan) -> float:
         t = self.kernel_time(plan)
-        if self.eager_overhead and self.graphs is not None and t and not self.graphs.captured(plan):
+        if self.eager_overhead and self.graphs is not None and t and not self._captured(plan):
             t = max(t, self.eager_overhead)  # the host dispatches while the GPU runs: the longer of the two
         return t
 
@@ -305,9 +326,17 @@ class KernelProfileCostModel:
         x = np.arange(first, first + b * num_steps, b, dtype=np.float64)
         x /= b
         t = (self.decode_curves.get(b) or self.decode_curve(b)).many(x)
-        if self.eager_overhead and self.graphs is not None and not self.graphs.captures(ForwardMode.DECODE, b):
+        if self.eager_overhead and self.graphs is not None and not self.graphs.captures(ForwardMode.DECODE, -(-b // self.dp)):
             np.maximum(t, self.eager_overhead, out=t, where=t != 0)
         return t
+
+    def _captured(self, plan: ForwardPlan) -> bool:
+        """Whether the forward replays a CUDA graph: each DP rank replays its own, of its own tokens."""
+        if self.dp == 1:
+            return self.graphs.captured(plan)
+        b = len(plan.req_pool_indices)
+        rank = -(-b // self.dp)
+        return self.graphs.captures(plan.mode, math.ceil(plan.num_tokens * rank / b))
 
     def kernel_time(self, plan: ForwardPlan) -> float:
         """The sum of the forward's kernels (no eager overhead)."""
@@ -318,6 +347,8 @@ class KernelProfileCostModel:
         if mode is ForwardMode.DECODE:
             curve = self.decode_curves.get(b) or self.decode_curve(b)
             return curve(plan.sum_seq_len / b)
+        if self.dp > 1:
+            return self._rank_kernel_time(plan)
         n = plan.num_tokens
         t = self.dense(n) + self.lm_head(b)
         if mode is ForwardMode.EXTEND:
@@ -335,6 +366,34 @@ class KernelProfileCostModel:
             t += d
         if decodes < b:
             t += self.prefill(b - decodes, n - decodes, plan.attention_pairs - decode_len)
+        return t
+
+    def _rank_kernel_time(self, plan: ForwardPlan) -> float:
+        """kernel_time of a prefill or mixed forward under attention data parallelism: the busiest of
+        the dp ranks, the requests spread round-robin over them (as moe_roofline.py), holds
+        ceil(k / dp) of each kind of the forward's k requests (decodes, prefills) and that share of
+        their tokens and attention pairs; the experts take the tokens of every rank."""
+        dp, n = self.dp, plan.num_tokens
+        b = len(plan.req_pool_indices)
+        decodes = decode_len = 0
+        for e, s in zip(plan.extend_lens, plan.seq_lens):
+            if e == 1:
+                decodes += 1
+                decode_len += s
+        rank_decodes, prefills = -(-decodes // dp), b - decodes
+        rank_prefills = -(-prefills // dp)
+        prefill_share = rank_prefills / prefills if prefills else 0.0
+        rank_tokens = rank_decodes + (n - decodes) * prefill_share
+        t = self.dense(rank_tokens) + self.lm_head(rank_decodes + rank_prefills)
+        if self.all_ranks is not None:
+            t += self.all_ranks(n)
+        if decodes:
+            d = self.decode(rank_decodes, decode_len / decodes)
+            if self.mixed_decode is not None and prefills:
+                d *= self.mixed_decode(rank_decodes, decode_len / decodes)
+            t += d
+        if prefills:
+            t += self.prefill(rank_prefills, (n - decodes) * prefill_share, (plan.attention_pairs - decode_len) * prefill_share)
         return t
 
     def cpu_time(self, stage: str, num_reqs: int, num_tokens: int) -> float:

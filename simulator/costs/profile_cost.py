@@ -78,10 +78,11 @@ class ProfileCostModel:
     def load(cls, path: str | Path, overlap: bool = False) -> "ProfileCostModel":
         return cls(read_profile(path), str(path), overlap)
 
-    def check_model(self, model, tp: int, ep: int = 1) -> None:
+    def check_model(self, model, tp: int, ep: int = 1, dp: int = 1) -> None:
         """The engine ran one model on one device."""
-        if model.name != self.model or tp != 1 or ep != 1:
-            raise ProfileError(f"--profile {self.path} was calibrated for {self.model} at TP 1, not {model.name} at TP {tp}")
+        if model.name != self.model or (tp, ep, dp) != (1, 1, 1):
+            asked = f"TP {tp}" + (f", EP {ep}" if ep > 1 else "") + (f", DP {dp}" if dp > 1 else "")
+            raise ProfileError(f"--profile {self.path} was calibrated for {self.model} at TP 1, not {model.name} at {asked}")
 
     def check_expert_load(self, imbalance: float | None) -> None:
         """The engine's experts took whatever load its routing gave them."""

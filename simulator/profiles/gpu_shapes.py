@@ -1,7 +1,7 @@
 """The dimensions one GPU of a TP group computes a model's forward with, and that forward's kernels
 priced from AIConfigurator's database (simulator/profiles/kernel_db.py): the layer GEMMs, norms and
-all-reduces, a mixture of experts' router and fused-MoE kernel, and GQA or MLA attention.
-simulator/profiles/kernel_profile.py tabulates them on grids into a profile."""
+all-reduces, a mixture of experts' router and fused-MoE kernel, and GQA, MLA or DeepSeek's sparse
+attention (sparse_attention.py). simulator/profiles/kernel_profile.py tabulates them on grids into a profile."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from scheduler.model_config import ModelConfig
 from simulator.costs.precision import BF16, FP8
 from simulator.profiles.kernel_db import KernelDatabase, KernelDataMissing
+from simulator.profiles.sparse_attention import SparseAttention
 
 # The token load the experts are priced under: the database's balanced rows by default; with
 # --expert-imbalance ALPHA its power_law_ALPHA rows (it measures 1.01 and 1.2: the power-law skew of
@@ -51,6 +52,12 @@ class GpuShapes:
     shared_intermediate: int = 0  # the shared experts' width on one GPU
     moe_share: float = 0.0  # the layers that route (the others have a dense MLP of `intermediate`)
     moe_ep: int = 1
+    # Attention data parallelism (--dp): dp ranks, each with its own requests and attention over its
+    # tp GPUs; the routed experts go over all tp x dp GPUs (moe_tp = tp x dp / moe_ep) and take every
+    # rank's tokens, exchanged before and after them (the database's MoEDispatch: vLLM's all-gather
+    # and reduce-scatter over the expert-parallel group, SGLang's DP gather and scatter), which
+    # replaces the MoE layer's TP all-reduce.
+    dp: int = 1
     # Where the database has no rows of the experts' split (moe_tp: MiniMax-M2.5 over 8 GPUs), the time
     # at moe_tp follows the database's own trend over its two largest splits: t(m) = t(m/2)^2 / t(m/4).
     moe_split_extrapolated: bool = False
@@ -66,9 +73,12 @@ class GpuShapes:
     qk_nope: int = 0
     qk_rope: int = 0
     v_head: int = 0
+    # DeepSeek Sparse Attention (GLM-5): MLA over the tokens an indexer picks, priced by its own module
+    # (sparse_attention.py) in place of the MLA attention above; None for any other attention.
+    sparse: SparseAttention | None = None
 
     @classmethod
-    def of(cls, model: ModelConfig, tp: int, ep: int = 1) -> "GpuShapes":
+    def of(cls, model: ModelConfig, tp: int, ep: int = 1, dp: int = 1) -> "GpuShapes":
         moe = (
             dict(
                 experts=model.num_experts,
@@ -77,6 +87,7 @@ class GpuShapes:
                 shared_intermediate=model.shared_expert_intermediate_size // tp,
                 moe_share=model.num_moe_layers / model.num_hidden_layers,
                 moe_ep=ep,
+                dp=dp,
             )
             if model.is_moe
             else {}
@@ -88,6 +99,7 @@ class GpuShapes:
                 qk_nope=model.qk_nope_head_dim,
                 qk_rope=model.qk_rope_head_dim,
                 v_head=model.v_head_dim,
+                sparse=SparseAttention.of(model),
             )
         return cls(
             model.num_hidden_layers,
@@ -102,10 +114,18 @@ class GpuShapes:
             **moe,
         )
 
+    @property
+    def moe_tp(self) -> int:
+        """The GPUs one routed expert is split over."""
+        return self.tp * self.dp // self.moe_ep
+
     def layer_kernels(self, db: KernelDatabase, n: int) -> dict[str, float]:
-        """Seconds of each non-attention kernel of one (average) layer over n tokens."""
+        """Seconds of each non-attention kernel of one (average) layer over n tokens (of one attention
+        DP rank; the routed experts, which take every rank's tokens, are all_ranks_kernels' with dp > 1)."""
         h, d = self.hidden, self.head_dim
-        if self.kv_lora:
+        if self.sparse is not None and self.sparse.prices_projections:
+            kernels = {}  # the DSA module's rows hold the attention's projections (sparse_attention.py)
+        elif self.kv_lora:
             qk = self.heads * (self.qk_nope + self.qk_rope)
             kernels = {
                 # The latents' down-projection, fused (q's latent, the KV latent and the RoPE key), replicated
@@ -121,9 +141,12 @@ class GpuShapes:
                 "qkv_proj": self.linear(db, n, (self.heads + 2 * self.kv_heads) * d, h),
                 "o_proj": self.linear(db, n, h, self.heads * d),
             }
+        # The all-reduces over TP after attention and after the MLP; with dp > 1 a MoE layer's exchange
+        # (moe_dispatch, below) takes the second one's place.
+        after_mlp = 1.0 - self.moe_share if self.experts and self.dp > 1 else 1.0
         kernels |= {
             "norms": 2 * db.elementwise(n, 2 * h, 2 * h),
-            "all_reduce": 2 * db.all_reduce(n, h, self.tp),
+            "all_reduce": (1.0 + after_mlp) * db.all_reduce(n, h, self.tp),
         }
         dense = 1.0 - self.moe_share  # the layers with a dense MLP
         if dense > 0:
@@ -135,11 +158,24 @@ class GpuShapes:
             # The router's gate stays in bf16 (neither engine quantizes it); the routed experts are the
             # backend's fused-MoE kernel (gate-up GEMM, activation, down GEMM, token permutation).
             kernels["router"] = share * db.gemm(n, self.experts, h)
-            kernels["experts"] = share * self.experts_kernel(db, n)
+            if self.dp == 1:
+                kernels["experts"] = share * self.experts_kernel(db, n)
+            else:
+                kernels["moe_dispatch"] = share * sum(
+                    db.moe_dispatch(n, h, self.topk, self.experts, self.moe_tp, self.moe_ep, self.dp, pre, self.gemm_quant)
+                    for pre in (True, False)
+                )
             if self.shared_intermediate:
                 i = self.shared_intermediate
                 kernels["shared_experts"] = share * (self.linear(db, n, 2 * i, h) + self.linear(db, n, h, i) + db.elementwise(n, 2 * i, i))
         return kernels
+
+    def all_ranks_kernels(self, db: KernelDatabase, n: int) -> dict[str, float]:
+        """With dp > 1: seconds of one (average) layer's kernels that take the n tokens of every DP
+        rank together (the routed experts); empty otherwise."""
+        if not self.experts or self.dp == 1:
+            return {}
+        return {"experts": self.moe_share * self.experts_kernel(db, n)}
 
     def linear(self, db: KernelDatabase, m: int, n: int, k: int) -> float:
         """A layer GEMM in the weights' format, m tokens x k in -> n out.
@@ -156,9 +192,9 @@ class GpuShapes:
         return t
 
     def experts_kernel(self, db: KernelDatabase, n: int, moe_tp: int | None = None) -> float:
-        """The fused-MoE kernel over n tokens, the experts split over moe_tp GPUs (default: this TP's)."""
-        moe_tp = moe_tp or self.tp // self.moe_ep
-        if self.moe_split_extrapolated and moe_tp == self.tp // self.moe_ep:
+        """The fused-MoE kernel over n tokens, the experts split over moe_tp GPUs (default: this layout's)."""
+        moe_tp = moe_tp or self.moe_tp
+        if self.moe_split_extrapolated and moe_tp == self.moe_tp:
             half, quarter = self.experts_kernel(db, n, moe_tp // 2), self.experts_kernel(db, n, moe_tp // 4)
             return half * half / quarter
         q = self.gemm_quant
@@ -173,7 +209,7 @@ class GpuShapes:
             self.experts_kernel(db, 1)
             return self
         except KernelDataMissing:
-            moe_tp = self.tp // self.moe_ep
+            moe_tp = self.moe_tp
             if moe_tp < 4 or moe_tp % 4:
                 raise
             extrapolated = replace(self, moe_split_extrapolated=True)
@@ -193,6 +229,8 @@ class GpuShapes:
         return db.gemm(requests, self.vocab, self.hidden)
 
     def prefill_attention(self, db: KernelDatabase, batch: int, new_tokens: int, prefix: int) -> float:
+        if self.sparse is not None:
+            return self.sparse.prefill(db, self, batch, new_tokens, prefix)
         if self.kv_lora:
             kv_b = self.linear(db, batch * new_tokens, self.heads * (self.qk_nope + self.v_head), self.kv_lora)
             return kv_b + db.context_mla(batch, new_tokens, prefix, self.heads, self.prefill_kv, self.prefill_fmha)
@@ -201,6 +239,8 @@ class GpuShapes:
         )
 
     def decode_attention(self, db: KernelDatabase, batch: int, context: int) -> float:
+        if self.sparse is not None:
+            return self.sparse.decode(db, self, batch, context)
         if self.kv_lora:
             bmm = db.mla_bmm(batch, self.heads, self.mla_bmm_quant, True) + db.mla_bmm(batch, self.heads, self.mla_bmm_quant, False)
             return bmm + db.generation_mla(batch, context, self.heads, self.decode_kv)

@@ -259,6 +259,49 @@ class KernelDatabase:
             s=context,
         )
 
+    def context_dsa(
+        self, batch: int, new_tokens: int, prefix: int, heads: int, architecture: str, kv_cache: str, fmha: str, gemm: str
+    ) -> float:
+        """Prefill of DeepSeek Sparse Attention's whole attention block (the database's dsa_context_module rows
+        of `architecture`: GlmMoeDsaForCausalLM, DeepseekV32ForCausalLM): the latents' and q's projections in
+        `gemm` (its GEMMQuantMode name), the indexer (projections, logits over every cached key, top-k), the
+        sparse MLA over the picked tokens and o_proj, over `heads` heads a GPU; every layer with its own indexer."""
+        import aiconfigurator_core.sdk.operations as ops
+        from aiconfigurator_core.sdk import common
+
+        return self._evaluate(
+            ("ctx_dsa", heads, architecture, kv_cache, fmha, gemm),
+            lambda: ops.ContextDSAModule(
+                "context_attention",
+                1,
+                heads,
+                common.KVCacheQuantMode[kv_cache],
+                common.FMHAQuantMode[fmha],
+                common.GEMMQuantMode[gemm],
+                architecture=architecture,
+            ),
+            is_context=True,
+            batch_size=batch,
+            s=new_tokens,
+            prefix=prefix,
+        )
+
+    def generation_dsa(self, batch: int, context: int, heads: int, architecture: str, kv_cache: str, gemm: str) -> float:
+        """Decode of DeepSeek Sparse Attention's whole attention block (dsa_generation_module rows; as
+        context_dsa) for `batch` requests over `context` cached tokens each."""
+        import aiconfigurator_core.sdk.operations as ops
+        from aiconfigurator_core.sdk import common
+
+        return self._evaluate(
+            ("gen_dsa", heads, architecture, kv_cache, gemm),
+            lambda: ops.GenerationDSAModule(
+                "generation_attention", 1, heads, common.KVCacheQuantMode[kv_cache], common.GEMMQuantMode[gemm], architecture=architecture
+            ),
+            is_context=False,
+            batch_size=batch,
+            s=context,
+        )
+
     def mla_bmm(self, tokens: int, heads: int, quant: str, pre: bool) -> float:
         """A decode's batched GEMM into (pre: each head's query to the latent) or out of (the latent
         attention's output to each head's values) MLA's latent space, over `tokens` tokens."""
@@ -323,6 +366,37 @@ class KernelDatabase:
         return self._evaluate(
             ("moe", hidden, inter, topk, experts, moe_tp, moe_ep, quant, distribution),
             lambda: ops.MoE("moe", 1, hidden, inter, topk, experts, moe_tp, moe_ep, common.MoEQuantMode[quant], distribution, 1),
+            is_context=True,
+            batch_size=1,
+            s=tokens,
+            x=tokens,
+        )
+
+    def moe_dispatch(
+        self, tokens: int, hidden: int, topk: int, experts: int, moe_tp: int, moe_ep: int, attention_dp: int, pre: bool, quant: str
+    ) -> float:
+        """One MoE layer's token exchange between `attention_dp` attention ranks and the experts'
+        moe_tp x moe_ep GPUs, for `tokens` tokens of one rank: before the experts (pre: the gather or
+        dispatch) or after them (the reduce-scatter or combine), as the database's MoEDispatch op
+        prices it for the backend (its NCCL and custom all-reduce tables)."""
+        import aiconfigurator_core.sdk.operations as ops
+        from aiconfigurator_core.sdk import common
+
+        return self._evaluate(
+            ("moe_dispatch", hidden, topk, experts, moe_tp, moe_ep, attention_dp, pre, quant),
+            lambda: ops.MoEDispatch(
+                "moe_dispatch",
+                1,
+                hidden,
+                topk,
+                experts,
+                moe_tp,
+                moe_ep,
+                attention_dp,
+                pre,
+                quant_mode=common.MoEQuantMode[quant],
+                backend=self.backend,
+            ),
             is_context=True,
             batch_size=1,
             s=tokens,

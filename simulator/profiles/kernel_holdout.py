@@ -45,10 +45,14 @@ def uniform_plan(mode: ForwardMode, batch: int, new_tokens: int, prefix: int) ->
 
 
 def direct_forward(g, db: KernelDatabase, mode: ForwardMode, batch: int, seq: int) -> float:
-    """A uniform forward straight from the database: prefill of `seq` new tokens a request, or decode over `seq`."""
-    n = batch * seq if mode is ForwardMode.EXTEND else batch
-    attention = g.prefill_attention(db, batch, seq, 0) if mode is ForwardMode.EXTEND else g.decode_attention(db, batch, seq)
-    return g.layers * (sum(g.layer_kernels(db, n).values()) + attention) + g.embedding(db, n) + g.lm_head(db, batch)
+    """A uniform forward straight from the database: prefill of `seq` new tokens a request, or decode over `seq`
+    (with attention data parallelism, on the busiest of the dp ranks the requests are spread over)."""
+    per_request = seq if mode is ForwardMode.EXTEND else 1
+    rank = -(-batch // g.dp)
+    n, n_rank = batch * per_request, rank * per_request
+    attention = g.prefill_attention(db, rank, seq, 0) if mode is ForwardMode.EXTEND else g.decode_attention(db, rank, seq)
+    layer = sum(g.layer_kernels(db, n_rank).values()) + sum(g.all_ranks_kernels(db, n).values()) + attention
+    return g.layers * layer + g.embedding(db, n_rank) + g.lm_head(db, rank)
 
 
 def _summary(errors: list[float]) -> dict:
@@ -88,7 +92,9 @@ def holdout_errors(profile: dict, db: KernelDatabase, g) -> dict:
         extend = mode is ForwardMode.EXTEND
         # The measured rows of the precision that priced the table (KV dtype; prefill: attention dtype too).
         kv, fmha = (g.prefill_kv, g.prefill_fmha) if extend else (g.decode_kv, None)
-        if g.kv_lora:
+        if g.sparse is not None and g.sparse.prices_projections:
+            measured = db.tables.measured_dsa(extend, g.sparse.architecture, g.heads, kv, g.sparse.module_gemm)
+        elif g.kv_lora:
             measured = db.tables.measured_mla(extend, g.heads, kv, fmha)
         else:
             measured = db.tables.measured_attention(extend, g.heads, g.kv_heads, g.head_dim, kv, fmha)

@@ -22,7 +22,10 @@
     per layer, attention:                  prefill attention of the extend requests (with RoPE and
                                            the KV write), decode attention of the decode requests;
                                            MLA: kv_b_proj (the KV latent decompressed) + context_mla,
-                                           and two latent BMMs + generation_mla (the MQA over latents)
+                                           and two latent BMMs + generation_mla (the MQA over latents);
+                                           DeepSeek's sparse attention (GLM-5): the database's DSA
+                                           module, projections included, or composed where it has
+                                           none (simulator/profiles/sparse_attention.py)
     once per forward:                      embedding (+ its all-reduce for TP > 1) over n tokens;
                                            lm_head GEMM over the batch's requests (one row each)
 
@@ -120,9 +123,9 @@ def _fp8_kv_fallback_why(db: KernelDatabase, missing: list[str], errors: list[st
     return why + "; the KV pool still holds fp8, 1 byte an element"
 
 
-def check_tp(system: str, model: ModelConfig, tp: int) -> None:
-    """TP must split the model and fit in one node of the system (the database measures all-reduce there);
-    the model a dense Llama-family one (the layers composed here)."""
+def check_tp(system: str, model: ModelConfig, tp: int, dp: int = 1) -> None:
+    """TP must split the model, and its tp x dp GPUs fit in one node of the system (the database measures
+    all-reduce and the experts' exchange there); the model's attention one the layers here compose."""
     if model.sliding_window_layers or model.attention_sinks:
         raise KernelDatabaseError(
             f"{model.name} ({model.architecture}): a kernel profile composes GQA and MLA attention; the database's "
@@ -130,8 +133,9 @@ def check_tp(system: str, model: ModelConfig, tp: int) -> None:
         )
     model.check_tp(tp)
     per_node = int(system_spec(system).get("node", {}).get("num_gpus_per_node", 8))
-    if tp > per_node:
-        raise KernelDatabaseError(f"--tp {tp}: {system} has {per_node} GPUs a node, and the database measures all-reduce within one node")
+    if tp * dp > per_node:
+        asked = f"--tp {tp}" + (f" x --dp {dp}" if dp > 1 else "")
+        raise KernelDatabaseError(f"{asked}: {system} has {per_node} GPUs a node, and the database measures all-reduce within one node")
 
 
 def build_kernel_profile(
@@ -147,9 +151,11 @@ def build_kernel_profile(
     ep: int = 1,
     expert_imbalance: float | None = None,
     holdout: bool = True,
+    dp: int = 1,
 ) -> dict:
     """The profile of `model` (a ModelConfig, or a name or path load_model_config takes) over `tp` GPUs
-    (a mixture of experts' experts over `ep` ranks of them, GpuShapes)
+    (a mixture of experts' experts over `ep` ranks of them; with attention data parallelism, `dp` ranks of
+    `tp` GPUs each and the experts over all tp x dp GPUs: GpuShapes)
     of `system`, from `backend`'s kernels (version None: the newest the database maintains), with its
     weights quantized (`quantization` fp8, fp8_block or nvfp4, else the model's dtype) and its KV cache in `kv_cache_dtype`
     (auto: the model's dtype; bf16; fp8). `mixed_attention`: LLMServingSim's attention.csv of the same GPU and
@@ -168,12 +174,12 @@ def build_kernel_profile(
     except ValueError as e:
         raise KernelDatabaseError(str(e)) from None
     db = KernelDatabase.open(system, backend, backend_version)
-    check_tp(system, model, tp)
+    check_tp(system, model, tp, dp)
     try:
-        model.check_parallel(tp, ep, 1)
+        model.check_parallel(tp, ep, dp)
     except ValueError as e:
         raise KernelDatabaseError(str(e)) from None
-    g = GpuShapes.of(model, tp, ep)
+    g = GpuShapes.of(model, tp, ep, dp)
     gemm_kernel = db.tables.gemm_kernel(BF16)
     if precision.quantized_weights:
         gemm_kernel = quantized_gemm_check(db, g, precision.weights)
@@ -191,6 +197,8 @@ def build_kernel_profile(
             f"--expert-imbalance {expert_imbalance:g}: the database measures the experts under balanced, power_law_1.01 "
             f"and power_law_1.2 loads ({e})"
         ) from None
+    if g.sparse is not None:  # DeepSeek's sparse attention: the database's DSA module, or composed (sparse_attention.py)
+        g = replace(g, sparse=g.sparse.priced(db, g))
     tokens = sorted(set(db.tables.measured_gemm_tokens(g.gemm_quant)) | set(POWERS))
 
     phases = [
@@ -208,10 +216,13 @@ def build_kernel_profile(
             progress(phase, done, total)
 
     per_layer: dict[str, list[float]] = {}
+    all_ranks: dict[str, list[float]] = {}
     embedding = []
     for n in tokens:
         for op, t in g.layer_kernels(db, n).items():
             per_layer.setdefault(op, []).append(_seconds(t))
+        for op, t in g.all_ranks_kernels(db, n).items():
+            all_ranks.setdefault(op, []).append(_seconds(t))
         embedding.append(_seconds(g.embedding(db, n)))
         tick("dense")
     lm_head = []
@@ -277,6 +288,8 @@ def build_kernel_profile(
         decode_kernel = db.tables.attention_kernel(False, g.decode_kv)[0]
     if g.kv_lora:  # the database's MLA tables, not its GQA kernels
         prefill_kernel, decode_kernel = "context_mla + kv_b_proj", "generation_mla + latent BMMs"
+    if g.sparse is not None:
+        prefill_kernel, decode_kernel = g.sparse.kernels(db, g)
     profile = {
         "format": PROFILE_FORMAT,
         "version": PROFILE_VERSION,
@@ -285,6 +298,7 @@ def build_kernel_profile(
         "model_shapes": model_shapes(model),
         "tp": tp,
         "ep": ep,
+        "dp": dp,
         # The experts' token load the MoE kernel was priced under (None: balanced, or a dense model).
         "expert_imbalance": expert_imbalance,
         "hardware": system,
@@ -299,15 +313,16 @@ def build_kernel_profile(
             **(
                 {
                     "experts": {
-                        "moe_tp": g.tp // g.moe_ep,
-                        "priced_as": f"extrapolated from the database's moe_tp {g.tp // g.moe_ep // 2} and "
-                        f"{g.tp // g.moe_ep // 4} rows (t(m) = t(m/2)^2 / t(m/4)): it has none of moe_tp {g.tp // g.moe_ep}",
+                        "moe_tp": g.moe_tp,
+                        "priced_as": f"extrapolated from the database's moe_tp {g.moe_tp // 2} and "
+                        f"{g.moe_tp // 4} rows (t(m) = t(m/2)^2 / t(m/4)): it has none of moe_tp {g.moe_tp}",
                     }
                 }
                 if g.moe_split_extrapolated
                 else {}
             ),
             "lm_head": {"quant_mode": BF16, "kernel": db.tables.gemm_kernel(BF16)},
+            **({"sparse_attention": g.sparse.record()} if g.sparse is not None else {}),
             "prefill_attention": {"kv_cache": g.prefill_kv, "fmha": g.prefill_fmha, "kernel": prefill_kernel},
             "decode_attention": {"kv_cache": g.decode_kv, "kernel": decode_kernel},
             "kv_cache_dtype": kv_record,
@@ -317,6 +332,9 @@ def build_kernel_profile(
             "layers": g.layers,
             "tokens": tokens,
             "per_layer": per_layer,
+            # dp > 1: a layer's kernels over the tokens of every DP rank together (the routed experts);
+            # per_layer's are over one rank's.
+            **({"per_layer_all_ranks": all_ranks} if all_ranks else {}),
             "per_forward": {"embedding": embedding},
             "requests": REQUESTS,
             "lm_head": lm_head,

@@ -43,6 +43,37 @@ class KernelTables:
             rows |= {(int(b), int(s)) for b, s in zip(t.batch_size, seq)}
         return sorted(rows)
 
+    def _dsa_rows(self, context: bool, architecture: str, kv_cache: str, gemm: str):
+        """This version's DSA module rows of `architecture` with every layer's own indexer (not GLM-5.2's
+        skip_indexer rows), that KV-cache dtype and GEMM format; None without the table."""
+        import pandas as pd
+
+        phase = "context" if context else "generation"
+        files = self._table_files("sparse_attention", f"dsa_{phase}_module_perf.parquet")
+        if not files:
+            return None
+        t = pd.read_parquet(files[0])
+        keep = (t.op_name == f"dsa_{phase}_module") & (t.architecture == architecture)
+        return t[keep & (t.kv_cache_dtype == kv_cache) & (t.gemm_type == gemm)]
+
+    def dsa_kernels(self, context: bool, architecture: str, kv_cache: str, gemm: str) -> list[str]:
+        """The kernels (kernel_source) of the DSA module rows that price this shape: SGLang's dense MHA for short
+        prefills beside its sparse FlashMLA or TRT-LLM kernels; [] where this version has no table of its own."""
+        t = self._dsa_rows(context, architecture, kv_cache, gemm)
+        return [] if t is None else sorted(str(k) for k in t.kernel_source.unique())
+
+    def measured_dsa(self, context: bool, architecture: str, heads: int, kv_cache: str, gemm: str) -> list[tuple[int, int]]:
+        """(batch, sequence length) of the measured DSA module rows for `heads` heads a GPU, as measured_attention:
+        prefill without a cached prefix (step 0), decode over isl + step tokens."""
+        t = self._dsa_rows(context, architecture, kv_cache, gemm)
+        if t is None:
+            return []
+        t = t[t.num_heads == heads]
+        if context:
+            t = t[t.step == 0]
+        seq = t.isl if context else t.isl + t.step
+        return sorted({(int(b), int(s)) for b, s in zip(t.batch_size, seq)})
+
     def measured_gemm_tokens(self, quant: str = "bfloat16") -> list[int]:
         """The token counts (m) at which the database measured GEMMs of that quant mode."""
         import pandas as pd

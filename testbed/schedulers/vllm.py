@@ -34,13 +34,16 @@ def with_defaults(opts: ReplayOptions) -> ReplayOptions:
 
 
 def config(opts: ReplayOptions, model: ModelConfig, kv_tokens: int) -> VllmSchedulerConfig:
+    # With --dp every rank runs its own engine core under these limits, and the one scheduler stands
+    # for all of them (SGLang, by contrast, divides its server-wide limits over the DP ranks).
+    ranks = opts.dp
     return VllmSchedulerConfig(
         journal_row_writes=opts.mode == "real",
         kv_tokens=kv_tokens,
         context_len=model.context_len,
         page_size=opts.page_size,
-        max_num_batched_tokens=opts.max_num_batched_tokens,
-        max_num_seqs=opts.max_num_seqs,
+        max_num_batched_tokens=opts.max_num_batched_tokens * ranks,
+        max_num_seqs=opts.max_num_seqs * ranks,
         policy=opts.policy,
         enable_prefix_caching=not opts.disable_radix_cache,
         overlap=opts.overlap,

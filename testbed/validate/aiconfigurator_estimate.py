@@ -304,7 +304,7 @@ def estimate_of(p) -> AicEstimate:
         raise EstimateUnavailable(f"mode {p.mode!r}: only agg points are estimated here")
     if p.concurrency is None or p.tp is None:
         raise EstimateUnavailable("the point has no client concurrency or no tp_size")
-    # The file's batch_size is per attention-DP rank; aiconfigurator_estimate takes the clients.
+    # aiconfigurator_estimate takes the clients (the point's concurrency: every attention-DP rank's).
     return aiconfigurator_estimate(
         p.system,
         p.backend,
@@ -312,11 +312,11 @@ def estimate_of(p) -> AicEstimate:
         p.model_path,
         p.isl,
         p.osl,
-        p.concurrency * p.attention_dp * p.pp,
+        p.concurrency * p.pp,
         p.tp,
         p.gemm_quant,
         pp=p.pp,
-        attention_dp=p.attention_dp,
+        attention_dp=p.dp,
         moe_ep=p.moe_ep,
         moe_quant=p.row.get("moe_quant_mode") or None,
     )

@@ -13,6 +13,10 @@ whatever the scheduler does:
               least isl: (osl - 1) forwards of the decode table at batch c and context isl (smaller
               batches cost more per request: each forward pays the kernel's fixed part).
 
+With attention data parallelism (a profile of dp > 1) both terms are the busiest rank's, ceil(c / dp)
+of the clients, and the routed experts (which take every rank's tokens) add their own dense term
+over all c.
+
 Prefill attention and the LM head are left out, so the sum is a lower bound. `kernel_bound` is that
 bound over the measured cycle: above 1, the point was measured faster than its kernels allow, and no
 schedule can reproduce it from these kernels (the measurement ran something the point's columns do
@@ -33,10 +37,16 @@ BOUND_EXCEEDED = 1.1  # the kernels' least time over the measured, beyond the ta
 def least_cycle_s(model: KernelProfileCostModel, p: MeasuredPoint) -> float:
     """The least time the profile's kernels need for `concurrency` of p's requests (seconds)."""
     c = p.concurrency
-    per_token = min(y / x for x, y in zip(model.dense.xs, model.dense.ys) if x >= 1)
-    tokens = c * (p.isl + p.osl)
-    dense = (p.osl - 1) * model.dense(1) + (tokens - (p.osl - 1)) * per_token
-    decode = (p.osl - 1) * model.decode(c, p.isl) if p.osl > 1 else 0.0
+    rank = -(-c // model.dp)  # the busiest attention DP rank's clients (all of them without DP)
+    steps = p.osl - 1
+
+    def least(curve, requests: int) -> float:
+        # Every token of `requests` requests at the curve's cheapest rate, but at least one step a token generated.
+        per_token = min(y / x for x, y in zip(curve.xs, curve.ys) if x >= 1)
+        return steps * curve(1) + (requests * (p.isl + p.osl) - steps) * per_token
+
+    dense = least(model.dense, rank) + (least(model.all_ranks, c) if model.all_ranks is not None else 0.0)
+    decode = steps * model.decode(rank, p.isl) if p.osl > 1 else 0.0
     return dense + decode
 
 

@@ -28,7 +28,7 @@ REQUIRED = {
     "precision": "the weights' precision (bf16, fp8, fp4, ...)",
     "isl": "input tokens of every request",
     "osl": "output tokens of every request",
-    "batch_size": "client concurrency of an aggregated point",
+    "batch_size": "client concurrency of an aggregated point, per attention data-parallel rank (the clients: batch_size x attention_dp_size)",
     "tp_size": "tensor parallelism",
     "silicon_ttft_ms": "measured mean TTFT",
     "silicon_tpot_ms": "measured mean TPOT",
@@ -62,6 +62,10 @@ FP8_FORMATS = ("fp8", "fp8_block")
 GEMM_FORMATS = {"fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4", "bfloat16": None, "float16": None, "bf16": None, "fp16": None}
 # Hugging Face ids name variants of one architecture: the bundled config is the base model's.
 _VARIANT_SUFFIXES = re.compile(r"(-(instruct|chat|base|hf|fp8|fp8-dynamic|nvfp4|fp4|awq|gptq|int4|int8|w8a8))+$")
+# The fp8 checkpoint that rows of an fp8 precision served where they name the base model (a bf16 one):
+# Zhipu publishes GLM-5's fp8 weights as zai-org/GLM-5-FP8 (128x128 blocks; aiconfigurator-core ships
+# its config), the checkpoint SGLang's GLM-5 fp8 serving loads, as its rows' fp8_block experts say.
+_FP8_CHECKPOINTS = {"zhipuai/GLM-5": "zai-org/GLM-5-FP8"}
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,17 @@ class MeasuredPoint:
         (fp8, fp8_block, nvfp4), else as the row says (bf16, unstated)."""
         return (self.system, self.backend, self.model_path, self.quantization or self.precision)
 
+    @property
+    def dp(self) -> int:
+        """Attention data-parallel ranks, as the row's columns give them: attention_dp_size, else what
+        its experts' GPUs imply (AIConfigurator's rows keep tp x attention_dp = moe_tp x moe_ep; its
+        gap-analysis rows of vLLM's Qwen3-235B leave attention_dp_size empty beside moe_tp 2 at tp 1:
+        vLLM's -dp 2, the experts split over both ranks' GPUs)."""
+        if self.attention_dp > 1:
+            return self.attention_dp
+        gpus = (self.moe_tp or 1) * self.moe_ep
+        return gpus // self.tp if self.tp and gpus > self.tp and gpus % self.tp == 0 else 1
+
     def skip_reason(self) -> str | None:
         """Why the simulator cannot express this point, as "what: detail"; None if it can."""
         if self.mode != "agg":
@@ -160,8 +175,6 @@ class MeasuredPoint:
             return f"scheduler_recv_interval {self.scheduler_recv_interval}: SGLang's setting, not {self.backend}'s"
         if self.pp > 1:
             return f"pipeline parallelism: {self.pp} stages"
-        if self.attention_dp > 1:
-            return f"attention data parallelism: {self.attention_dp}"
         if self.model is None:
             return f"no model config: {self.model_path} (bundled: {', '.join(bundled_model_names())})"
         config = _config(self.model)
@@ -170,10 +183,14 @@ class MeasuredPoint:
                 f"mixture of experts: {self.model}'s attention (sliding windows with sinks) is not priced from the "
                 "kernel database yet (the roofline prices it in testbed replay)"
             )
-        if self.moe_ep > 1 and (self.moe_tp or 1) * self.moe_ep != self.tp:
-            return f"expert parallelism: {self.moe_ep} ranks of {self.moe_tp or 1} GPUs beside attention over {self.tp} (priced: EP over the TP GPUs)"
-        if config.is_moe and self.moe_ep == 1 and self.moe_tp not in (None, self.tp):
-            return f"mixture of experts: experts split over {self.moe_tp} GPUs, attention over {self.tp} (priced: the same TP)"
+        if self.dp > 1 and not config.is_moe:
+            return f"attention data parallelism: {self.dp} ranks of a dense model (a dense model's data parallelism is replicas)"
+        gpus = self.tp * self.dp
+        if config.is_moe and (self.moe_ep > 1 or self.moe_tp) and (self.moe_tp or 1) * self.moe_ep != gpus:
+            return (
+                f"mixture of experts: {self.moe_ep} expert ranks of {self.moe_tp or 1} GPUs beside attention over "
+                f"{self.tp} x {self.dp} GPUs (priced: the experts over the attention's GPUs)"
+            )
         # An fp8 checkpoint runs its own format in GEMMs and experts alike, whatever the row's labels say
         # (DeepSeek-R1's rows: fp8 GEMMs beside fp8_block experts, of one 128x128-block checkpoint).
         one_fp8_checkpoint = {self.moe_quant, self.gemm_quant} <= set(FP8_FORMATS) and checkpoint_format(self.model_path) is not None
@@ -190,15 +207,17 @@ def _config(model: str) -> ModelConfig:
 @functools.cache
 def checkpoint_format(model_path: str) -> str | None:
     """The fp8 format the checkpoint `model_path` is stored in, from its config.json as aiconfigurator-core
-    ships it (model_configs/<org>--<name>_config.json, the configs of its points' models); None where
-    no config ships or it is not an fp8 checkpoint (ModelOpt's per-tensor fp8 states its format elsewhere)."""
+    ships it (model_configs/<org>--<name>_config.json, the configs of its points' models; a base model's
+    fp8 checkpoint where _FP8_CHECKPOINTS names one); None where no config ships or it is not an fp8
+    checkpoint (ModelOpt's per-tensor fp8 states its format elsewhere)."""
     import importlib.util
     import json
 
     spec = importlib.util.find_spec("aiconfigurator_core")
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = Path(next(iter(spec.submodule_search_locations))) / "model_configs" / f"{model_path.replace('/', '--')}_config.json"
+    checkpoint = _FP8_CHECKPOINTS.get(model_path, model_path)
+    path = Path(next(iter(spec.submodule_search_locations))) / "model_configs" / f"{checkpoint.replace('/', '--')}_config.json"
     try:
         cfg = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -259,10 +278,10 @@ def _ms(path: str, line: int, row: dict, col: str) -> float:
 
 
 def _concurrency(path: str, line: int, row: dict) -> int | None:
-    """The client concurrency: batch_size, else the source's silicon_concurrency=N (a disaggregated
+    """The client concurrency: batch_size x attention_dp_size, else the source's silicon_concurrency=N (a disaggregated
     point leaves batch_size empty); None if neither says."""
-    if row.get("batch_size"):
-        return _int(path, line, row, "batch_size", minimum=1)
+    if row.get("batch_size"):  # AIConfigurator's batch_size is one attention DP rank's
+        return _int(path, line, row, "batch_size", minimum=1) * (_int(path, line, row, "attention_dp_size", default=1) or 1)
     found = re.search(r"silicon_concurrency=(\d+)", row.get("silicon_data_source") or "")
     return int(found.group(1)) if found and int(found.group(1)) > 0 else None
 
@@ -323,7 +342,7 @@ def _point(path: str, line: int, row: dict) -> MeasuredPoint:
         concurrency=_concurrency(path, line, text),
         tp=_int(path, line, text, "tp_size", minimum=1) if text.get("tp_size") else None,
         pp=_int(path, line, text, "pp_size", default=1),
-        attention_dp=_int(path, line, text, "attention_dp_size", default=1),
+        attention_dp=_int(path, line, text, "attention_dp_size", default=1) or 1,  # some rows say 0: none
         moe_ep=_int(path, line, text, "moe_ep_size", default=1),
         moe_tp=_int(path, line, text, "moe_tp_size", minimum=0, default=0) or None,  # dense rows: 0 or empty
         gemm_quant=(text.get("gemm_quant_mode") or None),

@@ -16,6 +16,12 @@ What the recipes set that the replay takes:
   them. vLLM's MiniMax recipes on the H200 (from 2026-03-13) and the B200 (until 2026-04-03) turn
   on `--enable-expert-parallel` whenever `EP_SIZE -ge 1`, that is always, though their rows say
   moe_ep_size 1; SGLang's DeepSeek fp4 recipe ran `--enable-ep-moe` until 2025-11-10;
+- the parallel layout, where the script ran another than the row's columns say. A sweep config's
+  `dp-attn: true` gives its rows attention_dp_size = TP (and moe_ep_size = ep x TP), but only the
+  scripts that read DP_ATTENTION run it: MiniMax's fp4 scripts as `--tensor-parallel-size 1
+  --data-parallel-size $TP --enable-expert-parallel` (TP GPUs in all); its fp8 scripts and
+  Kimi-K2.5's ignore it and run `--tensor-parallel-size $TP` (with expert parallelism where their
+  EP rule turns it on: Kimi's never does, whatever the row's moe_ep_size);
 - vLLM's CUDA graphs: the largest step captured (`--max-cudagraph-capture-size`) and which
   steps are (`cudagraph_mode`): a step outside a graph pays the host's dispatch;
 - the step's token budget (vLLM's `--max-num-batched-tokens`, SGLang's `--chunked-prefill-size`
@@ -53,6 +59,10 @@ class ServerRecipe:
     block_size: int | None = None  # vLLM --block-size (KV page)
     max_cudagraph_capture_size: int | None = None  # vLLM: the largest step a CUDA graph replays
     cudagraph_mode: str | None = None  # vLLM's compilation config's cudagraph_mode
+    # The layout the script ran where it differs from the row's columns (None: the row's). Set, the
+    # experts go over the tp x dp GPUs with expert_parallel, else split over them (no row's moe_ep).
+    tensor_parallel: int | None = None  # --tensor-parallel-size
+    data_parallel: int | None = None  # vLLM --data-parallel-size: attention DP ranks (with expert parallelism, vLLM's DP attention)
     source: str = ""  # the recipe and its version, e.g. "InferenceX minimaxm2.5_fp8_b200.sh of 2026-04-03"
 
     def flags(self, backend: str) -> str:
@@ -69,6 +79,8 @@ class ServerRecipe:
             "block_size": "--block-size",
             "max_cudagraph_capture_size": "--max-cudagraph-capture-size",
             "cudagraph_mode": "--cudagraph-mode",
+            "tensor_parallel": "--tensor-parallel-size" if backend == "vllm" else "--tp-size",
+            "data_parallel": "--data-parallel-size" if backend == "vllm" else "--dp-size",
         }
         default = ServerRecipe()
         out = []
@@ -80,6 +92,25 @@ class ServerRecipe:
 
 
 Rule = Callable[[MeasuredPoint], ServerRecipe]
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """How a point's server spread the model over its GPUs (tp x dp of them)."""
+
+    tp: int  # tensor parallelism of each attention rank
+    dp: int  # attention data-parallel ranks
+    ep: int  # expert-parallel ranks the routed experts spread over (1: split over every GPU)
+
+
+def parallel_layout(p: MeasuredPoint, recipe: ServerRecipe) -> ParallelLayout:
+    """The layout p ran: its recipe's where the script states one, else its row's (experts over every
+    GPU where the recipe turned expert parallelism on)."""
+    if recipe.data_parallel is None and recipe.tensor_parallel is None:
+        tp, dp = p.tp or 1, p.dp
+        return ParallelLayout(tp, dp, tp * dp if recipe.expert_parallel else p.moe_ep)
+    tp, dp = recipe.tensor_parallel or p.tp or 1, recipe.data_parallel or 1
+    return ParallelLayout(tp, dp, tp * dp if recipe.expert_parallel else 1)
 
 
 @dataclass(frozen=True)
@@ -138,17 +169,54 @@ def _minimax_vllm_first(memory: float, expert_parallel: bool, block: int | None)
     return lambda p: ServerRecipe(expert_parallel=expert_parallel, memory_fraction=memory, block_size=block)
 
 
-def _minimax_vllm_blackwell(block: int | None) -> Rule:
+def _tp_layout(p: MeasuredPoint) -> dict:
+    """A script that ignores DP_ATTENTION: a `dp-attn` row ran plain `--tensor-parallel-size $TP`."""
+    return {"tensor_parallel": p.tp, "data_parallel": 1} if p.attention_dp > 1 else {}
+
+
+def _minimax_vllm_blackwell(block: int | None, dp_attention: bool) -> Rule:
     """minimaxm2.5 on B200/B300 from 2026-04: an fp8 KV cache, a step of twice the prompt, and CUDA
-    graphs for steps of up to 2,048 tokens."""
-    return lambda p: ServerRecipe(
-        "fp8",
-        expert_parallel=p.moe_ep > 1,
-        max_num_batched_tokens=2 * p.isl,
-        memory_fraction=0.90,
-        block_size=block,
-        max_cudagraph_capture_size=2048,
-    )
+    graphs for steps of up to 2,048 tokens. The fp4 scripts (dp_attention) run a `dp-attn` row as
+    `-tp 1 -dp $TP --enable-expert-parallel`; the fp8 ones ignore DP_ATTENTION."""
+
+    def rule(p: MeasuredPoint) -> ServerRecipe:
+        if dp_attention and p.attention_dp > 1:
+            layout = {"tensor_parallel": 1, "data_parallel": p.tp}
+        else:
+            layout = _tp_layout(p)
+        return ServerRecipe(
+            "fp8",
+            expert_parallel=p.moe_ep > 1,
+            max_num_batched_tokens=2 * p.isl,
+            memory_fraction=0.90,
+            block_size=block,
+            max_cudagraph_capture_size=2048,
+            **layout,
+        )
+
+    return rule
+
+
+def _minimax_vllm_h100(p: MeasuredPoint) -> ServerRecipe:
+    """minimaxm2.5_fp8_h100.sh: 256 running requests, piecewise CUDA graphs, expert parallelism where
+    `EP_SIZE -gt 1`; DP_ATTENTION ignored."""
+    return ServerRecipe(expert_parallel=p.moe_ep > 1, max_running_requests=256, cudagraph_mode="PIECEWISE", **_tp_layout(p))
+
+
+def _kimi_vllm(fp8_kv: bool) -> Rule:
+    """kimik2.5_fp4_b200/b300: `--tensor-parallel-size $TP` alone (no expert parallelism, whatever the
+    row's moe_ep_size; DP_ATTENTION ignored), running cap the clients; the B200's from 2026-04-20 an
+    fp8 KV cache, a step of twice the prompt and CUDA graphs up to 2,048 tokens."""
+
+    def rule(p: MeasuredPoint) -> ServerRecipe:
+        layout = {"tensor_parallel": p.tp, "data_parallel": 1}
+        if not fp8_kv:
+            return ServerRecipe(max_running_requests=p.concurrency, **layout)
+        return ServerRecipe(
+            "fp8", max_running_requests=p.concurrency, max_num_batched_tokens=2 * p.isl, max_cudagraph_capture_size=2048, **layout
+        )
+
+    return rule
 
 
 def _llama70b_vllm(p: MeasuredPoint) -> ServerRecipe:
@@ -161,6 +229,7 @@ def _llama70b_vllm(p: MeasuredPoint) -> ServerRecipe:
 
 DEEPSEEK = ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3")  # the db-dump labels rows of the dsr1 sweeps either way
 MINIMAX = ("MiniMaxAI/MiniMax-M2.5",)
+KIMI = ("moonshotai/Kimi-K2.5",)
 LLAMA_70B = ("meta-llama/Llama-3.1-70B",)
 BLACKWELL = ("b200_sxm", "b300_sxm")
 RECIPES = (
@@ -179,17 +248,20 @@ RECIPES = (
         ("fp8",),
         "minimaxm2.5_fp8_h100.sh",
         "2026-03-02",
-        lambda p: ServerRecipe(max_running_requests=256, cudagraph_mode="PIECEWISE"),
+        _minimax_vllm_h100,
     ),
     RecipeVersion(
         "vllm", MINIMAX, ("h200_sxm",), ("fp8",), "minimaxm2.5_fp8_h200.sh", "2026-03-01", _minimax_vllm_first(0.95, False, None)
     ),
     RecipeVersion("vllm", MINIMAX, ("h200_sxm",), ("fp8",), "minimaxm2.5_fp8_h200.sh", "2026-03-13", _minimax_vllm_first(0.95, True, None)),
     RecipeVersion("vllm", MINIMAX, ("b200_sxm",), ("fp8",), "minimaxm2.5_fp8_b200.sh", "2026-03-11", _minimax_vllm_first(0.95, True, 32)),
-    RecipeVersion("vllm", MINIMAX, ("b200_sxm",), ("fp8",), "minimaxm2.5_fp8_b200.sh", "2026-04-03", _minimax_vllm_blackwell(32)),
-    RecipeVersion("vllm", MINIMAX, ("b300_sxm",), ("fp8",), "minimaxm2.5_fp8_b300.sh", "2026-04-17", _minimax_vllm_blackwell(32)),
-    RecipeVersion("vllm", MINIMAX, ("b200_sxm",), ("fp4",), "minimaxm2.5_fp4_b200.sh", "2026-04-08", _minimax_vllm_blackwell(None)),
-    RecipeVersion("vllm", MINIMAX, ("b300_sxm",), ("fp4",), "minimaxm2.5_fp4_b300.sh", "2026-04-17", _minimax_vllm_blackwell(None)),
+    RecipeVersion("vllm", MINIMAX, ("b200_sxm",), ("fp8",), "minimaxm2.5_fp8_b200.sh", "2026-04-03", _minimax_vllm_blackwell(32, False)),
+    RecipeVersion("vllm", MINIMAX, ("b300_sxm",), ("fp8",), "minimaxm2.5_fp8_b300.sh", "2026-04-17", _minimax_vllm_blackwell(32, False)),
+    RecipeVersion("vllm", MINIMAX, ("b200_sxm",), ("fp4",), "minimaxm2.5_fp4_b200.sh", "2026-04-08", _minimax_vllm_blackwell(None, True)),
+    RecipeVersion("vllm", MINIMAX, ("b300_sxm",), ("fp4",), "minimaxm2.5_fp4_b300.sh", "2026-04-17", _minimax_vllm_blackwell(None, True)),
+    RecipeVersion("vllm", KIMI, ("b200_sxm",), ("fp4",), "kimik2.5_fp4_b200.sh", "2026-03-11", _kimi_vllm(fp8_kv=False)),
+    RecipeVersion("vllm", KIMI, ("b200_sxm",), ("fp4",), "kimik2.5_fp4_b200.sh", "2026-04-20", _kimi_vllm(fp8_kv=True)),
+    RecipeVersion("vllm", KIMI, ("b300_sxm",), ("fp4",), "kimik2.5_fp4_b300.sh", "2026-04-17", _kimi_vllm(fp8_kv=False)),
 )
 
 

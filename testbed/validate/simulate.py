@@ -33,7 +33,7 @@ from testbed.options import ReplayOptions
 from testbed.validate.harness import harness_of, workload
 from testbed.validate.kernel_bound import kernel_bound
 from testbed.validate.points import MeasuredPoint
-from testbed.validate.recipes import ServerRecipe, server_recipe
+from testbed.validate.recipes import ParallelLayout, ServerRecipe, parallel_layout, server_recipe
 
 
 class PointSkipped(Exception):
@@ -73,9 +73,8 @@ class PointSimulator:
 
         versions = kernel_db.available().get(p.system, {}).get(p.backend, [])
         version = kernel_db.nearest_version(versions, p.backend_version)
-        recipe = self.recipe(p)
-        kv, ep = recipe.kv_cache_dtype, self.expert_ranks(p)
-        key = (p.system, p.backend, version, p.model, p.tp, ep, p.quantization, kv)
+        kv, layout = self.recipe(p).kv_cache_dtype, self.layout(p)
+        key = (p.system, p.backend, version, p.model, layout, p.quantization, kv)
         if key not in self._profiles:
             if not versions:
                 self._profiles[key] = PointSkipped(f"AIConfigurator has no {p.backend} kernels of {p.system}")
@@ -86,16 +85,18 @@ class PointSimulator:
                         p.backend,
                         version,
                         p.model,
-                        p.tp,
+                        layout.tp,
                         quantization=p.quantization,
                         kv_cache_dtype=kv,
-                        ep=ep,
+                        ep=layout.ep,
+                        dp=layout.dp,
                         holdout=False,
                     )
                 except (kernel_db.KernelDatabaseError, ValueError) as e:
                     self._profiles[key] = PointSkipped(f"no kernel profile: {e}")
                 else:
-                    path = self.work / f"{len(self._profiles)}-{p.system}-{p.backend}-{p.model}-tp{p.tp}-ep{ep}-{p.precision}-kv{kv}.json"
+                    name = f"tp{layout.tp}-dp{layout.dp}-ep{layout.ep}-{p.precision}-kv{kv}"
+                    path = self.work / f"{len(self._profiles)}-{p.system}-{p.backend}-{p.model}-{name}.json"
                     path.write_text(json.dumps(profile) + "\n")
                     used = profile["database"]["backend_version"]
                     self._profiles[key] = (str(path), f"{p.system} {p.backend} {used}")
@@ -108,9 +109,9 @@ class PointSimulator:
         """The server settings p ran with, as far as its recipe is known (recipes.py)."""
         return server_recipe(p, harness_of(p, self.harness))
 
-    def expert_ranks(self, p: MeasuredPoint) -> int:
-        """The GPUs p's experts spread over: all TP GPUs where its recipe turned expert parallelism on."""
-        return p.tp if self.recipe(p).expert_parallel and p.tp else p.moe_ep
+    def layout(self, p: MeasuredPoint) -> ParallelLayout:
+        """How p's server spread the model over its GPUs (recipes.py)."""
+        return parallel_layout(p, self.recipe(p))
 
     def options(self, p: MeasuredPoint, profile: str, prefix_cache: bool = False) -> ReplayOptions:
         """The point's engine with its defaults, but for the server settings its recipe is known
@@ -118,13 +119,15 @@ class PointSimulator:
         benchmarks' random datasets), so a prefix cache never hits: the engines' default (on) and off
         schedule alike (tests/testbed/validate/test_validate.py checks it), and off spares the cache's per-block work
         (a 128-request, 8,192-token vLLM point: 13.6 s on, 1.3 s off)."""
-        recipe = self.recipe(p)
+        recipe, layout = self.recipe(p), self.layout(p)
         options = ReplayOptions(
             mode="sim",
             scheduler=p.backend,
             model=p.model,
-            tp=p.tp,
-            ep=self.expert_ranks(p),
+            tp=layout.tp,
+            ep=layout.ep,
+            dp=layout.dp,
+            enable_dp_attention=layout.dp > 1,
             profile=profile,
             quantization=p.quantization,
             concurrency=p.concurrency,

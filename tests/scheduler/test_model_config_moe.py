@@ -4,7 +4,11 @@ simulator cannot price is a ModelConfigError naming it."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -85,6 +89,61 @@ def test_each_family_reads_its_own_keys():
     assert oss.sliding_window == 128 and oss.sliding_window_layers == 18 and oss.attention_sinks
     assert oss.router_bias and oss.expert_bias and oss.attention_bias
     assert oss.checkpoint_quantization == "mxfp4" and oss.checkpoint_quantizes_experts_only
+
+
+def _kimi_k2_5_fields(m: ModelConfig) -> tuple:
+    """What a user checks of Kimi-K2.5: its experts, MLA latents and layers (the first one dense)."""
+    return (
+        (m.architecture, m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size, m.shared_expert_intermediate_size),
+        (m.kv_lora_rank, m.q_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim),
+        (m.num_hidden_layers, m.dense_layers, m.num_moe_layers, m.num_attention_heads, m.hidden_size, m.vocab_size, m.context_len),
+    )
+
+
+KIMI_K2_5 = (
+    ("DeepseekV3ForCausalLM", 384, 8, 2048, 2048),
+    (512, 1536, 128, 64, 128),
+    (61, (0,), 60, 64, 7168, 163840, 262144),
+)
+
+
+def test_kimi_k2_5_is_deepseek_v3_shaped_with_its_card_sizes():
+    m = load_model_config("kimi-k2.5")
+    assert _kimi_k2_5_fields(m) == KIMI_K2_5
+    assert m.router_bias and m.rope_theta == 50000.0 and m.eos_token_id == (163585,)
+    # Kimi-K2.5's card: 1T total and 32B activated parameters (rounded; the 400M vision encoder aside).
+    assert m.num_params == pytest.approx(1.0e12, rel=0.03)
+    assert m.active_params() == pytest.approx(32e9, rel=0.03)
+    assert m.routed_expert_params() == 60 * 384 * 3 * 7168 * 2048  # 60 MoE layers of 384 gated experts
+    # MLA: one latent of kv_lora_rank + qk_rope_head_dim a token and layer, held whole by every TP GPU.
+    assert m.kv_bytes_per_token() == m.kv_bytes_per_token(2, tp=8) == 61 * (512 + 64) * 2 == 70272
+
+
+def test_a_multimodal_config_loads_as_the_language_model_its_text_config_holds(tmp_path):
+    text = load_model_config("kimi-k2.5").raw
+    wrapper = {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": text, "vision_config": {"patch_size": 14}}
+    folder = tmp_path / "Kimi-K2.5"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(wrapper))
+    local = load_model_config(folder)
+    assert local.name == "Kimi-K2.5" and local.raw["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert _kimi_k2_5_fields(local) == KIMI_K2_5
+    with pytest.raises(ModelConfigError, match="text_config"):
+        ModelConfig.from_hf_config({"architectures": ["KimiK25ForConditionalGeneration"]}, name="bad")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("aiconfigurator_core") is None, reason="needs the aiconfigurator extra")
+@pytest.mark.parametrize("shipped", ["moonshotai--Kimi-K2.5", "nvidia--Kimi-K2.5-NVFP4"])
+def test_the_published_kimi_k2_5_config_json_gives_the_bundled_config(tmp_path, shipped):
+    # aiconfigurator-core ships the checkpoints' config.json files (KimiK25ForConditionalGeneration).
+    package = Path(next(iter(importlib.util.find_spec("aiconfigurator_core").submodule_search_locations)))
+    folder = tmp_path / shipped.split("--")[1]
+    folder.mkdir()
+    shutil.copy(package / "model_configs" / f"{shipped}_config.json", folder / "config.json")
+    local, bundled = load_model_config(folder), load_model_config("kimi-k2.5")
+    assert _kimi_k2_5_fields(local) == KIMI_K2_5
+    assert replace(local, name=bundled.name) == bundled and local.rope_scaling == bundled.rope_scaling
+    assert local.folder == str(folder.resolve()) and bundled.folder is None
 
 
 def test_qwen3_moe_dense_layers_follow_mlp_only_layers_and_the_sparse_step():
@@ -183,3 +242,28 @@ def test_minimax_m2_parses_as_a_mixture_of_experts_with_gqa():
     # MiniMax-M2's card: 230B total, 10B active (rounded to whole billions; the embedding table not counted).
     assert abs(m.num_params - 230e9) / 230e9 < 0.02
     assert 9.5e9 <= m.active_params(include_embedding=False) <= 10.5e9
+
+
+def test_glm_5_parses_as_mla_with_deepseek_sparse_attention_and_caches_its_indexer_keys():
+    m = load_model_config("glm-5")
+    assert m.architecture == "GlmMoeDsaForCausalLM" and m.is_moe and m.is_mla and m.is_dsa
+    # MLA with GLM-5's own head sizes: a 512-wide latent, 192 + 64 query/key and 256 value dims a head.
+    mla = (m.kv_lora_rank, m.q_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.head_dim)
+    assert mla == (512, 2048, 192, 64, 256, 256)
+    assert (m.index_topk, m.index_n_heads, m.index_head_dim) == (2048, 32, 128)
+    assert (m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size, m.shared_expert_intermediate_size) == (256, 8, 2048, 2048)
+    assert m.dense_layers == (0, 1, 2) and m.num_moe_layers == 75 and m.router_bias
+    # GLM-5's card: 744B parameters, 40B active (the 0.7B of indexers counted here; MTP layer not).
+    assert m.num_params == pytest.approx(744e9, rel=0.01)
+    assert m.active_params(include_embedding=False) == pytest.approx(40e9, rel=0.03)
+    # A token caches MLA's latent and RoPE key, plus the indexer's fp8 key and its fp32 scale (128 + 4
+    # bytes) in each of 78 layers, whole on every GPU of the TP group: 78 x (576 x 2 + 132) in bf16.
+    assert m.index_key_bytes == 132
+    assert m.kv_bytes_per_token() == m.kv_bytes_per_token(2, tp=8) == 78 * (576 * 2 + 132) == 100152
+    assert m.kv_bytes_per_token(1) == 78 * (576 + 132) == 55224  # fp8 KV: the indexer keys are fp8 either way
+    assert load_model_config("deepseek-v3").index_key_bytes == 0
+    m.check_parallel(8)
+    raw = dict(m.raw)
+    del raw["index_topk"]
+    with pytest.raises(ModelConfigError, match="index_topk"):
+        ModelConfig.from_hf_config(raw, name="bad")

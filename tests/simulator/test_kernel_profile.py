@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -396,6 +397,39 @@ def test_expert_parallelism_prices_the_databases_ep_kernels_and_a_profile_keeps_
         calibrate_kernels("h200_sxm", "vllm", None, "qwen3-235b-a22b", 2, tmp_path / "ep3.json", quantization="fp8_block", ep=3)
 
 
+def test_attention_data_parallelism_prices_the_busiest_rank_and_the_experts_over_every_ranks_tokens(tmp_path):
+    # Qwen3-235B-A22B on two H200s under vLLM as `-tp 1 -dp 2` (AIConfigurator's gap-analysis points):
+    # each rank attends its own requests on one GPU; the experts, split over both GPUs, take both
+    # ranks' tokens, exchanged before and after them instead of TP's all-reduce.
+    from simulator.profiles.gpu_shapes import GpuShapes
+    from simulator.profiles.kernel_db import KernelDatabase
+    from simulator.profiles.kernel_holdout import direct_forward
+
+    path = tmp_path / "dp2.json"
+    calibrate_kernels("h200_sxm", "vllm", None, "qwen3-235b-a22b", 1, path, quantization="fp8_block", dp=2)
+    p = json.loads(path.read_text())
+    assert p["dp"] == 2 and set(p["kernels"]["per_layer_all_ranks"]) == {"experts"}
+    assert "moe_dispatch" in p["kernels"]["per_layer"] and "experts" not in p["kernels"]["per_layer"]
+    model = load_model_config("qwen3-235b-a22b")
+    cost_model = load_profile(path)
+    db = KernelDatabase.open("h200_sxm", "vllm", p["database"]["backend_version"])
+    g = replace(GpuShapes.of(model, 1, 1, 2), gemm_quant="fp8_block")
+    # 8 decodes: 4 on each rank, the experts over all 8 tokens; 2 prompts of 1,024 tokens: one a rank.
+    for mode, batch, seq in ((ForwardMode.DECODE, 8, 2048), (ForwardMode.EXTEND, 2, 1024)):
+        plan = uniform_plan(mode, batch, seq, 0) if mode is ForwardMode.EXTEND else uniform_plan(mode, batch, 1, seq - 1)
+        assert cost_model.forward_time(plan) == pytest.approx(direct_forward(g, db, mode, batch, seq), rel=0.01)
+    # Two ranks of 4 decodes each cost less than one GPU holding all 8 (its attention and dense part
+    # over twice the requests), but more than the same 4 on one GPU alone (the experts take all 8 tokens).
+    one_gpu = replace(GpuShapes.of(model, 1, 1, 1), gemm_quant="fp8_block").with_experts_priced(db)
+    assert direct_forward(one_gpu, db, ForwardMode.DECODE, 4, 2048) < decode(cost_model, 8, 2048)
+    assert decode(cost_model, 8, 2048) < direct_forward(one_gpu, db, ForwardMode.DECODE, 8, 2048)
+    cost_model.check_model(model, 1, 1, 2)
+    with pytest.raises(ProfileError, match="built for qwen3-235b-a22b at TP 1, DP 2, not qwen3-235b-a22b at TP 1$"):
+        cost_model.check_model(model, 1, 1, 1)
+    with pytest.raises(ConfigError, match="--tp 8 x --dp 2: h200_sxm has 8 GPUs a node"):
+        calibrate_kernels("h200_sxm", "vllm", None, "qwen3-235b-a22b", 8, tmp_path / "x.json", quantization="fp8_block", dp=2)
+
+
 def test_an_experts_split_the_database_lacks_follows_its_trend_over_smaller_splits(tmp_path):
     # MiniMax-M2.5 over 8 H200s under vLLM: the database has its fp8-block MoE rows split over 1, 2 and 4
     # GPUs, not 8. The profile extrapolates, says so, and lands below the 4-GPU split's time.
@@ -448,3 +482,67 @@ def test_a_quantized_gemm_slower_than_bf16_at_one_token_is_priced_at_most_as_bf1
         qkv[quant] = dict(zip(p["kernels"]["tokens"], p["kernels"]["per_layer"]["qkv_proj"]))
     assert qkv["fp8_block"][1] == pytest.approx(db.gemm(1, *shape, "bfloat16"), rel=1e-3)
     assert qkv["fp8"][1] == pytest.approx(db.gemm(1, *shape, "fp8"), rel=1e-3)  # below bf16: its own row
+
+
+# --- DeepSeek's sparse attention (GLM-5) -----------------------------------------------------------
+
+
+def _mla_block(db, g, batch: int, context: int) -> float:
+    """One layer's decode attention block as dense MLA prices it: the MLA kernels and the projections."""
+    ops = g.layer_kernels(db, batch)
+    return g.decode_attention(db, batch, context) + sum(ops[k] for k in ("qkv_a_proj", "q_b_proj", "o_proj"))
+
+
+def test_glm_5s_sparse_attention_is_priced_from_the_databases_dsa_module(tmp_path):
+    # GLM-5 on eight H200s under SGLang, its block-fp8 checkpoint, as the measured points run it.
+    from simulator.profiles.gpu_shapes import GpuShapes
+    from simulator.profiles.kernel_db import KernelDatabase
+
+    path = tmp_path / "glm-5.json"
+    calibrate_kernels("h200_sxm", "sglang", None, "glm-5", 8, path, quantization="fp8_block")
+    p = json.loads(path.read_text())
+    # The DSA module's rows hold the whole attention block, projections included: not priced twice.
+    assert not {"qkv_a_proj", "q_b_proj", "o_proj"} & set(p["kernels"]["per_layer"])
+    assert "DSA module" in p["precision"]["sparse_attention"]["priced_as"]
+    assert p["precision"]["prefill_attention"]["kernel"].startswith("dsa_context_module (sglang_dsa_")
+    assert p["precision"]["decode_attention"]["kernel"] == "dsa_generation_module (sglang_dsa_indexer_fa3)"
+    assert p["holdout"]["extend"]["points"] > 10 and p["holdout"]["decode"]["points"] > 100
+    # Against dense MLA of the same model and GPUs (the MLA tables, its projections as GEMMs), per layer.
+    db = KernelDatabase.open("h200_sxm", "sglang", None)
+    model = load_model_config("glm-5")
+    dense = replace(GpuShapes.of(model, 8), gemm_quant="fp8_block", sparse=None)
+    table = p["kernels"]["decode_attention"]
+    dsa = {(b, c): table["seconds"][table["batch"].index(b)][table["context"].index(c)] for b in (64, 256) for c in (1024, 32768)}
+    # Each query reads 2048 latents, not 32k: at 32k the block costs 0.74x dense MLA's at batch 64, 0.46x at 256
+    # (the indexer still scores every cached key).
+    assert dsa[64, 32768] < 0.8 * _mla_block(db, dense, 64, 32768)
+    assert dsa[256, 32768] < 0.5 * _mla_block(db, dense, 256, 32768)
+    # Below index_topk it attends all, as dense MLA: 1.3x and 1.2x dense MLA's, the indexer on top.
+    for b in (64, 256):
+        assert 1.0 < dsa[b, 1024] / _mla_block(db, dense, b, 1024) < 1.5
+
+
+def test_glm_5s_sparse_attention_without_dsa_rows_is_mla_over_index_topk_plus_the_indexer():
+    # Per-tensor fp8 weights: the database measured no DSA module with them. Composed: MLA over at most
+    # index_topk tokens, and the indexer's projections, its MQA logits over every cached key, its top-k.
+    from simulator.profiles.gpu_shapes import GpuShapes
+    from simulator.profiles.kernel_db import KernelDatabase
+
+    db = KernelDatabase.open("h200_sxm", "sglang", None)
+    g = replace(GpuShapes.of(load_model_config("glm-5"), 8), gemm_quant="fp8")
+    g = replace(g, sparse=g.sparse.priced(db, g))
+    assert not g.sparse.prices_projections and "not fp8" in g.sparse.why_composed
+    assert g.sparse.record()["priced_as"].startswith("composed") and (g.sparse.indexer_kv, g.sparse.indexer_fmha) == ("fp8", "fp8")
+    dense = replace(g, sparse=None)
+    # Its sparse MLA is dense MLA up to index_topk tokens, then stays at index_topk's: only the indexer grows.
+    for b in (1, 64):
+        indexer = {c: db.generation_attention(b, c, 32, 1, 128, False, "fp8") + g.sparse._indexer(db, g, b, c) for c in (1024, 32768)}
+        assert g.decode_attention(db, b, 1024) == pytest.approx(dense.decode_attention(db, b, 1024) + indexer[1024])
+        assert g.decode_attention(db, b, 32768) == pytest.approx(dense.decode_attention(db, b, 2048) + indexer[32768])
+    # At 32k tokens: 0.61x dense MLA's attention at batch 64, 0.52x at 256 (at 1k: 1.9x and 1.7x, the indexer on top).
+    assert g.decode_attention(db, 64, 32768) < 0.7 * dense.decode_attention(db, 64, 32768)
+    assert g.decode_attention(db, 256, 32768) < 0.6 * dense.decode_attention(db, 256, 32768)
+    # A prefill within index_topk is dense MLA's and the indexer's (2.7x dense MLA: its 32 heads are on every GPU);
+    # past it each query attends index_topk keys, and only the indexer's logits grow with the context (1.07x).
+    within, past = ((g.prefill_attention(db, 1, s, p) / dense.prefill_attention(db, 1, s, p)) for s, p in ((2048, 0), (8192, 8192)))
+    assert past < within / 2

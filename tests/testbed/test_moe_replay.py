@@ -89,3 +89,21 @@ def test_the_moe_options_are_recorded_and_sweep_as_axes():
     assert rec["ep"] == 4 and rec["expert_imbalance"] == 1.2 and rec["dp"] == 1 and rec["enable_dp_attention"] is False
     assert parse_option_value("ep", "8") == 8 and parse_option_value("expert_imbalance", "1.01") == 1.01
     assert parse_option_value("enable_dp_attention", "on") is True and parse_option_value("expert_imbalance", "none") is None
+
+
+def test_vllms_limits_are_each_dp_ranks_and_sglangs_the_servers():
+    # vLLM runs an engine core per DP rank, each under --max-num-seqs and --max-num-batched-tokens: the
+    # one scheduler standing for the ranks takes dp times them. SGLang divides its limits over the ranks.
+    from scheduler.model_config import load_model_config
+    from testbed.schedulers import scheduler_kind
+
+    model = load_model_config("qwen3-30b-a3b")
+    for dp in (1, 4):
+        opts = ReplayOptions(scheduler="vllm", model="qwen3-30b-a3b", dp=dp, enable_dp_attention=dp > 1, max_num_seqs=64)
+        kind = scheduler_kind("vllm")
+        cfg = kind.config(kind.with_defaults(opts), model, 100_000)
+        assert (cfg.max_num_seqs, cfg.max_num_batched_tokens) == (64 * dp, 8192 * dp)
+        sglang = ReplayOptions(model="qwen3-30b-a3b", dp=dp, enable_dp_attention=dp > 1, max_running_requests=64, chunked_prefill_size=4096)
+        kind = scheduler_kind("sglang")
+        cfg = kind.config(kind.with_defaults(sglang), model, 100_000)
+        assert (cfg.max_running_requests, cfg.chunked_prefill_size) == (64, 4096)

@@ -14,7 +14,7 @@ from cli_helpers import assert_clean_error
 from validate_helpers import simulable_point, validate_one_row
 
 from testbed.validate.harness import harness_of
-from testbed.validate.recipes import RECIPES, ServerRecipe, recipe_version, server_recipe
+from testbed.validate.recipes import RECIPES, ParallelLayout, ServerRecipe, recipe_version, server_recipe
 from testbed.validate.simulate import PointSimulator
 
 REPO = Path(__file__).resolve().parents[3]
@@ -74,6 +74,34 @@ def test_a_point_runs_the_recipe_of_the_day_it_was_measured(points):
         sim.close()
     b300 = simulable_point(points, system="b300_sxm", backend="vllm", model_path="MiniMaxAI/MiniMax-M2.5", measured_on="2026-04-03")
     assert server_recipe(b300, "inferencemax") == ServerRecipe()  # before minimaxm2.5_fp8_b300.sh (2026-04-17)
+
+
+def test_a_dp_attention_row_runs_the_layout_its_script_ran(points):
+    """A sweep config's `dp-attn: true` gives its rows attention_dp_size = TP and a batch_size of one
+    rank's clients. MiniMax's fp4 scripts run them as `-tp 1 -dp $TP --enable-expert-parallel`; its
+    fp8 scripts ignore DP_ATTENTION (`-tp $TP`, expert parallel where the row's ep is), and
+    Kimi-K2.5's run `-tp $TP` alone, whatever the row's moe_ep_size."""
+    minimax = dict(backend="vllm", model_path="MiniMaxAI/MiniMax-M2.5", attention_dp=2)
+    fp4 = simulable_point(points, system="b200_sxm", precision="fp4", **minimax)
+    assert fp4.concurrency == 2 * int(fp4.row["batch_size"])
+    fp8 = simulable_point(points, system="b200_sxm", precision="fp8", **minimax)
+    h100 = simulable_point(points, system="h100_sxm", backend="vllm", model_path="MiniMaxAI/MiniMax-M2.5", attention_dp=4)
+    kimi = simulable_point(points, system="b200_sxm", model_path="moonshotai/Kimi-K2.5", attention_dp=4)
+    sim = PointSimulator()
+    try:
+        assert sim.layout(fp4) == ParallelLayout(tp=1, dp=2, ep=2)
+        options = sim.options(fp4, "profile.json")
+        assert (options.tp, options.dp, options.enable_dp_attention, options.ep) == (1, 2, True, 2)
+        assert sim.layout(fp8) == ParallelLayout(tp=2, dp=1, ep=2)
+        assert sim.layout(h100) == ParallelLayout(tp=4, dp=1, ep=4)
+        assert sim.layout(kimi) == ParallelLayout(tp=4, dp=1, ep=1)
+        # A row no recipe covers runs as its columns say: the gap-analysis rows of vLLM's Qwen3-235B-A22B
+        # give tp 1 beside experts split over 2 GPUs, vLLM's -dp 2.
+        qwen = simulable_point(points, system="h200_sxm", backend="vllm", model_path="Qwen/Qwen3-235B-A22B-FP8", tp=1, moe_tp=2)
+        assert qwen.attention_dp == 1 and sim.layout(qwen) == ParallelLayout(tp=1, dp=2, ep=1)
+    finally:
+        sim.close()
+    assert "--tensor-parallel-size 1 --data-parallel-size 2" in server_recipe(fp4, "inferencemax").flags("vllm")
 
 
 @pytest.mark.slow

@@ -78,7 +78,9 @@ def test_hugging_face_ids_of_a_bundled_architecture_find_its_config():
     assert bundled_model_of("meta-llama/Llama-3.1-8B-Instruct") == "llama-3.1-8b"
     assert bundled_model_of("nvidia/Llama-3.1-8B-Instruct-FP8") == "llama-3.1-8b"
     assert bundled_model_of("Qwen/Qwen3-32B") == "qwen3-32b"
-    assert bundled_model_of("moonshotai/Kimi-K2.5") is None
+    assert bundled_model_of("moonshotai/Kimi-K2.5") == bundled_model_of("nvidia/Kimi-K2.5-NVFP4") == "kimi-k2.5"
+    assert bundled_model_of("Qwen/Qwen3.5-397B-A17B") is None
+    assert bundled_model_of("zhipuai/GLM-5") == bundled_model_of("zai-org/GLM-5-FP8") == "glm-5"
     # Mixtures of experts ship too, and their points are skipped with the reason.
     assert bundled_model_of("deepseek-ai/DeepSeek-R1") == "deepseek-r1"
     assert bundled_model_of("Qwen/Qwen3-235B-A22B-FP8") == "qwen3-235b-a22b"
@@ -99,6 +101,14 @@ def test_every_row_of_the_default_file_is_read_and_each_skip_says_why():
     assert qwen and all(r is None for r in qwen)
     deepseek = [p for p in agg if p.model == "deepseek-r1" and p.system == "h200_sxm" and p.tp == 8 and p.attention_dp == 1]
     assert deepseek and all(p.skip_reason() is None and p.quantization == "fp8_block" for p in deepseek)
+    # Kimi-K2.5 (moonshotai's id) is the bundled kimi-k2.5: its NVFP4 vLLM points without attention DP pass.
+    kimi = [p for p in points if p.model_path == "moonshotai/Kimi-K2.5" and p.mode == "agg" and p.precision == "fp4"]
+    assert len(kimi) == 97 and {p.model for p in kimi} == {"kimi-k2.5"}
+    assert all(p.skip_reason() is None and p.quantization == "nvfp4" for p in kimi if p.attention_dp == 1)
+    # GLM-5 (zhipuai's id, the bundled glm-5): its fp8 rows served zai-org/GLM-5-FP8, one 128x128-block checkpoint.
+    glm = [p for p in points if p.model_path == "zhipuai/GLM-5" and p.mode == "agg"]
+    assert len(glm) == 86 and all(p.model == "glm-5" and p.skip_reason() is None for p in glm)
+    assert {(p.precision, p.quantization) for p in glm} == {("fp8", "fp8_block"), ("fp4", "nvfp4")}
     gpt_oss = [p.skip_reason() or "" for p in points if p.mode == "agg" and p.model == "gpt-oss-120b"]
     gpt_oss_moe = [r for r in gpt_oss if r.startswith("mixture of experts")]
     assert gpt_oss_moe and all("sliding windows" in r for r in gpt_oss_moe)
@@ -107,9 +117,12 @@ def test_every_row_of_the_default_file_is_read_and_each_skip_says_why():
     ep = [p for p in points if p.mode == "agg" and p.moe_ep > 1 and p.backend in ("vllm", "sglang") and p.model is not None]
     over_tp = [p for p in ep if (p.moe_tp or 1) * p.moe_ep == p.tp and p.attention_dp == 1]
     assert over_tp and all(p.skip_reason() is None for p in over_tp if p.model == "minimax-m2.5")
-    # (the file has no such point beside attention over one TP group: one made from a priced one)
-    beside = dataclasses.replace(over_tp[0], moe_tp=2, moe_ep=over_tp[0].tp)
-    assert (beside.skip_reason() or "").startswith("expert parallelism")
+    # (the file has no point of fewer expert GPUs than attention ones: one made from a priced one)
+    fewer = dataclasses.replace(over_tp[0], moe_tp=1, moe_ep=over_tp[0].tp // 2)
+    assert f"{over_tp[0].tp // 2} expert ranks of 1 GPUs beside attention over {over_tp[0].tp} x 1 GPUs" in (fewer.skip_reason() or "")
+    # Attention data parallelism is simulated: its rows' experts go over the tp x dp GPUs.
+    dp = [p for p in points if p.mode == "agg" and p.attention_dp > 1 and p.backend == "vllm"]
+    assert len(dp) == 97 and all(p.skip_reason() is None for p in dp)
     # Weight formats are priced from their own GEMM tables: NVFP4 Llama-3.1-70B on B200, block-fp8 Llama-3.1-8B on H200.
     fp4 = [
         p
