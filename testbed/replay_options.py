@@ -171,6 +171,31 @@ def default_model(mode: str) -> str:
     return DEFAULT_MODEL
 
 
+def device_sm_version(opts: ReplayOptions) -> int:
+    """The compute capability (major x 10 + minor) of the GPU the replay runs on, which some of
+    SGLang's defaults follow: a kernel profile's GPU or the hardware spec's (sim), the device's
+    (real); 0 where unknown or on a CPU."""
+    if opts.mode == "sim":
+        from simulator.hardware.specs import HardwareConfigError, load_hardware
+
+        if opts.profile is not None:
+            from simulator.costs.profile_cost import engine_defaults
+
+            sm = engine_defaults(opts.profile).get("sm_version")
+            if isinstance(sm, int):
+                return sm
+        try:
+            return load_hardware(default_hardware(opts)).sm_version
+        except HardwareConfigError:
+            return 0  # the replay reports it
+    import torch
+
+    if opts.device != "cpu" and torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability(0)
+        return 10 * major + minor
+    return 0
+
+
 def device_memory_bytes(opts: ReplayOptions) -> int | None:
     """The memory of the device the replay runs on, which SGLang's defaults follow: a kernel
     profile's GPU or the hardware spec's (sim), the GPU's, or the host's on a CPU (as SGLang on

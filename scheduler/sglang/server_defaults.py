@@ -73,3 +73,14 @@ def default_mem_fraction_static(
     if mem > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     return round((mem - reserved) / mem, 3)
+
+
+# SGLang's KV cache for DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5) under --kv-cache-dtype auto:
+# fp8 on Blackwell and later (compute capability 10.x: sm_version >= 100), else bf16
+# (srt/server_args.py, _set_default_nsa_kv_cache_dtype, SGLang 0.5.9).
+DSA_FP8_KV_FROM_SM = 100
+
+
+def default_kv_cache_dtype(sparse_attention: bool, sm_version: int) -> str:
+    """--kv-cache-dtype auto as SGLang resolves it: fp8 for a DSA model on Blackwell, else auto (the model's dtype)."""
+    return "fp8" if sparse_attention and sm_version >= DSA_FP8_KV_FROM_SM else "auto"

@@ -145,7 +145,7 @@ class ProfileCostModel:
 def engine_defaults(path: str | Path) -> dict:
     """What a replay with this profile defaults to, from the engine it measured: "hardware" (the
     spec it was calibrated on) and "overlap" (the real engine's default there: off on a CPU),
-    and "memory_bytes" (its device's memory, from a kernel profile), each where the profile says; {} for a file that is not a readable profile (loading it says why)."""
+    and "memory_bytes" and "sm_version" (its device's memory and compute capability, from a kernel profile), each where the profile says; {} for a file that is not a readable profile (loading it says why)."""
     try:
         return _engine_defaults(str(path), Path(path).stat().st_mtime_ns)
     except OSError:
@@ -162,5 +162,10 @@ def _engine_defaults(path: str, mtime_ns: int) -> dict:
         return {}
     engine = profile.get("engine") if isinstance(profile.get("engine"), dict) else {}
     spec = profile.get("hardware_spec") if isinstance(profile.get("hardware_spec"), dict) else {}
-    out = {"hardware": profile.get("hardware"), "overlap": engine.get("overlap"), "memory_bytes": spec.get("memory_bytes")}
+    out = {
+        "hardware": profile.get("hardware"),
+        "overlap": engine.get("overlap"),
+        "memory_bytes": spec.get("memory_bytes"),
+        "sm_version": spec.get("sm_version"),
+    }
     return {k: v for k, v in out.items() if v is not None}

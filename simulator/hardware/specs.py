@@ -49,6 +49,9 @@ class HardwareSpec:
     # without it) and the fixed time of one all-reduce. 0 bandwidth: no interconnect, TP 1 only.
     interconnect_bandwidth: float = 0.0
     interconnect_latency_s: float = 10e-6
+    # The GPU's compute capability, major x 10 + minor (AIConfigurator's sm_version: 90 Hopper, 100
+    # Blackwell); 0: unknown, or not a GPU. Some engine defaults follow it (SGLang's KV dtype for DSA).
+    sm_version: int = 0
     cpu: CpuStageCosts = field(default_factory=CpuStageCosts)
     description: str = ""
 
@@ -112,6 +115,7 @@ def database_system_spec(system: str) -> HardwareSpec:
             bandwidth_efficiency=float(gpu.get("mem_bw_empirical_scaling_factor", 0.8)),
             interconnect_bandwidth=float(node.get("intra_node_bw", 0.0)),
             interconnect_latency_s=float(node.get("p2p_latency", 10e-6)),
+            sm_version=int(gpu.get("sm_version") or 0),
             description=f"AIConfigurator system {system}: {gpu['bfloat16_tc_flops'] / 1e12:.0f} TFLOP/s bf16"
             + (f", {gpu['fp8_tc_flops'] / 1e12:.0f} fp8" if gpu.get("fp8_tc_flops") else ", no fp8 tensor cores")
             + ", "

@@ -9,9 +9,9 @@ from scheduler.model_config import ModelConfig
 from scheduler.sglang.config import SchedulerConfig
 from scheduler.sglang.policy import POLICIES
 from scheduler.sglang.scheduler import Scheduler
-from scheduler.sglang.server_defaults import default_chunked_prefill_size, default_mem_fraction_static
+from scheduler.sglang.server_defaults import default_chunked_prefill_size, default_kv_cache_dtype, default_mem_fraction_static
 from simulator.costs.cuda_graphs import sglang_graphs
-from testbed.replay_options import ReplayOptions, device_memory_bytes
+from testbed.replay_options import ReplayOptions, device_memory_bytes, device_sm_version
 from testbed.schedulers.kind import SchedulerKind
 
 PAGE_SIZE = 1  # SGLang's default page size
@@ -27,7 +27,19 @@ def with_defaults(opts: ReplayOptions) -> ReplayOptions:
         if fraction is None:
             fraction = default_mem_fraction_static(memory, chunk, opts.max_prefill_tokens, opts.max_running_requests, opts.tp)
         opts = replace(opts, chunked_prefill_size=chunk, mem_fraction_static=fraction)
+    if opts.kv_cache_dtype == "auto" and opts.model is not None and _sparse_attention(opts.model):
+        opts = replace(opts, kv_cache_dtype=default_kv_cache_dtype(True, device_sm_version(opts)))
     return opts
+
+
+def _sparse_attention(model: str) -> bool:
+    """Whether the model runs DeepSeek Sparse Attention (an unreadable model is the replay's to report)."""
+    from scheduler.model_config import load_model_config
+
+    try:
+        return load_model_config(model).is_dsa
+    except (OSError, ValueError):  # (ModelConfigError is a ValueError)
+        return False
 
 
 def config(opts: ReplayOptions, model: ModelConfig, kv_tokens: int) -> SchedulerConfig:

@@ -227,9 +227,18 @@ def _llama70b_vllm(p: MeasuredPoint) -> ServerRecipe:
     return ServerRecipe("fp8", cudagraph_mode="FULL_DECODE_ONLY" if p.system == "b200_sxm" else None)
 
 
+def _glm5_fp8_b200(p: MeasuredPoint) -> ServerRecipe:
+    """glm5_fp8_b200.sh: an fp8 KV cache, 32,768-token chunks and prefill steps, as many running requests
+    as clients, 0.85 of the memory."""
+    return ServerRecipe(
+        "fp8", chunked_prefill_size=32768, max_prefill_tokens=32768, max_running_requests=p.concurrency, memory_fraction=0.85
+    )
+
+
 DEEPSEEK = ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3")  # the db-dump labels rows of the dsr1 sweeps either way
 MINIMAX = ("MiniMaxAI/MiniMax-M2.5",)
 KIMI = ("moonshotai/Kimi-K2.5",)
+GLM5 = ("zhipuai/GLM-5",)
 LLAMA_70B = ("meta-llama/Llama-3.1-70B",)
 BLACKWELL = ("b200_sxm", "b300_sxm")
 RECIPES = (
@@ -259,6 +268,8 @@ RECIPES = (
     RecipeVersion("vllm", MINIMAX, ("b300_sxm",), ("fp8",), "minimaxm2.5_fp8_b300.sh", "2026-04-17", _minimax_vllm_blackwell(32, False)),
     RecipeVersion("vllm", MINIMAX, ("b200_sxm",), ("fp4",), "minimaxm2.5_fp4_b200.sh", "2026-04-08", _minimax_vllm_blackwell(None, True)),
     RecipeVersion("vllm", MINIMAX, ("b300_sxm",), ("fp4",), "minimaxm2.5_fp4_b300.sh", "2026-04-17", _minimax_vllm_blackwell(None, True)),
+    RecipeVersion("sglang", GLM5, ("h200_sxm",), ("fp8",), "glm5_fp8_h200.sh", "2026-03-18", lambda p: ServerRecipe(memory_fraction=0.85)),
+    RecipeVersion("sglang", GLM5, ("b200_sxm",), ("fp8",), "glm5_fp8_b200.sh", "2026-03-20", _glm5_fp8_b200),
     RecipeVersion("vllm", KIMI, ("b200_sxm",), ("fp4",), "kimik2.5_fp4_b200.sh", "2026-03-11", _kimi_vllm(fp8_kv=False)),
     RecipeVersion("vllm", KIMI, ("b200_sxm",), ("fp4",), "kimik2.5_fp4_b200.sh", "2026-04-20", _kimi_vllm(fp8_kv=True)),
     RecipeVersion("vllm", KIMI, ("b300_sxm",), ("fp4",), "kimik2.5_fp4_b300.sh", "2026-04-17", _kimi_vllm(fp8_kv=False)),

@@ -73,7 +73,7 @@ class PointSimulator:
 
         versions = kernel_db.available().get(p.system, {}).get(p.backend, [])
         version = kernel_db.nearest_version(versions, p.backend_version)
-        kv, layout = self.recipe(p).kv_cache_dtype, self.layout(p)
+        kv, layout = self.kv_cache_dtype(p), self.layout(p)
         key = (p.system, p.backend, version, p.model, layout, p.quantization, kv)
         if key not in self._profiles:
             if not versions:
@@ -109,6 +109,21 @@ class PointSimulator:
         """The server settings p ran with, as far as its recipe is known (recipes.py)."""
         return server_recipe(p, harness_of(p, self.harness))
 
+    def kv_cache_dtype(self, p: MeasuredPoint) -> str:
+        """The KV cache's dtype p ran with: its recipe's, else the engine's default for its model and GPU
+        (SGLang's fp8 for sparse attention on Blackwell, testbed/schedulers/sglang.py)."""
+        kv = self.recipe(p).kv_cache_dtype
+        if kv == "auto" and p.backend == "sglang" and p.model is not None:
+            from scheduler.model_config import load_model_config
+            from scheduler.sglang.server_defaults import default_kv_cache_dtype
+            from simulator.hardware.specs import HardwareConfigError, database_system_spec
+
+            try:
+                kv = default_kv_cache_dtype(load_model_config(p.model).is_dsa, database_system_spec(p.system).sm_version)
+            except HardwareConfigError:
+                pass  # a system the database lacks: the profile's build says so
+        return kv
+
     def layout(self, p: MeasuredPoint) -> ParallelLayout:
         """How p's server spread the model over its GPUs (recipes.py)."""
         return parallel_layout(p, self.recipe(p))
@@ -134,7 +149,7 @@ class PointSimulator:
             seed=0,
             disable_radix_cache=not prefix_cache,
             scheduler_recv_interval=recipe.scheduler_recv_interval,
-            kv_cache_dtype=recipe.kv_cache_dtype,
+            kv_cache_dtype=self.kv_cache_dtype(p),
             mem_fraction_static=recipe.memory_fraction,
         )
         if p.backend == "vllm":

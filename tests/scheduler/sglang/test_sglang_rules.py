@@ -340,3 +340,15 @@ def test_request_sglang_never_admits_is_rejected_at_arrival(tmp_path):
     p = subprocess.run(cmd, capture_output=True, text=True)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "every request was rejected: 1 never admitted" in p.stderr and "wait for it forever" in p.stderr
+
+
+@pytest.mark.parametrize(
+    "model, hardware, kv",
+    [("glm-5", "b200_sxm", "fp8"), ("glm-5", "b300_sxm", "fp8"), ("glm-5", "h200", "auto"), ("deepseek-v3", "b200_sxm", "auto")],
+)
+def test_sparse_attention_keeps_its_kv_cache_in_fp8_on_blackwell(model, hardware, kv):
+    # SGLang resolves --kv-cache-dtype auto to fp8 for DeepSeek Sparse Attention (GLM-5) on compute
+    # capability 10 and later; every other model, and Hopper, keep the model's dtype.
+    assert resolved_options(ReplayOptions(mode="sim", model=model, hardware=hardware)).kv_cache_dtype == kv
+    told = resolved_options(ReplayOptions(mode="sim", model=model, hardware=hardware, kv_cache_dtype="bf16"))
+    assert told.kv_cache_dtype == "bf16"  # an explicit dtype stays

@@ -104,6 +104,21 @@ def test_a_dp_attention_row_runs_the_layout_its_script_ran(points):
     assert "--tensor-parallel-size 1 --data-parallel-size 2" in server_recipe(fp4, "inferencemax").flags("vllm")
 
 
+def test_glm5_runs_its_recipe_or_sglangs_fp8_kv_default_for_sparse_attention_on_blackwell(points):
+    glm = dict(backend="sglang", model_path="zhipuai/GLM-5", precision="fp8")
+    h200, b200 = simulable_point(points, system="h200_sxm", **glm), simulable_point(points, system="b200_sxm", **glm)
+    b300 = simulable_point(points, system="b300_sxm", **glm)  # measured before glm5_fp8_b300.sh (2026-04-17)
+    assert server_recipe(b200, "inferencemax").chunked_prefill_size == 32768
+    assert server_recipe(h200, "inferencemax").memory_fraction == 0.85
+    assert recipe_version(b300, "inferencemax") is None
+    sim = PointSimulator()
+    try:
+        assert (sim.kv_cache_dtype(h200), sim.kv_cache_dtype(b200), sim.kv_cache_dtype(b300)) == ("auto", "fp8", "fp8")
+        assert sim.options(b300, "profile.json").kv_cache_dtype == "fp8"
+    finally:
+        sim.close()
+
+
 @pytest.mark.slow
 def test_an_fp8_kv_cache_holds_the_clients_a_bf16_one_cannot(points):
     """70B on one H200, 64 clients of 1,024 + 8,192 tokens: a bf16 KV cache cannot hold them, so
