@@ -242,7 +242,7 @@ class KernelProfileCostModel:
             self.mixed_decode = MixedDecodeFactor.from_dict(mixed) if mixed else None
             # Profiles made before --quantization and --kv-cache-dtype: the model's dtype for both.
             kept = profile.get("precision") or {}
-            self.precision = Precision(str(kept.get("weights", BF16)), str(kept.get("kv_cache", BF16)))
+            self.precision = Precision(str(kept.get("weights", BF16)), str(kept.get("kv_cache", BF16)), bool(kept.get("experts_only")))
         except (KeyError, TypeError, ValueError, HardwareConfigError) as e:
             raise ProfileError(
                 f"{where}: not a readable kernel profile ({type(e).__name__}: {e}); make it again with "

@@ -125,5 +125,5 @@ class Precision:
     def describe(self) -> str:
         return f"{self.weights}{' expert' if self.experts_only else ''} weights and {self.kv_cache} KV cache"
 
-    def to_dict(self) -> dict[str, str]:
-        return {"weights": self.weights, "kv_cache": self.kv_cache}
+    def to_dict(self) -> dict[str, str | bool]:
+        return {"weights": self.weights, "kv_cache": self.kv_cache} | ({"experts_only": True} if self.experts_only else {})

@@ -1,7 +1,7 @@
 """The dimensions one GPU of a TP group computes a model's forward with, and that forward's kernels
 priced from AIConfigurator's database (simulator/profiles/kernel_db.py): the layer GEMMs, norms and
-all-reduces, a mixture of experts' router and fused-MoE kernel, and GQA, MLA or DeepSeek's sparse
-attention (sparse_attention.py). simulator/profiles/kernel_profile.py tabulates them on grids into a profile."""
+all-reduces, a mixture of experts' router and fused-MoE kernel, and GQA, MLA (vLLM's from its module
+tables: mla_module.py) or DeepSeek's sparse attention (sparse_attention.py). simulator/profiles/kernel_profile.py tabulates them on grids into a profile."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from dataclasses import dataclass, replace
 from scheduler.model_config import ModelConfig
 from simulator.costs.precision import BF16, FP8
 from simulator.profiles.kernel_db import KernelDatabase, KernelDataMissing
+from simulator.profiles.mla_module import MlaModule
+from simulator.profiles.sliding_window import SlidingWindow
 from simulator.profiles.sparse_attention import SparseAttention
 
 # The token load the experts are priced under: the database's balanced rows by default; with
@@ -62,6 +64,9 @@ class GpuShapes:
     # at moe_tp follows the database's own trend over its two largest splits: t(m) = t(m/2)^2 / t(m/4).
     moe_split_extrapolated: bool = False
     expert_load: str = BALANCED
+    # The experts' format where the checkpoint quantizes them only (gpt-oss's MXFP4: the database's
+    # MoEQuantMode of its kernel, expert_format.py); None: the layer GEMMs' (gemm_quant).
+    expert_quant: str | None = None
     # DeepSeek's multi-head latent attention (0 kv_lora: GQA, above). q and the KV go through latents
     # of q_lora and kv_lora (plus qk_rope RoPE dims shared by the heads); each of `heads` heads has
     # qk_nope + qk_rope query/key dims and v_head value dims. As SGLang runs it (and AIConfigurator's
@@ -76,6 +81,12 @@ class GpuShapes:
     # DeepSeek Sparse Attention (GLM-5): MLA over the tokens an indexer picks, priced by its own module
     # (sparse_attention.py) in place of the MLA attention above; None for any other attention.
     sparse: SparseAttention | None = None
+    # vLLM's MLA: the database's MLA module rows price the whole attention block, projections included
+    # (mla_module.py), where it has no per-kernel MLA tables; None: the MLA kernels above.
+    mla_module: MlaModule | None = None
+    # Sliding-window layers (gpt-oss): their share of the layers attends the last `window` tokens, priced
+    # from the database's windowed attention rows (sliding_window.py); None: every layer attends all.
+    sliding: SlidingWindow | None = None
 
     @classmethod
     def of(cls, model: ModelConfig, tp: int, ep: int = 1, dp: int = 1) -> "GpuShapes":
@@ -111,6 +122,7 @@ class GpuShapes:
             -(-model.vocab_size // tp),
             tp,
             model.qk_norm,
+            sliding=SlidingWindow.of(model),
             **moe,
         )
 
@@ -125,6 +137,8 @@ class GpuShapes:
         h, d = self.hidden, self.head_dim
         if self.sparse is not None and self.sparse.prices_projections:
             kernels = {}  # the DSA module's rows hold the attention's projections (sparse_attention.py)
+        elif self.mla_module is not None:
+            kernels = {}  # so do the MLA module's (mla_module.py)
         elif self.kv_lora:
             qk = self.heads * (self.qk_nope + self.qk_rope)
             kernels = {
@@ -162,7 +176,7 @@ class GpuShapes:
                 kernels["experts"] = share * self.experts_kernel(db, n)
             else:
                 kernels["moe_dispatch"] = share * sum(
-                    db.moe_dispatch(n, h, self.topk, self.experts, self.moe_tp, self.moe_ep, self.dp, pre, self.gemm_quant)
+                    db.moe_dispatch(n, h, self.topk, self.experts, self.moe_tp, self.moe_ep, self.dp, pre, self.moe_quant)
                     for pre in (True, False)
                 )
             if self.shared_intermediate:
@@ -177,8 +191,8 @@ class GpuShapes:
             return {}
         return {"experts": self.moe_share * self.experts_kernel(db, n)}
 
-    def linear(self, db: KernelDatabase, m: int, n: int, k: int) -> float:
-        """A layer GEMM in the weights' format, m tokens x k in -> n out.
+    def linear(self, db: KernelDatabase, m: int, n: int, k: int, quant: str | None = None) -> float:
+        """A layer GEMM in the weights' format (or `quant`), m tokens x k in -> n out.
 
         At one token a GEMM reads its weights and little else, and quantized weights are fewer bytes,
         so a quantized row slower than bf16's there measured a per-call floor of the backend's host
@@ -186,8 +200,9 @@ class GpuShapes:
         an H200 (bf16 12-16 us; reading the weights 3.5 us). Served forwards replay CUDA graphs (and
         larger eager GEMMs hide the host behind the GPU), so such a shape is priced at no more than
         the bf16 GEMM of the same shape, which reads twice the bytes at half the tensor rate."""
-        t = db.gemm(m, n, k, self.gemm_quant)
-        if self.gemm_quant != BF16 and db.gemm(1, n, k, self.gemm_quant) > db.gemm(1, n, k, BF16):
+        quant = quant or self.gemm_quant
+        t = db.gemm(m, n, k, quant)
+        if quant != BF16 and db.gemm(1, n, k, quant) > db.gemm(1, n, k, BF16):
             t = min(t, db.gemm(m, n, k, BF16))
         return t
 
@@ -197,8 +212,13 @@ class GpuShapes:
         if self.moe_split_extrapolated and moe_tp == self.moe_tp:
             half, quarter = self.experts_kernel(db, n, moe_tp // 2), self.experts_kernel(db, n, moe_tp // 4)
             return half * half / quarter
-        q = self.gemm_quant
+        q = self.moe_quant
         return db.moe(n, self.hidden, self.expert_intermediate, self.topk, self.experts, moe_tp, self.moe_ep, q, self.expert_load)
+
+    @property
+    def moe_quant(self) -> str:
+        """The database's MoE quant mode of the routed experts."""
+        return self.expert_quant or self.gemm_quant
 
     def with_experts_priced(self, db: KernelDatabase) -> "GpuShapes":
         """These shapes, extrapolating the experts' split where the database has no rows of it but has
@@ -231,17 +251,28 @@ class GpuShapes:
     def prefill_attention(self, db: KernelDatabase, batch: int, new_tokens: int, prefix: int) -> float:
         if self.sparse is not None:
             return self.sparse.prefill(db, self, batch, new_tokens, prefix)
+        if self.mla_module is not None:
+            return self.mla_module.prefill(db, self, batch, new_tokens, prefix)
         if self.kv_lora:
             kv_b = self.linear(db, batch * new_tokens, self.heads * (self.qk_nope + self.v_head), self.kv_lora)
             return kv_b + db.context_mla(batch, new_tokens, prefix, self.heads, self.prefill_kv, self.prefill_fmha)
-        return db.context_attention(
-            batch, new_tokens, prefix, self.heads, self.kv_heads, self.head_dim, self.qk_norm, self.prefill_kv, self.prefill_fmha
-        )
+
+        def attend(window: int) -> float:
+            h, kv, d = self.heads, self.kv_heads, self.head_dim
+            return db.context_attention(batch, new_tokens, prefix, h, kv, d, self.qk_norm, self.prefill_kv, self.prefill_fmha, window)
+
+        return self.sliding.layer_mean(attend) if self.sliding else attend(0)
 
     def decode_attention(self, db: KernelDatabase, batch: int, context: int) -> float:
         if self.sparse is not None:
             return self.sparse.decode(db, self, batch, context)
+        if self.mla_module is not None:
+            return self.mla_module.decode(db, self, batch, context)
         if self.kv_lora:
             bmm = db.mla_bmm(batch, self.heads, self.mla_bmm_quant, True) + db.mla_bmm(batch, self.heads, self.mla_bmm_quant, False)
             return bmm + db.generation_mla(batch, context, self.heads, self.decode_kv)
-        return db.generation_attention(batch, context, self.heads, self.kv_heads, self.head_dim, self.qk_norm, self.decode_kv)
+
+        def attend(window: int) -> float:
+            return db.generation_attention(batch, context, self.heads, self.kv_heads, self.head_dim, self.qk_norm, self.decode_kv, window)
+
+        return self.sliding.layer_mean(attend) if self.sliding else attend(0)

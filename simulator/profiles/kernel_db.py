@@ -203,13 +203,16 @@ class KernelDatabase:
         qk_norm: bool = False,
         kv_cache: str = "bfloat16",
         fmha: str = "bfloat16",
+        window: int = 0,
     ) -> float:
         """Prefill attention of `batch` requests of `new_tokens` each over `prefix` cached tokens, with the
         RoPE, KV-cache write (and Qwen3's q/k norm) the engine adds to the measured kernel. kv_cache: the
-        KV cache's dtype (bfloat16 or fp8); fmha: the attention kernel's (fp8: q cast to fp8 as well)."""
+        KV cache's dtype (bfloat16 or fp8); fmha: the attention kernel's (fp8: q cast to fp8 as well);
+        window: each query attends its last `window` tokens only (sliding-window attention; 0: all of them),
+        from the database's rows measured with that window (KernelDataMissing for a window it never measured)."""
         return self._evaluate(
-            ("ctx", heads, kv_heads, head_dim, qk_norm, kv_cache, fmha),
-            lambda: self._attention_op(True, heads, kv_heads, head_dim, qk_norm, kv_cache, fmha),
+            ("ctx", heads, kv_heads, head_dim, qk_norm, kv_cache, fmha, window),
+            lambda: self._attention_op(True, heads, kv_heads, head_dim, qk_norm, kv_cache, fmha, window),
             is_context=True,
             batch_size=batch,
             s=new_tokens,
@@ -217,12 +220,21 @@ class KernelDatabase:
         )
 
     def generation_attention(
-        self, batch: int, context: int, heads: int, kv_heads: int, head_dim: int, qk_norm: bool = False, kv_cache: str = "bfloat16"
+        self,
+        batch: int,
+        context: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        qk_norm: bool = False,
+        kv_cache: str = "bfloat16",
+        window: int = 0,
     ) -> float:
-        """Decode attention of `batch` requests, each attending over `context` tokens (its new one included)."""
+        """Decode attention of `batch` requests, each attending over `context` tokens (its new one included;
+        window: over its last `window` of them, as context_attention)."""
         return self._evaluate(
-            ("gen", heads, kv_heads, head_dim, qk_norm, kv_cache),
-            lambda: self._attention_op(False, heads, kv_heads, head_dim, qk_norm, kv_cache),
+            ("gen", heads, kv_heads, head_dim, qk_norm, kv_cache, window),
+            lambda: self._attention_op(False, heads, kv_heads, head_dim, qk_norm, kv_cache, window=window),
             is_context=False,
             batch_size=batch,
             s=context,
@@ -258,6 +270,40 @@ class KernelDatabase:
             batch_size=batch,
             s=context,
         )
+
+    def context_mla_module(self, batch: int, new_tokens: int, heads: int, native_heads: int, kv_cache: str, fmha: str, gemm: str) -> float:
+        """Prefill of MLA's whole attention block (the database's mla_context_module rows, vLLM's: measured at
+        DeepSeek-V3's dimensions): the latents' down-projection, q_b_proj and kv_b_proj in `gemm` (its
+        GEMMQuantMode name), the attention kernel and o_proj, over `heads` heads a GPU of a model of
+        `native_heads`, `batch` requests of `new_tokens` each. No cached prefix: the rows have none, and the
+        engine's answer with one scales the whole block by the causal share of its query-key pairs
+        (mla_module.py prices a prefix itself)."""
+        return self._evaluate(
+            ("ctx_mla_module", heads, native_heads, kv_cache, fmha, gemm),
+            lambda: self._mla_module_op(True, heads, native_heads, kv_cache, fmha, gemm),
+            is_context=True,
+            batch_size=batch,
+            s=new_tokens,
+        )
+
+    def generation_mla_module(self, batch: int, context: int, heads: int, native_heads: int, kv_cache: str, fmha: str, gemm: str) -> float:
+        """Decode of MLA's whole attention block (mla_generation_module rows; as context_mla_module) for `batch`
+        requests over `context` cached tokens each (the rows of `step` context)."""
+        return self._evaluate(
+            ("gen_mla_module", heads, native_heads, kv_cache, fmha, gemm),
+            lambda: self._mla_module_op(False, heads, native_heads, kv_cache, fmha, gemm),
+            is_context=False,
+            batch_size=batch,
+            s=context,
+        )
+
+    def _mla_module_op(self, context: bool, heads: int, native_heads: int, kv_cache: str, fmha: str, gemm: str):
+        import aiconfigurator_core.sdk.operations as ops
+        from aiconfigurator_core.sdk import common
+
+        name = "context_mla_module" if context else "generation_mla_module"
+        kv, attention, projections = common.KVCacheQuantMode[kv_cache], common.FMHAQuantMode[fmha], common.GEMMQuantMode[gemm]
+        return ops.MLAModule(name, 1, context, heads, kv, attention, projections, native_num_heads=native_heads)
 
     def context_dsa(
         self, batch: int, new_tokens: int, prefix: int, heads: int, architecture: str, kv_cache: str, fmha: str, gemm: str
@@ -318,7 +364,15 @@ class KernelDatabase:
         )
 
     def _attention_op(
-        self, context: bool, heads: int, kv_heads: int, head_dim: int, qk_norm: bool, kv_cache: str = "bfloat16", fmha: str = "bfloat16"
+        self,
+        context: bool,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        qk_norm: bool,
+        kv_cache: str = "bfloat16",
+        fmha: str = "bfloat16",
+        window: int = 0,
     ):
         import aiconfigurator_core.sdk.operations as ops
         from aiconfigurator_core.sdk import common
@@ -326,10 +380,20 @@ class KernelDatabase:
         kv = common.KVCacheQuantMode[kv_cache]
         if context:
             op = ops.ContextAttention(
-                "context_attention", 1, heads, kv_heads, kv, common.FMHAQuantMode[fmha], head_size=head_dim, use_qk_norm=qk_norm
+                "context_attention",
+                1,
+                heads,
+                kv_heads,
+                kv,
+                common.FMHAQuantMode[fmha],
+                window_size=window,
+                head_size=head_dim,
+                use_qk_norm=qk_norm,
             )
         else:
-            op = ops.GenerationAttention("generation_attention", 1, heads, kv_heads, kv, head_size=head_dim, use_qk_norm=qk_norm)
+            op = ops.GenerationAttention(
+                "generation_attention", 1, heads, kv_heads, kv, window_size=window, head_size=head_dim, use_qk_norm=qk_norm
+            )
         # Which measured kernel (flashinfer, fa3, ...) the backend uses: the database's own choice.
         op._lane_order = self.tables.attention_lane_order(context)
         return op

@@ -21,6 +21,7 @@ import numpy as np
 from scheduler.core.forward_plan import ForwardMode, ForwardPlan
 from simulator.costs.kernel_cost import KernelProfileCostModel
 from simulator.profiles.kernel_db import KernelDatabase
+from simulator.profiles.mla_module import DECODE_FMHA
 
 
 def uniform_plan(mode: ForwardMode, batch: int, new_tokens: int, prefix: int) -> ForwardPlan:
@@ -94,6 +95,8 @@ def holdout_errors(profile: dict, db: KernelDatabase, g) -> dict:
         kv, fmha = (g.prefill_kv, g.prefill_fmha) if extend else (g.decode_kv, None)
         if g.sparse is not None and g.sparse.prices_projections:
             measured = db.tables.measured_dsa(extend, g.sparse.architecture, g.heads, kv, g.sparse.module_gemm)
+        elif g.mla_module is not None:
+            measured = db.tables.measured_mla_module(extend, g.heads, kv, fmha or DECODE_FMHA, g.mla_module.gemm)
         elif g.kv_lora:
             measured = db.tables.measured_mla(extend, g.heads, kv, fmha)
         else:

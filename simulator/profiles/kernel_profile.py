@@ -25,7 +25,13 @@
                                            and two latent BMMs + generation_mla (the MQA over latents);
                                            DeepSeek's sparse attention (GLM-5): the database's DSA
                                            module, projections included, or composed where it has
-                                           none (simulator/profiles/sparse_attention.py)
+                                           none (simulator/profiles/sparse_attention.py);
+                                           vLLM's MLA (no per-kernel MLA tables): the database's
+                                           MLA module, projections included, and what a cached
+                                           prefix adds (simulator/profiles/mla_module.py);
+                                           gpt-oss's sliding-window layers: the database's rows
+                                           of their window, by their share of the layers
+                                           (simulator/profiles/sliding_window.py)
     once per forward:                      embedding (+ its all-reduce for TP > 1) over n tokens;
                                            lm_head GEMM over the batch's requests (one row each)
 
@@ -45,7 +51,9 @@ scale each, activations quantized to fp8 on the fly: what SGLang's and vLLM's `-
 run on a bf16 checkpoint, measured as SGLang's sgl_kernel fp8_scaled_mm or vLLM's Cutlass
 scaled_mm); fp8_block weights from its `fp8_block` table (128x128-block scales, the kernels of
 block-quantized FP8 checkpoints) and nvfp4 weights from its `nvfp4` table (ModelOpt FP4 on
-Blackwell's fp4 tensor cores); the LM head stays a bf16 GEMM (neither engine quantizes it). A
+Blackwell's fp4 tensor cores); the LM head stays a bf16 GEMM (neither engine quantizes it). Unset
+`quantization`, a checkpoint's own format: one that quantizes the experts only (gpt-oss's MXFP4) keeps
+the GEMMs bf16 and prices the experts from that format's MoE rows (simulator/profiles/expert_format.py). A
 system without GEMMs of the format (no fp8 tensor cores: the A100; no fp4 ones: Hopper) is refused. An fp8 KV cache prices both attentions from the
 database's fp8-KV tables, in the attention dtype the database measured the backend's kernel in
 (prefill under SGLang's FA3 on Hopper: fp8, q cast to fp8 too; vLLM's rows are all labelled bf16,
@@ -73,8 +81,10 @@ from simulator.costs.mixed_attention import MixedAttentionError, from_llmserving
 from simulator.costs.precision import BF16, FP8, Precision
 from simulator.costs.profile_cost import PROFILE_FORMAT, PROFILE_VERSION
 from simulator.hardware.specs import database_system_spec
+from simulator.profiles.expert_format import expert_quant_mode
 from simulator.profiles.gpu_shapes import GpuShapes, expert_load_name
 from simulator.profiles.kernel_db import KernelDatabase, KernelDatabaseError, KernelDataMissing, system_spec
+from simulator.profiles.mla_module import MlaModule
 
 SOURCE = "aiconfigurator"  # the profile's "source" (simulator/costs/sources.py dispatches on it)
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -125,12 +135,7 @@ def _fp8_kv_fallback_why(db: KernelDatabase, missing: list[str], errors: list[st
 
 def check_tp(system: str, model: ModelConfig, tp: int, dp: int = 1) -> None:
     """TP must split the model, and its tp x dp GPUs fit in one node of the system (the database measures
-    all-reduce and the experts' exchange there); the model's attention one the layers here compose."""
-    if model.sliding_window_layers or model.attention_sinks:
-        raise KernelDatabaseError(
-            f"{model.name} ({model.architecture}): a kernel profile composes GQA and MLA attention; the database's "
-            "sliding-window attention with sinks is not composed yet (the roofline prices it: replay without --profile)"
-        )
+    all-reduce and the experts' exchange there)."""
     model.check_tp(tp)
     per_node = int(system_spec(system).get("node", {}).get("num_gpus_per_node", 8))
     if tp * dp > per_node:
@@ -170,7 +175,10 @@ def build_kernel_profile(
     if isinstance(model, str):
         model = load_model_config(model)
     try:
-        precision = Precision.resolve(model.torch_dtype, quantization, kv_cache_dtype)
+        # Unset quantization: the checkpoint's own format, as a replay resolves it (gpt-oss's MXFP4 experts).
+        precision = Precision.resolve(
+            model.torch_dtype, quantization, kv_cache_dtype, model.checkpoint_quantization, model.checkpoint_quantizes_experts_only
+        )
     except ValueError as e:
         raise KernelDatabaseError(str(e)) from None
     db = KernelDatabase.open(system, backend, backend_version)
@@ -181,7 +189,9 @@ def build_kernel_profile(
         raise KernelDatabaseError(str(e)) from None
     g = GpuShapes.of(model, tp, ep, dp)
     gemm_kernel = db.tables.gemm_kernel(BF16)
-    if precision.quantized_weights:
+    if precision.experts_only:  # the layer GEMMs stay bf16; the experts from their format's MoE table
+        g = replace(g, expert_quant=expert_quant_mode(precision.weights))
+    elif precision.quantized_weights:
         gemm_kernel = quantized_gemm_check(db, g, precision.weights)
         g = replace(g, gemm_quant=precision.weights)
     if expert_imbalance is not None:
@@ -199,6 +209,8 @@ def build_kernel_profile(
         ) from None
     if g.sparse is not None:  # DeepSeek's sparse attention: the database's DSA module, or composed (sparse_attention.py)
         g = replace(g, sparse=g.sparse.priced(db, g))
+    elif g.kv_lora:  # MLA: the database's MLA module where it has no per-kernel MLA tables (vLLM's: mla_module.py)
+        g = replace(g, mla_module=MlaModule.priced(db, g))
     tokens = sorted(set(db.tables.measured_gemm_tokens(g.gemm_quant)) | set(POWERS))
 
     phases = [
@@ -290,6 +302,8 @@ def build_kernel_profile(
         prefill_kernel, decode_kernel = "context_mla + kv_b_proj", "generation_mla + latent BMMs"
     if g.sparse is not None:
         prefill_kernel, decode_kernel = g.sparse.kernels(db, g)
+    if g.mla_module is not None:
+        prefill_kernel, decode_kernel = g.mla_module.kernels(db, g)
     profile = {
         "format": PROFILE_FORMAT,
         "version": PROFILE_VERSION,
@@ -321,8 +335,20 @@ def build_kernel_profile(
                 if g.moe_split_extrapolated
                 else {}
             ),
+            **(
+                {
+                    "expert_weights": {
+                        "quant_mode": g.expert_quant,
+                        "kernel": db.tables.moe_kernel(g.expert_quant, g.hidden, g.expert_intermediate),
+                    }
+                }
+                if g.expert_quant
+                else {}
+            ),
             "lm_head": {"quant_mode": BF16, "kernel": db.tables.gemm_kernel(BF16)},
             **({"sparse_attention": g.sparse.record()} if g.sparse is not None else {}),
+            **({"mla_module": g.mla_module.record()} if g.mla_module is not None else {}),
+            **({"sliding_window": g.sliding.record(db, g.prefill_kv, g.decode_kv, model.attention_sinks)} if g.sliding is not None else {}),
             "prefill_attention": {"kv_cache": g.prefill_kv, "fmha": g.prefill_fmha, "kernel": prefill_kernel},
             "decode_attention": {"kv_cache": g.decode_kv, "kernel": decode_kernel},
             "kv_cache_dtype": kv_record,

@@ -74,6 +74,35 @@ class KernelTables:
         seq = t.isl if context else t.isl + t.step
         return sorted({(int(b), int(s)) for b, s in zip(t.batch_size, seq)})
 
+    def _mla_module_rows(self, context: bool, kv_cache: str, fmha: str, gemm: str):
+        """This version's MLA module rows (vLLM's) with that KV-cache dtype, attention dtype (mla_dtype) and
+        GEMM format; None without the table."""
+        import pandas as pd
+
+        name = "mla_context_module_perf.parquet" if context else "mla_generation_module_perf.parquet"
+        files = self._table_files("mla", name)
+        if not files:
+            return None
+        t = pd.read_parquet(files[0])
+        return t[(t.kv_cache_dtype == kv_cache) & (t.mla_dtype == fmha) & (t.gemm_type == gemm)]
+
+    def mla_module_kernels(self, context: bool, kv_cache: str, fmha: str, gemm: str) -> list[str]:
+        """The kernels (kernel_source) of the MLA module rows that price this shape (vLLM's prefill: FlashInfer's
+        MLA for 1-token prefills, FlashAttention beyond); [] where this version has no table of its own."""
+        t = self._mla_module_rows(context, kv_cache, fmha, gemm)
+        return [] if t is None else sorted(str(k) for k in t.kernel_source.unique())
+
+    def measured_mla_module(self, context: bool, heads: int, kv_cache: str, fmha: str, gemm: str) -> list[tuple[int, int]]:
+        """(batch, sequence length) of the measured MLA module rows for `heads` heads a GPU, as measured_attention:
+        prefill of isl new tokens (the rows have no prefix), decode over `step` tokens (the engine answers a
+        decode over s tokens with the rows of step s: their isl is the 1 new token)."""
+        t = self._mla_module_rows(context, kv_cache, fmha, gemm)
+        if t is None:
+            return []
+        t = t[t.num_heads == heads]
+        seq = t.isl if context else t.step
+        return sorted({(int(b), int(s)) for b, s in zip(t.batch_size, seq)})
+
     def measured_gemm_tokens(self, quant: str = "bfloat16") -> list[int]:
         """The token counts (m) at which the database measured GEMMs of that quant mode."""
         import pandas as pd
@@ -121,11 +150,12 @@ class KernelTables:
             }
         )
 
-    def attention_kernel(self, context: bool, kv_cache: str) -> tuple[str | None, list[str]]:
+    def attention_kernel(self, context: bool, kv_cache: str, window: int = 0) -> tuple[str | None, list[str]]:
         """(kernel, its attention dtypes) of the measured rows with this KV-cache dtype that the database's
         lane order reaches first: the kernel (kernel_source) the backend runs, and the attention dtypes
         its rows are labelled with (prefill with an fp8 KV cache: fp8 for FA3 under SGLang, which casts
-        q to fp8 as well; bfloat16 for vLLM's rows, and for FlashInfer's). (None, []) without such rows."""
+        q to fp8 as well; bfloat16 for vLLM's rows, and for FlashInfer's). window: the rows measured with
+        that sliding window (0: none). (None, []) without such rows."""
         import pandas as pd
         import pyarrow.parquet as pq
 
@@ -136,7 +166,9 @@ class KernelTables:
             t = pd.read_parquet(path, columns=columns + [c for c in ("window_size",) if c in pq.read_schema(path).names])
             keep = t.kv_cache_dtype == kv_cache
             if "window_size" in t:
-                keep &= t.window_size == 0
+                keep &= t.window_size == window
+            elif window:  # a table without sliding-window rows
+                continue
             pairs = t.loc[keep, ["kernel_source", "attn_dtype"]].drop_duplicates()  # (not row by row: 10^5 rows)
             for lane, dtype in zip(pairs.kernel_source, pairs.attn_dtype):
                 by_lane.setdefault(str(lane), set()).add(str(dtype))
@@ -169,6 +201,19 @@ class KernelTables:
             seq = t.isl if context else t.isl + t.step
             rows |= {(int(b), int(s)) for b, s in zip(t.batch_size, seq)}
         return sorted(rows)
+
+    def moe_kernel(self, quant: str, hidden: int, inter: int) -> str | None:
+        """The kernel (kernel_source) the database measured the fused-MoE kernel of that MoEQuantMode with, at
+        this hidden and expert width; None where this version's own table has no such rows."""
+        import pandas as pd
+
+        files = self._table_files("moe", "moe_perf.parquet")
+        if not files:
+            return None
+        t = pd.read_parquet(files[0], columns=["kernel_source", "moe_dtype", "hidden_size", "inter_size"])
+        keep = (t.moe_dtype == quant) & (t.hidden_size == hidden) & (t.inter_size == inter)
+        kernels = sorted(str(k) for k in t.kernel_source[keep].unique())
+        return ", ".join(kernels) if kernels else None
 
     def _table_files(self, family: str, name: str) -> list[Path]:
         """The parquet file of one table for this version (read directly: the query API has no listing of shapes)."""

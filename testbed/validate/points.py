@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler.model_config import ModelConfig, bundled_model_names, checkpoint_weight_format, load_model_config
-from simulator.costs.precision import KV_CACHE_DTYPES
+from simulator.costs.precision import KV_CACHE_DTYPES, MXFP4
 from testbed.errors import ConfigError, TraceError
 
 # Columns a points file must have, and what each means.
@@ -132,19 +132,25 @@ class MeasuredPoint:
     def quantization(self) -> str | None:
         """--quantization for this point: the row's GEMM format where it gives one, else its precision's;
         but an fp8 checkpoint runs the kernels of its own fp8 format, whatever the row calls it (vLLM's
-        rows of Qwen3-235B-A22B-FP8, 128x128 blocks, say fp8; SGLang's of the same checkpoint fp8_block)."""
+        rows of Qwen3-235B-A22B-FP8, 128x128 blocks, say fp8; SGLang's of the same checkpoint fp8_block),
+        and an MXFP4 checkpoint is served as it is stored (None: its own format), whatever the row calls
+        it (openai/gpt-oss-120b's rows say nvfp4 GEMMs and experts; the engines load its MXFP4 experts
+        beside bf16 attention, and have no other way to load it)."""
         if self.gemm_quant in GEMM_FORMATS and self.precision not in (UNSTATED, "bf16", "fp16"):
             label = GEMM_FORMATS[self.gemm_quant]
         else:
             label = PRECISIONS.get(self.precision)
         stored = checkpoint_format(self.model_path)
+        if stored == MXFP4:
+            return None
         return stored if label in FP8_FORMATS and stored in FP8_FORMATS else label
 
     @property
     def group(self) -> tuple[str, str, str, str]:
         """(system, backend, model, precision): the precision as the weight format that prices it
-        (fp8, fp8_block, nvfp4), else as the row says (bf16, unstated)."""
-        return (self.system, self.backend, self.model_path, self.quantization or self.precision)
+        (fp8, fp8_block, nvfp4; mxfp4: a checkpoint served in its own), else as the row says (bf16, unstated)."""
+        served = MXFP4 if checkpoint_format(self.model_path) == MXFP4 else None
+        return (self.system, self.backend, self.model_path, self.quantization or served or self.precision)
 
     @property
     def dp(self) -> int:
@@ -178,11 +184,6 @@ class MeasuredPoint:
         if self.model is None:
             return f"no model config: {self.model_path} (bundled: {', '.join(bundled_model_names())})"
         config = _config(self.model)
-        if config.sliding_window_layers or config.attention_sinks:
-            return (
-                f"mixture of experts: {self.model}'s attention (sliding windows with sinks) is not priced from the "
-                "kernel database yet (the roofline prices it in testbed replay)"
-            )
         if self.dp > 1 and not config.is_moe:
             return f"attention data parallelism: {self.dp} ranks of a dense model (a dense model's data parallelism is replicas)"
         gpus = self.tp * self.dp
@@ -193,7 +194,7 @@ class MeasuredPoint:
             )
         # An fp8 checkpoint runs its own format in GEMMs and experts alike, whatever the row's labels say
         # (DeepSeek-R1's rows: fp8 GEMMs beside fp8_block experts, of one 128x128-block checkpoint).
-        one_fp8_checkpoint = {self.moe_quant, self.gemm_quant} <= set(FP8_FORMATS) and checkpoint_format(self.model_path) is not None
+        one_fp8_checkpoint = {self.moe_quant, self.gemm_quant} <= set(FP8_FORMATS) and checkpoint_format(self.model_path) in FP8_FORMATS
         if config.is_moe and self.moe_quant and self.gemm_quant and self.moe_quant != self.gemm_quant and not one_fp8_checkpoint:
             return f"mixture of experts: {self.moe_quant} experts beside {self.gemm_quant} GEMMs (priced: one format)"
         return None
@@ -206,10 +207,10 @@ def _config(model: str) -> ModelConfig:
 
 @functools.cache
 def checkpoint_format(model_path: str) -> str | None:
-    """The fp8 format the checkpoint `model_path` is stored in, from its config.json as aiconfigurator-core
+    """The fp8 or MXFP4 format the checkpoint `model_path` is stored in, from its config.json as aiconfigurator-core
     ships it (model_configs/<org>--<name>_config.json, the configs of its points' models; a base model's
-    fp8 checkpoint where _FP8_CHECKPOINTS names one); None where no config ships or it is not an fp8
-    checkpoint (ModelOpt's per-tensor fp8 states its format elsewhere)."""
+    fp8 checkpoint where _FP8_CHECKPOINTS names one); None where no config ships or it is stored in neither
+    (ModelOpt's per-tensor fp8 states its format elsewhere)."""
     import importlib.util
     import json
 
@@ -223,7 +224,7 @@ def checkpoint_format(model_path: str) -> str | None:
     except (OSError, ValueError):
         return None
     fmt = checkpoint_weight_format(cfg)
-    return fmt if fmt in FP8_FORMATS else None
+    return fmt if fmt in (*FP8_FORMATS, MXFP4) else None
 
 
 def bundled_model_of(model_path: str) -> str | None:

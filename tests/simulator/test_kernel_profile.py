@@ -351,9 +351,50 @@ def test_a_mixture_of_experts_is_priced_from_the_databases_moe_kernel(moe_profil
     assert decode(cost_model, 1, 1024) < decode(cost_model, 64, 1024) < 64 * decode(cost_model, 1, 1024)
 
 
-def test_sliding_window_models_with_sinks_are_refused_by_kernel_profiles(tmp_path):
-    with pytest.raises(ConfigError, match="not composed yet"):
-        calibrate_kernels("h200_sxm", "sglang", None, "gpt-oss-120b", 8, tmp_path / "gpt-oss-120b.json")
+def test_sliding_window_layers_and_mxfp4_experts_are_priced_from_the_databases_own_rows(tmp_path):
+    # gpt-oss-120b on one H200 under vLLM, as its measured points run it: its own checkpoint (MXFP4 experts
+    # beside bf16 attention and router), half its layers attending a 128-token window.
+    from simulator.costs.precision import BYTES, MXFP4
+    from simulator.profiles.gpu_shapes import GpuShapes
+    from simulator.profiles.kernel_db import KernelDatabase
+    from simulator.profiles.kernel_holdout import direct_forward
+
+    path = tmp_path / "gpt-oss-120b.json"
+    calibrate_kernels("h200_sxm", "vllm", None, "gpt-oss-120b", 1, path)
+    p = json.loads(path.read_text())
+    precision = p["precision"]
+    assert (precision["weights"], precision["experts_only"], precision["gemm"]["quant_mode"]) == (MXFP4, True, "bfloat16")
+    assert precision["expert_weights"]["quant_mode"] == "w4a16_mxfp4" and "mxfp4" in precision["expert_weights"]["kernel"]
+    window = precision["sliding_window"]
+    assert (window["window"], window["sliding_layers_share"]) == (128, 0.5) and "window_size 128" in window["priced_as"]
+    assert window["decode_kernel"] and "attention_sinks" in window
+
+    # The experts are the database's MXFP4 MoE rows at gpt-oss's shapes (128 experts of 2880, 4 a token):
+    # at 4,096 tokens every expert is read, no faster than its 4-bit bytes cross the GPU's memory.
+    model = load_model_config("gpt-oss-120b")
+    db = KernelDatabase.open("h200_sxm", "vllm", p["database"]["backend_version"])
+    experts = dict(zip(p["kernels"]["tokens"], p["kernels"]["per_layer"]["experts"]))
+    for n in (1, 64, 4096):
+        assert experts[n] == pytest.approx(db.moe(n, 2880, 2880, 4, 128, 1, 1, "w4a16_mxfp4"), rel=1e-4)
+    all_experts = model.num_experts * model.expert_matmul_params() * BYTES[MXFP4]
+    assert experts[4096] > all_experts / p["hardware_spec"]["mem_bandwidth"]
+
+    # 64 decodes at 32k tokens: the sliding layers attend 128 of them, so the step grows from 1k about half as
+    # much as the same shapes priced with every layer attending the whole context.
+    cost_model = load_profile(path)
+    g = replace(GpuShapes.of(model, 1), expert_quant="w4a16_mxfp4")
+    full = replace(g, sliding=None)
+    assert decode(cost_model, 64, 32768) == pytest.approx(direct_forward(g, db, ForwardMode.DECODE, 64, 32768), rel=0.01)
+    short, long = decode(cost_model, 64, 1024), decode(cost_model, 64, 32768)
+    every_layer_full = direct_forward(full, db, ForwardMode.DECODE, 64, 32768)
+    assert short < long < 0.8 * every_layer_full
+    assert 0.4 < (long - short) / (every_layer_full - direct_forward(full, db, ForwardMode.DECODE, 64, 1024)) < 0.6
+
+    # A replay of the model with the profile takes it: the checkpoint's MXFP4 experts, as the profile's.
+    trace = tmp_path / "trace.jsonl"
+    Trace([TraceRequest(0.0, 2048, 16, rid=f"r{k}") for k in range(4)]).write(trace)
+    result = replay(str(trace), ReplayOptions(model="gpt-oss-120b", scheduler="vllm", profile=str(path)), out=tmp_path / "run")
+    assert result.status == "complete" and result.summary["mean_tpot_ms"] > 0
 
 
 def test_multi_head_latent_attention_is_priced_from_the_databases_mla_kernels(tmp_path):
@@ -546,3 +587,97 @@ def test_glm_5s_sparse_attention_without_dsa_rows_is_mla_over_index_topk_plus_th
     # past it each query attends index_topk keys, and only the indexer's logits grow with the context (1.07x).
     within, past = ((g.prefill_attention(db, 1, s, p) / dense.prefill_attention(db, 1, s, p)) for s, p in ((2048, 0), (8192, 8192)))
     assert past < within / 2
+
+
+# --- vLLM's MLA from the database's MLA module tables (Kimi-K2.5) ----------------------------------
+
+
+def _kimi_on_vllm(db, tp: int = 4):
+    """Kimi-K2.5's shapes on `tp` B200s under vLLM with NVIDIA's NVFP4 checkpoint, MLA as the profile prices it."""
+    from simulator.profiles.gpu_shapes import GpuShapes
+    from simulator.profiles.mla_module import MlaModule
+
+    g = replace(GpuShapes.of(load_model_config("kimi-k2.5"), tp), gemm_quant="nvfp4")
+    return replace(g, mla_module=MlaModule.priced(db, g))
+
+
+def test_kimi_k2_5s_mla_on_vllm_is_priced_from_the_databases_mla_module(tmp_path):
+    # vLLM's database has no per-kernel MLA tables, only the MLA module's: each row one layer's whole block.
+    import pandas as pd
+
+    from simulator.profiles.kernel_db import systems_dir
+
+    path = tmp_path / "kimi-k2.5.json"
+    calibrate_kernels("b200_sxm", "vllm", None, "kimi-k2.5", 4, path, quantization="nvfp4")
+    p = json.loads(path.read_text())
+    # The module's rows hold the attention's projections: not priced twice.
+    assert not {"qkv_a_proj", "q_b_proj", "o_proj", "qkv_proj"} & set(p["kernels"]["per_layer"])
+    assert p["precision"]["prefill_attention"]["kernel"].startswith("mla_context_module (FLASHINFER_MLA, FLASH_ATTN)")
+    assert p["precision"]["decode_attention"]["kernel"] == "mla_generation_module (FLASHINFER_MLA)"
+    # NVIDIA's NVFP4 checkpoint keeps attention in bf16: the module's bf16 rows, and how a prefix is priced, recorded.
+    record = p["precision"]["mla_module"]
+    assert "MLA module rows with bfloat16 projections" in record["priced_as"] and "kv_b_proj" in record["cached_prefix"]
+    assert p["holdout"]["extend"]["points"] > 10 and p["holdout"]["decode"]["points"] > 10
+    assert p["holdout"]["extend"]["max_rel_err"] < 0.1 and p["holdout"]["decode"]["max_rel_err"] < 0.1
+    cost_model = load_profile(path)
+    floor = hbm_floor_s(load_model_config("kimi-k2.5"), 4, p["hardware_spec"]["mem_bandwidth"], profile_precision(p))
+    # 8.4x the floor: at one token every kernel is latency-bound (the module alone takes 44 us a layer, its
+    # weights 9 us to read), as SGLang's per-kernel profile of the same model and GPUs is (7.8x).
+    assert floor < decode(cost_model, 1, 1024) < 10 * floor
+    # One latent a token and layer is all a decode reads of the KV (1.4x).
+    assert decode(cost_model, 64, 16384) < 2 * decode(cost_model, 64, 1024)
+    # A prefill of 1 x 1024 tokens is the module's own measured row for 16 heads a GPU (64 over TP 4).
+    table = systems_dir() / system_spec("b200_sxm")["data_dir"] / "mla" / "vllm" / p["database"]["backend_version"]
+    rows = pd.read_parquet(table / "mla_context_module_perf.parquet")
+    row = rows[
+        (rows.num_heads == 16)
+        & (rows.batch_size == 1)
+        & (rows.isl == 1024)
+        & (rows.kv_cache_dtype == "bfloat16")
+        & (rows.mla_dtype == "bfloat16")
+        & (rows.gemm_type == "bfloat16")
+    ]
+    attention = p["kernels"]["prefill_attention"]
+    priced = attention["seconds"][0][attention["new_tokens"].index(1024)][attention["prefix"].index(0)]
+    assert priced == pytest.approx(float(row.latency.iloc[0]) * 1e-3, rel=0.03)
+
+
+def test_a_cached_prefix_on_vllms_mla_adds_what_vllm_runs_for_it():
+    # The module's rows have no prefix: a chunk over one is the module over the chunk plus the prefix's latents
+    # decompressed (kv_b_proj) and the chunk's attention over them (the database's MHA prefill, scaled to MLA's keys).
+    from simulator.profiles.kernel_db import KernelDatabase
+
+    db = KernelDatabase.open("b200_sxm", "vllm", None)
+    g = _kimi_on_vllm(db)
+    alone, whole = g.prefill_attention(db, 1, 2048, 0), g.prefill_attention(db, 1, 16384, 0)
+    over_prefix = g.prefill_attention(db, 1, 2048, 14336)
+    kv_b = g.linear(db, 14336, g.heads * (g.qk_nope + g.v_head), g.kv_lora, "bfloat16")
+    assert alone + kv_b < over_prefix < whole
+    # Prefilled in chunks of 2048, a 16k prompt costs more than at once (each chunk decompresses the prefix
+    # again): 1.6x, as vLLM's chunked context runs it; within 2x.
+    chunks = sum(g.prefill_attention(db, 1, 2048, prefix) for prefix in range(0, 16384, 2048))
+    assert whole < chunks < 2 * whole
+    # A few new tokens over a long prefix read its keys and values at least (the engine's causal-share rule
+    # would leave them almost nothing); a 1-token query is vLLM's decode.
+    assert g.prefill_attention(db, 64, 16, 2048) > g.prefill_attention(db, 64, 16, 0) + db.elementwise(64 * 2048, 16 * 320, 0)
+    assert g.prefill_attention(db, 8, 1, 8192) == pytest.approx(g.decode_attention(db, 8, 8193))
+
+
+def test_vllms_mla_module_prices_only_what_its_rows_measured():
+    from simulator.profiles.gpu_shapes import GpuShapes
+    from simulator.profiles.kernel_db import KernelDatabase, KernelDatabaseError
+    from simulator.profiles.mla_module import MlaModule
+
+    # SGLang's database has per-kernel MLA tables: MLA is composed from them, projections as GEMMs.
+    sglang = KernelDatabase.open("b200_sxm", "sglang", None)
+    assert MlaModule.priced(sglang, GpuShapes.of(load_model_config("kimi-k2.5"), 4)) is None
+    db = KernelDatabase.open("b200_sxm", "vllm", None)
+    g = _kimi_on_vllm(db, 8)
+    # 64 heads over TP 8: the rows of 8 heads a GPU (DeepSeek-V3's 128 split 16 ways).
+    assert g.mla_module.gemm == "bfloat16" and g.heads == 8
+    assert not {"qkv_a_proj", "q_b_proj", "o_proj"} & set(g.layer_kernels(db, 1))
+    # Per-tensor fp8 projections and other dimensions than DeepSeek-V3's have no rows: refused, saying why.
+    with pytest.raises(KernelDatabaseError, match="not fp8"):
+        MlaModule.priced(db, replace(g, gemm_quant="fp8", mla_module=None))
+    with pytest.raises(KernelDatabaseError, match="DeepSeek-V3's dimensions"):
+        MlaModule.priced(db, replace(g, hidden=4096, mla_module=None))

@@ -1,8 +1,8 @@
 """`testbed validate`, run as a user runs it: real rows of AIConfigurator's silicon_sample.csv,
 the real kernel database, the real simulator.
 
-A small points file made of real rows (a vLLM Llama-3.1-70B fp8 point it can simulate, and points
-it cannot: TRT-LLM, disaggregated, a mixture of experts) gives a table row, the skipped points by
+A small points file made of real rows (a vLLM Llama-3.1-70B fp8 point and a vLLM gpt-oss-120b point it
+can simulate, and points it cannot: TRT-LLM, disaggregated) gives table rows, the skipped points by
 reason and the summary line in the issue's form; --out writes every point as CSV and an HTML page.
 Bad input (a missing column, an unknown filter column or value, an unreadable number) is one line
 naming it, exit 2.
@@ -95,7 +95,7 @@ def test_every_row_of_the_default_file_is_read_and_each_skip_says_why():
     assert any(r and r.startswith("backend trtllm") for r in reasons) and any(r and r.startswith("disagg") for r in reasons)
     # A mixture of experts is simulated from the database's MoE kernels where its experts share the attention's
     # TP: with GQA attention (Qwen3-235B-A22B) and with MLA (DeepSeek-R1, whose rows label its one fp8-block
-    # checkpoint fp8 GEMMs beside fp8_block experts); one with sliding windows and sinks (gpt-oss) is skipped.
+    # checkpoint fp8 GEMMs beside fp8_block experts), and with sliding windows and sinks (gpt-oss).
     agg = [p for p in points if p.mode == "agg" and p.backend == "sglang"]
     qwen = [p.skip_reason() for p in agg if p.model == "qwen3-235b-a22b"]
     assert qwen and all(r is None for r in qwen)
@@ -109,9 +109,11 @@ def test_every_row_of_the_default_file_is_read_and_each_skip_says_why():
     glm = [p for p in points if p.model_path == "zhipuai/GLM-5" and p.mode == "agg"]
     assert len(glm) == 86 and all(p.model == "glm-5" and p.skip_reason() is None for p in glm)
     assert {(p.precision, p.quantization) for p in glm} == {("fp8", "fp8_block"), ("fp4", "nvfp4")}
-    gpt_oss = [p.skip_reason() or "" for p in points if p.mode == "agg" and p.model == "gpt-oss-120b"]
-    gpt_oss_moe = [r for r in gpt_oss if r.startswith("mixture of experts")]
-    assert gpt_oss_moe and all("sliding windows" in r for r in gpt_oss_moe)
+    # gpt-oss-120b's vLLM rows (228, on H100, H200 and B200) say nvfp4 GEMMs and experts; vLLM serves its one
+    # checkpoint as stored, MXFP4 experts beside bf16 attention: no --quantization, grouped as mxfp4.
+    gpt_oss = [p for p in points if p.mode == "agg" and p.model == "gpt-oss-120b" and p.backend == "vllm"]
+    assert len(gpt_oss) == 228 and {(p.gemm_quant, p.moe_quant) for p in gpt_oss} == {("nvfp4", "nvfp4")}
+    assert all(p.skip_reason() is None and p.quantization is None and p.group[3] == "mxfp4" for p in gpt_oss)
     # Expert parallelism over the attention's TP GPUs (vLLM's -tp N --enable-expert-parallel) is priced from the
     # database's EP kernels; EP ranks beside attention over other GPUs are skipped with that reason.
     ep = [p for p in points if p.mode == "agg" and p.moe_ep > 1 and p.backend in ("vllm", "sglang") and p.model is not None]
@@ -159,17 +161,19 @@ def test_a_small_file_gives_a_group_row_the_skips_and_the_summary_line(small_fil
     out = proc.stdout
     m = SUMMARY.search(out)
     assert m, out
-    assert (int(m.group(1)), int(m.group(2))) == (4, 3)  # the summary counts the skipped, never drops them
+    assert (int(m.group(1)), int(m.group(2))) == (4, 2)  # the summary counts the skipped, never drops them
     assert re.search(r"^h200_sxm\s+vllm\s+meta-llama/Llama-3.1-70B\s+fp8\s+1\s", out, re.M), out
-    for skipped in ("skipped 1: backend trtllm", "skipped 1: disagg", "skipped 1: mixture of experts"):
+    assert re.search(r"^h200_sxm\s+vllm\s+openai/gpt-oss-120b\s+mxfp4\s+1\s", out, re.M), out
+    for skipped in ("skipped 1: backend trtllm", "skipped 1: disagg"):
         assert skipped in out, out
-    assert "simulated as the client of: inferencemax 1 point\n" in out, out  # an InferenceMAX 1k/1k point
+    assert "simulated as the client of: inferencemax 2 points\n" in out, out  # InferenceMAX 1k/1k and 1k/8k points
     with open(tmp_path / "out" / "points.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 4
-    simulated = [r for r in rows if not r["skipped"]]
-    assert len(simulated) == 1
-    r = simulated[0]
+    simulated = {r["model_path"]: r for r in rows if not r["skipped"]}
+    assert set(simulated) == {"meta-llama/Llama-3.1-70B", "openai/gpt-oss-120b"}
+    assert float(simulated["openai/gpt-oss-120b"]["sim_tpot_ms"]) > 0
+    r = simulated["meta-llama/Llama-3.1-70B"]
     assert float(r["sim_ttft_ms"]) > 0 and float(r["sim_tpot_ms"]) > 0 and r["kernels"].startswith("h200_sxm vllm")
     assert r["harness"] == "inferencemax" and float(r["sim_seconds"]) > 0
     # Its errors are what the table summarises: (sim - measured) / measured.
