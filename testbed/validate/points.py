@@ -344,7 +344,7 @@ def _point(path: str, line: int, row: dict) -> MeasuredPoint:
         tp=_int(path, line, text, "tp_size", minimum=1) if text.get("tp_size") else None,
         pp=_int(path, line, text, "pp_size", default=1),
         attention_dp=_int(path, line, text, "attention_dp_size", default=1) or 1,  # some rows say 0: none
-        moe_ep=_int(path, line, text, "moe_ep_size", default=1),
+        moe_ep=_int(path, line, text, "moe_ep_size", default=1) or 1,  # dense rows may say 0: none
         moe_tp=_int(path, line, text, "moe_tp_size", minimum=0, default=0) or None,  # dense rows: 0 or empty
         gemm_quant=(text.get("gemm_quant_mode") or None),
         moe_quant=(text.get("moe_quant_mode") or None),
