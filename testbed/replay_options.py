@@ -171,23 +171,29 @@ def default_model(mode: str) -> str:
     return DEFAULT_MODEL
 
 
+def _simulated_device(opts: ReplayOptions, fact: str) -> int | None:
+    """A fact of the GPU a simulation runs on (memory_bytes, sm_version): a kernel profile's GPU's,
+    else the hardware spec's; None where the spec does not load (the replay reports it)."""
+    from simulator.hardware.specs import HardwareConfigError, load_hardware
+
+    if opts.profile is not None:
+        from simulator.costs.profile_cost import engine_defaults
+
+        value = engine_defaults(opts.profile).get(fact)
+        if isinstance(value, int):
+            return value
+    try:
+        return getattr(load_hardware(default_hardware(opts)), fact)
+    except HardwareConfigError:
+        return None
+
+
 def device_sm_version(opts: ReplayOptions) -> int:
     """The compute capability (major x 10 + minor) of the GPU the replay runs on, which some of
     SGLang's defaults follow: a kernel profile's GPU or the hardware spec's (sim), the device's
     (real); 0 where unknown or on a CPU."""
     if opts.mode == "sim":
-        from simulator.hardware.specs import HardwareConfigError, load_hardware
-
-        if opts.profile is not None:
-            from simulator.costs.profile_cost import engine_defaults
-
-            sm = engine_defaults(opts.profile).get("sm_version")
-            if isinstance(sm, int):
-                return sm
-        try:
-            return load_hardware(default_hardware(opts)).sm_version
-        except HardwareConfigError:
-            return 0  # the replay reports it
+        return _simulated_device(opts, "sm_version") or 0
     import torch
 
     if opts.device != "cpu" and torch.cuda.is_available():
@@ -201,18 +207,7 @@ def device_memory_bytes(opts: ReplayOptions) -> int | None:
     profile's GPU or the hardware spec's (sim), the GPU's, or the host's on a CPU (as SGLang on
     a CPU device)."""
     if opts.mode == "sim":
-        from simulator.hardware.specs import HardwareConfigError, load_hardware
-
-        if opts.profile is not None:
-            from simulator.costs.profile_cost import engine_defaults
-
-            memory = engine_defaults(opts.profile).get("memory_bytes")
-            if isinstance(memory, int):
-                return memory
-        try:
-            return load_hardware(default_hardware(opts)).memory_bytes
-        except HardwareConfigError:
-            return None  # the replay reports it
+        return _simulated_device(opts, "memory_bytes")
     import torch
 
     if opts.device != "cpu" and torch.cuda.is_available():
