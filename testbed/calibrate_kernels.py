@@ -29,16 +29,18 @@ def profile_text(profile: dict) -> str:
     return re.sub(r"\[[-+0-9.eE,\s]*\]", lambda m: re.sub(r"\s+", "", m.group(0)).replace(",", ", "), text) + "\n"
 
 
-def hbm_floor_s(model: ModelConfig, tp: int, mem_bandwidth: float, precision: Precision | None = None) -> float:
+def hbm_floor_s(model: ModelConfig, tp: int, mem_bandwidth: float, precision: Precision | None = None, ep: int = 1, dp: int = 1) -> float:
     """One decode step at batch 1 can not beat reading one GPU's weights once from memory (fp8 weights:
     1 byte a weight of the linear layers, the embedding and LM head at 2); of a mixture of experts'
-    routed experts, only the k of E its one token goes to."""
+    routed experts (E / ep of them on a GPU, with attention DP over tp x dp GPUs), only the k its one
+    token goes to, at most all of the GPU's."""
     p = precision or Precision()
     linear = p.linear_weight_bytes if p.quantized_weights else None
-    read = model.weight_bytes(2, tp, linear_bytes=linear)
+    read = model.weight_bytes(2, tp, linear_bytes=linear, ep=ep, dp=dp)
     if model.is_moe:
-        untouched = 1 - model.num_experts_per_tok / model.num_experts
-        read -= model.routed_expert_params(tp) * (linear or 2) * untouched
+        local = model.num_experts / ep
+        untouched = 1 - min(model.num_experts_per_tok, local) / local
+        read -= model.routed_expert_params(tp, ep, dp) * (linear or 2) * untouched
     return read / mem_bandwidth
 
 
@@ -108,7 +110,7 @@ def summary_lines(profile: dict, out: str | Path) -> list[str]:
     ]
     precision = profile_precision(profile)
     lines.append("  " + precision_line(profile))
-    decode, floor = decode_at_batch_1_s(profile), hbm_floor_s(model, tp, spec["mem_bandwidth"], precision)
+    decode, floor = decode_at_batch_1_s(profile), hbm_floor_s(model, tp, spec["mem_bandwidth"], precision, ep, dp)
     lines.append(
         f"  decode at batch 1, context 1024: {decode * 1e3:.2f} ms; weights / memory bandwidth "
         f"(the floor): {floor * 1e3:.2f} ms ({decode / floor:.2f}x)"
