@@ -29,6 +29,7 @@ from scheduler.model_families import (  # noqa: F401 - ModelConfigError and chec
     checkpoint_weight_format,
     dsa_fields,
     language_model_config,
+    linear_attention_fields,
     mla_fields,
     moe_fields,
 )
@@ -51,11 +52,14 @@ MOE_ARCHITECTURES = (
     "GptOssForCausalLM",
     "MiniMaxM2ForCausalLM",
     "GlmMoeDsaForCausalLM",
+    "Qwen3_5MoeForCausalLM",
 )
 SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES + MOE_ARCHITECTURES
 _MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "GlmMoeDsaForCausalLM")
 # DeepSeek Sparse Attention (DeepSeek-V3.2's, GLM-5's): MLA whose queries attend a few cached tokens an indexer picks.
 _DSA_ARCHITECTURES = ("GlmMoeDsaForCausalLM",)
+# Hybrid linear attention (Qwen3.5): Gated DeltaNet layers beside full gated-attention ones.
+_LINEAR_ATTENTION_ARCHITECTURES = ("Qwen3_5MoeForCausalLM",)
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}
 # DSA's indexer keys as SGLang caches them, whatever --kv-cache-dtype says (DSATokenToKVPool's
@@ -129,6 +133,19 @@ class ModelConfig:
     # alternating with full ones; 0 where layer_types is not given.
     sliding_window_layers: int = 0
     attention_sinks: bool = False  # a learned sink logit per head in each layer's softmax
+    # --- Hybrid linear attention (Qwen3.5; 0 otherwise) ---
+    # linear_attention_layers of the layers are Gated DeltaNet: no per-token KV, a fixed-size state a
+    # request instead (a causal conv window over q, k and v, and a recurrent state of linear_num_value_heads
+    # heads of linear_key_head_dim x linear_value_head_dim); the others are full attention with a KV cache.
+    linear_attention_layers: int = 0
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    linear_state_dtype_bytes: int = 4  # the recurrent state's dtype (mamba_ssm_dtype: float32)
+    # The full layers' sigmoid gate on the attention output, from a q_proj twice as wide (Qwen3.5).
+    attn_output_gate: bool = False
     # The checkpoint's own weight format (its quantization_config), where the simulator prices it:
     # fp8 (per tensor), fp8_block (DeepSeek's 128x128 blocks), mxfp4 (gpt-oss); None for 16-bit weights.
     checkpoint_quantization: str | None = None
@@ -167,6 +184,7 @@ class ModelConfig:
         mla = mla_fields(cfg, arch, name, need) if arch in _MLA_ARCHITECTURES else {}
         dsa = dsa_fields(cfg, arch, name, need) if arch in _DSA_ARCHITECTURES else {}
         moe = moe_fields(cfg, arch, name, need, layers) if arch in MOE_ARCHITECTURES else {}
+        linear = linear_attention_fields(cfg, arch, name, layers) if arch in _LINEAR_ATTENTION_ARCHITECTURES else {}
         # MLA's q and k heads are the no-RoPE part and the RoPE part together.
         head_dim = mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"] if mla else cfg.get("head_dim")
         if head_dim is None:
@@ -201,7 +219,8 @@ class ModelConfig:
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
             head_dim=int(head_dim),
-            intermediate_size=int(need("intermediate_size")),
+            # Qwen3.5's config has none: every layer is MoE (its shared expert has its own size).
+            intermediate_size=int(cfg.get("intermediate_size") or 0) if linear else int(need("intermediate_size")),
             vocab_size=int(need("vocab_size")),
             max_position_embeddings=int(need("max_position_embeddings")),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
@@ -214,12 +233,13 @@ class ModelConfig:
             bos_token_id=cfg.get("bos_token_id"),
             attention_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
             # MiniMax-M2's use_qk_norm normalizes all of a layer's q (and k) heads together, Qwen3's each head.
-            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM")
             or (arch == "MiniMaxM2ForCausalLM" and bool(cfg.get("use_qk_norm"))),
             sliding_window=int(sliding) if sliding else None,
             **moe,
             **mla,
             **dsa,
+            **linear,
             **checkpoint_fields(cfg),
             raw=dict(cfg),
         )
@@ -269,6 +289,35 @@ class ModelConfig:
         return self.index_head_dim + blocks * _INDEX_KEY_SCALE_BYTES if self.is_dsa else 0
 
     @property
+    def is_hybrid_linear(self) -> bool:
+        """Some layers are linear attention (Qwen3.5's Gated DeltaNet): a state a request, no per-token KV."""
+        return self.linear_attention_layers > 0
+
+    @property
+    def full_attention_layers(self) -> int:
+        """The layers that cache K and V per token (all but the linear-attention ones)."""
+        return self.num_hidden_layers - self.linear_attention_layers
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Channels of a linear-attention layer's causal conv: its q, k (key heads) and v (value heads)."""
+        return 2 * self.linear_num_key_heads * self.linear_key_head_dim + self.linear_num_value_heads * self.linear_value_head_dim
+
+    def state_bytes_per_request(self, tp: int = 1) -> int:
+        """The fixed-size state one request holds on one of `tp` GPUs, whatever its length: in each linear-
+        attention layer the conv window (linear_conv_kernel_dim - 1 past inputs of every conv channel, in the
+        model's dtype) and the recurrent state (a key x value matrix a value head, in mamba_ssm_dtype), heads
+        split over TP, as SGLang's Mamba2CacheParams sizes them (its mamba pool, beside the KV pool). 0 for a
+        model without linear attention."""
+        if not self.is_hybrid_linear:
+            return 0
+        conv = self.linear_conv_dim // tp * (self.linear_conv_kernel_dim - 1) * self.dtype_bytes
+        recurrent = (
+            self.linear_num_value_heads // tp * self.linear_key_head_dim * self.linear_value_head_dim * self.linear_state_dtype_bytes
+        )
+        return self.linear_attention_layers * (conv + recurrent)
+
+    @property
     def num_moe_layers(self) -> int:
         return self.num_hidden_layers - len(self.dense_layers) if self.is_moe else 0
 
@@ -291,7 +340,8 @@ class ModelConfig:
         DSA adds its indexer's key, index_key_bytes a layer, whole on every GPU too."""
         if self.is_mla:
             return self.num_hidden_layers * ((self.kv_lora_rank + self.qk_rope_head_dim) * dtype_bytes + self.index_key_bytes)
-        return 2 * self.num_hidden_layers * self.kv_heads_per_gpu(tp) * self.head_dim * dtype_bytes
+        # Linear-attention layers cache nothing per token (their state is state_bytes_per_request).
+        return 2 * self.full_attention_layers * self.kv_heads_per_gpu(tp) * self.head_dim * dtype_bytes
 
     def weight_bytes(
         self, dtype_bytes: int = 2, tp: int = 1, linear_bytes: float | None = None, *, ep: int = 1, dp: int = 1, experts_only: bool = False
@@ -335,6 +385,11 @@ class ModelConfig:
         if self.shared_expert_intermediate_size % tp:
             raise ModelConfigError(
                 f"--tp {tp} does not divide {self.name}'s shared experts' intermediate size {self.shared_expert_intermediate_size}"
+            )
+        if self.is_hybrid_linear and (self.linear_num_key_heads % tp or self.linear_num_value_heads % tp):
+            raise ModelConfigError(
+                f"--tp {tp} does not divide {self.name}'s linear-attention heads "
+                f"({self.linear_num_key_heads} key, {self.linear_num_value_heads} value)"
             )
 
     def check_parallel(self, tp: int = 1, ep: int = 1, dp: int = 1) -> None:
@@ -395,7 +450,17 @@ class ModelConfig:
                 indexer = wq_b + h * self.index_head_dim + h * self.index_n_heads  # + wk + weights_proj
             return q + kv_a + kv_b + heads * self.v_head_dim * h + indexer
         q, kv = self.q_size // tp, self.kv_heads_per_gpu(tp) * self.head_dim
-        return h * q + 2 * h * kv + q * h
+        gate = q if self.attn_output_gate else 0  # q_proj also emits the output gate
+        full = h * (q + gate) + 2 * h * kv + q * h
+        if not self.is_hybrid_linear:
+            return full
+        # Gated DeltaNet (as SGLang's Qwen3.5): in_proj_qkvz (q, k, v and the output gate z), in_proj_ba (a
+        # decay and a beta a value head), the conv's weights, out_proj; heads split over TP. Callers take
+        # one layer times the layers: the mean layer of the two kinds (rounded down, a few parameters).
+        nv, v_dim = self.linear_num_value_heads // tp, self.linear_value_head_dim
+        linear = h * (self.linear_conv_dim // tp + nv * v_dim) + h * 2 * nv + self.linear_conv_dim // tp * self.linear_conv_kernel_dim
+        linear += nv * v_dim * h
+        return (self.full_attention_layers * full + self.linear_attention_layers * linear) // self.num_hidden_layers
 
     def attention_other_params(self, tp: int = 1) -> int:
         """One layer's attention parameters besides its matmul weights: q/k/v (and o) biases, Qwen3's

@@ -23,8 +23,10 @@ def _positive(cfg: dict, key: str, name: str | None, arch: str, value: Any = Non
 
 
 # Multimodal models whose config.json nests the language model under text_config (Kimi-K2.5's is a
-# DeepseekV3ForCausalLM config): serving text, only the language model runs, so it is the model.
-TEXT_CONFIG_WRAPPERS = ("KimiK25ForConditionalGeneration",)
+# DeepseekV3ForCausalLM config): serving text, only the language model runs, so it is the model. The
+# value: the language model's architecture where its text_config names none (Qwen3.5's; SGLang's
+# Qwen3_5MoeForCausalLM is the text model its Qwen3_5MoeForConditionalGeneration wraps), else None.
+TEXT_CONFIG_WRAPPERS = {"KimiK25ForConditionalGeneration": None, "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeForCausalLM"}
 
 
 def language_model_config(cfg: dict, name: str | None) -> dict:
@@ -33,6 +35,10 @@ def language_model_config(cfg: dict, name: str | None) -> dict:
     if not archs or archs[0] not in TEXT_CONFIG_WRAPPERS:
         return cfg
     text = cfg.get("text_config")
+    implied = TEXT_CONFIG_WRAPPERS[archs[0]]
+    if isinstance(text, dict) and implied and not text.get("architectures"):
+        # The wrapper's own keys the text model reads (tie_word_embeddings sits at the top level).
+        return {"tie_word_embeddings": cfg.get("tie_word_embeddings", False), **text, "architectures": [implied]}
     if not isinstance(text, dict) or not text.get("architectures"):
         raise ModelConfigError(f"config of {name!r} ({archs[0]}) has no text_config with the language model's architectures")
     return text
@@ -51,6 +57,12 @@ def moe_fields(cfg: dict, arch: str, name: str | None, need, layers: int) -> dic
         raise ModelConfigError(f"config of {name!r} ({arch}): {top_key} {top_k} is more than its {experts} experts")
     if arch in ("MixtralForCausalLM", "GptOssForCausalLM", "MiniMaxM2ForCausalLM"):  # every layer MoE; intermediate_size is an expert's
         moe_inter, shared, dense = int(need("intermediate_size")), 0, ()
+    elif arch == "Qwen3_5MoeForCausalLM":  # every layer MoE (mlp_only_layers empty), with one shared expert
+        moe_inter = _positive(cfg, "moe_intermediate_size", name, arch)
+        shared = _positive(cfg, "shared_expert_intermediate_size", name, arch)
+        if cfg.get("mlp_only_layers"):
+            raise ModelConfigError(f"config of {name!r} ({arch}): dense mlp_only_layers are not priced for Qwen3.5")
+        dense = ()
     elif arch == "Qwen3MoeForCausalLM":
         moe_inter, shared = _positive(cfg, "moe_intermediate_size", name, arch), 0
         step = _positive(cfg, "decoder_sparse_step", name, arch, cfg.get("decoder_sparse_step") or 1)
@@ -100,6 +112,35 @@ def _gpt_oss_fields(cfg: dict, name: str | None, layers: int) -> dict:
     if sliding and not cfg.get("sliding_window"):
         raise ModelConfigError(f"config of {name!r} (GptOssForCausalLM): sliding_attention layers without a sliding_window")
     return {"sliding_window_layers": sliding, "attention_sinks": True}
+
+
+def linear_attention_fields(cfg: dict, arch: str, name: str | None, layers: int) -> dict:
+    """Qwen3.5's hybrid layers: Gated DeltaNet linear attention (a fixed-size recurrent state a request)
+    in most layers, full gated attention in the others (layer_types, else every full_attention_interval-th
+    layer, as transformers' Qwen3_5MoeTextConfig fills it)."""
+    types = cfg.get("layer_types")
+    if types is None:
+        interval = _positive(cfg, "full_attention_interval", name, arch)
+        types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
+    if not isinstance(types, list) or len(types) != layers or not set(types) <= {"linear_attention", "full_attention"}:
+        raise ModelConfigError(
+            f"config of {name!r} ({arch}): layer_types must give linear_attention or full_attention for each of its {layers} layers"
+        )
+    if "full_attention" not in types:
+        raise ModelConfigError(f"config of {name!r} ({arch}): no full_attention layer; cannot price a KV cache of none")
+    ssm_dtype = cfg.get("mamba_ssm_dtype", "float32")
+    return {
+        "linear_attention_layers": types.count("linear_attention"),
+        "linear_num_key_heads": _positive(cfg, "linear_num_key_heads", name, arch),
+        "linear_num_value_heads": _positive(cfg, "linear_num_value_heads", name, arch),
+        "linear_key_head_dim": _positive(cfg, "linear_key_head_dim", name, arch),
+        "linear_value_head_dim": _positive(cfg, "linear_value_head_dim", name, arch),
+        "linear_conv_kernel_dim": _positive(cfg, "linear_conv_kernel_dim", name, arch),
+        # SGLang's mamba2_state_dtype: the recurrent state in mamba_ssm_dtype (float32 unless the config
+        # says bfloat16/float16; an unknown value keeps float32, as SGLang does).
+        "linear_state_dtype_bytes": 2 if ssm_dtype in ("bfloat16", "float16") else 4,
+        "attn_output_gate": bool(cfg.get("attn_output_gate", True)),
+    }
 
 
 def mla_fields(cfg: dict, arch: str, name: str | None, need) -> dict:

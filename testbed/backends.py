@@ -14,6 +14,7 @@ from typing import Any, Callable
 from engine.support import BUILT, engine_refusal
 from scheduler.model_config import ModelConfig
 from scheduler.sglang.config import SchedulerConfig
+from scheduler.sglang.mamba_pool import cap_running_requests
 from simulator.costs.moe_roofline import roofline_cost_model
 from simulator.costs.precision import Precision
 from simulator.driver.sim_driver import SimDriver
@@ -73,6 +74,9 @@ def build_sim(opts, model: ModelConfig, make_config: Callable[[int], SchedulerCo
             )
         )
         config = make_config(kv_tokens)
+        if isinstance(config, SchedulerConfig):  # SGLang's: a hybrid model's running requests its state pool admits
+            kv_bytes = model.kv_bytes_per_token(precision.kv_bytes if precision.fp8_kv else 2, opts.tp)
+            config = cap_running_requests(config, model, kv_bytes, opts.tp, opts.dp)
         cost_model = profile or roofline_cost_model(model, hw, opts.tp, precision, opts.ep, opts.dp, opts.expert_imbalance)
     except ValueError as e:
         raise ConfigError(str(e)) from None

@@ -4,12 +4,15 @@ SGLang gives weights + KV pool a static share of device memory
 (``mem_fraction_static``); the rest is left to activations and CUDA graphs.
 Inside that share we also keep a small reserve for the sampler and workspaces
 (``HardwareSpec.activation_reserve_bytes``), then divide by the KV bytes of
-one token.
+one token. A hybrid linear-attention model (Qwen3.5) caches K and V in its full-attention layers only,
+and SGLang gives part of that memory to its requests' recurrent states instead
+(scheduler/sglang/mamba_pool.py).
 """
 
 from __future__ import annotations
 
 from scheduler.model_config import ModelConfig
+from scheduler.sglang.mamba_pool import kv_share
 from simulator.costs.precision import Precision
 from simulator.hardware.specs import HardwareSpec
 
@@ -65,7 +68,7 @@ def kv_capacity_tokens(
             f"+ reserve {reserve / gib:.2f} GiB > {mem_fraction_static:.2f} x "
             f"{hw.memory_bytes / gib:.1f} GiB = {static / gib:.2f} GiB"
         )
-    tokens = int(free // model.kv_bytes_per_token(p.kv_bytes if p.fp8_kv else dtype_bytes, tp))
+    tokens = int(free * kv_share(model) // model.kv_bytes_per_token(p.kv_bytes if p.fp8_kv else dtype_bytes, tp))
     tokens -= tokens % page_size
     if tokens <= 0:
         raise ValueError(

@@ -1,7 +1,8 @@
 """The dimensions one GPU of a TP group computes a model's forward with, and that forward's kernels
 priced from AIConfigurator's database (simulator/profiles/kernel_db.py): the layer GEMMs, norms and
 all-reduces, a mixture of experts' router and fused-MoE kernel, and GQA, MLA (vLLM's from its module
-tables: mla_module.py) or DeepSeek's sparse attention (sparse_attention.py). simulator/profiles/kernel_profile.py tabulates them on grids into a profile."""
+tables: mla_module.py) or DeepSeek's sparse attention (sparse_attention.py), and Qwen3.5's
+Gated DeltaNet layers (linear_attention.py). simulator/profiles/kernel_profile.py tabulates them on grids into a profile."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass, replace
 from scheduler.model_config import ModelConfig
 from simulator.costs.precision import BF16, FP8
 from simulator.profiles.kernel_db import KernelDatabase, KernelDataMissing
+from simulator.profiles.linear_attention import LinearAttention
 from simulator.profiles.mla_module import MlaModule
 from simulator.profiles.sliding_window import SlidingWindow
 from simulator.profiles.sparse_attention import SparseAttention
@@ -87,6 +89,11 @@ class GpuShapes:
     # Sliding-window layers (gpt-oss): their share of the layers attends the last `window` tokens, priced
     # from the database's windowed attention rows (sliding_window.py); None: every layer attends all.
     sliding: SlidingWindow | None = None
+    # Hybrid linear attention (Qwen3.5): its share of the layers are Gated DeltaNet, priced by their own
+    # module (linear_attention.py); the others are the GQA above. None: every layer is attention.
+    linear_attention: LinearAttention | None = None
+    # The full attention's output gate (Qwen3.5): q_proj emits a gate as wide as q beside it.
+    output_gate: bool = False
 
     @classmethod
     def of(cls, model: ModelConfig, tp: int, ep: int = 1, dp: int = 1) -> "GpuShapes":
@@ -123,6 +130,8 @@ class GpuShapes:
             tp,
             model.qk_norm,
             sliding=SlidingWindow.of(model),
+            linear_attention=LinearAttention.of(model, tp),
+            output_gate=model.attn_output_gate,
             **moe,
         )
 
@@ -151,10 +160,14 @@ class GpuShapes:
             if not self.q_lora:  # (DeepSeek-V2-Lite: q projected directly)
                 kernels["qkv_a_proj"] = self.linear(db, n, qk + self.kv_lora + self.qk_rope, h)
         else:
+            q_out = 2 * self.heads if self.output_gate else self.heads
+            full = 1.0 - self.linear_attention.share if self.linear_attention else 1.0  # the layers of full attention
             kernels = {
-                "qkv_proj": self.linear(db, n, (self.heads + 2 * self.kv_heads) * d, h),
-                "o_proj": self.linear(db, n, h, self.heads * d),
+                "qkv_proj": full * self.linear(db, n, (q_out + 2 * self.kv_heads) * d, h),
+                "o_proj": full * self.linear(db, n, h, self.heads * d),
             }
+            if self.linear_attention:
+                kernels |= self.linear_attention.projections(db, self.linear, n)
         # The all-reduces over TP after attention and after the MLP; with dp > 1 a MoE layer's exchange
         # (moe_dispatch, below) takes the second one's place.
         after_mlp = 1.0 - self.moe_share if self.experts and self.dp > 1 else 1.0
@@ -261,6 +274,9 @@ class GpuShapes:
             h, kv, d = self.heads, self.kv_heads, self.head_dim
             return db.context_attention(batch, new_tokens, prefix, h, kv, d, self.qk_norm, self.prefill_kv, self.prefill_fmha, window)
 
+        if self.linear_attention:
+            la = self.linear_attention
+            return (1.0 - la.share) * attend(0) + la.prefill(db, batch, new_tokens)
         return self.sliding.layer_mean(attend) if self.sliding else attend(0)
 
     def decode_attention(self, db: KernelDatabase, batch: int, context: int) -> float:
@@ -275,4 +291,7 @@ class GpuShapes:
         def attend(window: int) -> float:
             return db.generation_attention(batch, context, self.heads, self.kv_heads, self.head_dim, self.qk_norm, self.decode_kv, window)
 
+        if self.linear_attention:
+            la = self.linear_attention
+            return (1.0 - la.share) * attend(0) + la.decode(db, batch)
         return self.sliding.layer_mean(attend) if self.sliding else attend(0)

@@ -363,6 +363,38 @@ class KernelDatabase:
             s=1,
         )
 
+    def gated_delta_net(
+        self,
+        kernel: str,
+        context: bool,
+        batch: int,
+        tokens: int,
+        hidden: int,
+        key_heads: int,
+        key_dim: int,
+        value_heads: int,
+        value_dim: int,
+        conv_kernel: int,
+        state_dtype: str,
+    ) -> float:
+        """One Gated DeltaNet kernel of a linear-attention layer (the database's linear_attention gdn_perf rows)
+        over `key_heads`/`value_heads` heads a GPU: a prefill's (context: causal_conv1d_fn, chunk_gated_delta_rule)
+        over `batch` requests of `tokens` new tokens each, or a decode step's (causal_conv1d_update,
+        fused_sigmoid_gating_delta_rule_update) of `batch` requests. state_dtype: the recurrent state's
+        (mamba_ssm_dtype: float32 or bfloat16)."""
+        import aiconfigurator_core.sdk.operations as ops
+
+        phase = "context" if context else "generation"
+        return self._evaluate(
+            ("gdn", kernel, hidden, key_heads, key_dim, value_heads, value_dim, conv_kernel, state_dtype),
+            lambda: ops.GDNKernel(
+                kernel, 1, kernel, phase, hidden, key_heads, key_dim, value_heads, value_dim, conv_kernel, mamba_ssm_dtype=state_dtype
+            ),
+            is_context=context,
+            batch_size=batch,
+            s=tokens,
+        )
+
     def _attention_op(
         self,
         context: bool,

@@ -31,7 +31,10 @@
                                            prefix adds (simulator/profiles/mla_module.py);
                                            gpt-oss's sliding-window layers: the database's rows
                                            of their window, by their share of the layers
-                                           (simulator/profiles/sliding_window.py)
+                                           (simulator/profiles/sliding_window.py);
+                                           Qwen3.5's Gated DeltaNet layers: the database's
+                                           linear-attention rows by their share of the layers
+                                           (simulator/profiles/linear_attention.py)
     once per forward:                      embedding (+ its all-reduce for TP > 1) over n tokens;
                                            lm_head GEMM over the batch's requests (one row each)
 
@@ -211,6 +214,8 @@ def build_kernel_profile(
         g = replace(g, sparse=g.sparse.priced(db, g))
     elif g.kv_lora:  # MLA: the database's MLA module where it has no per-kernel MLA tables (vLLM's: mla_module.py)
         g = replace(g, mla_module=MlaModule.priced(db, g))
+    if g.linear_attention is not None:  # Qwen3.5's Gated DeltaNet layers: refused where the database has no gdn rows
+        g.linear_attention.priced(db)
     tokens = sorted(set(db.tables.measured_gemm_tokens(g.gemm_quant)) | set(POWERS))
 
     phases = [
@@ -349,6 +354,7 @@ def build_kernel_profile(
             **({"sparse_attention": g.sparse.record()} if g.sparse is not None else {}),
             **({"mla_module": g.mla_module.record()} if g.mla_module is not None else {}),
             **({"sliding_window": g.sliding.record(db, g.prefill_kv, g.decode_kv, model.attention_sinks)} if g.sliding is not None else {}),
+            **({"linear_attention": g.linear_attention.record()} if g.linear_attention is not None else {}),
             "prefill_attention": {"kv_cache": g.prefill_kv, "fmha": g.prefill_fmha, "kernel": prefill_kernel},
             "decode_attention": {"kv_cache": g.decode_kv, "kernel": decode_kernel},
             "kv_cache_dtype": kv_record,

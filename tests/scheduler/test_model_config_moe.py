@@ -267,3 +267,31 @@ def test_glm_5_parses_as_mla_with_deepseek_sparse_attention_and_caches_its_index
     del raw["index_topk"]
     with pytest.raises(ModelConfigError, match="index_topk"):
         ModelConfig.from_hf_config(raw, name="bad")
+
+
+def test_qwen3_5_loads_as_a_hybrid_of_linear_and_full_attention_layers():
+    m = load_model_config("qwen3.5-397b-a17b")
+    # The published config.json wraps the language model (Qwen3_5MoeForConditionalGeneration's text_config).
+    assert m.architecture == "Qwen3_5MoeForCausalLM" and m.raw["architectures"] == ["Qwen3_5MoeForCausalLM"]
+    assert (m.num_hidden_layers, m.linear_attention_layers, m.full_attention_layers) == (60, 45, 15)  # every 4th layer full
+    assert (m.linear_num_key_heads, m.linear_num_value_heads, m.linear_key_head_dim, m.linear_value_head_dim) == (16, 64, 128, 128)
+    assert (m.num_attention_heads, m.num_key_value_heads, m.head_dim, m.attn_output_gate, m.qk_norm) == (32, 2, 256, True, True)
+    assert (m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size, m.shared_expert_intermediate_size) == (512, 10, 1024, 1024)
+    # The name's sizes: 397B total, 17B activated (the vision encoder aside).
+    assert m.num_params == pytest.approx(397e9, rel=0.01)
+    assert m.active_params() == pytest.approx(17e9, rel=0.03)
+
+
+def test_qwen3_5_caches_kv_in_its_full_layers_only_and_a_state_a_request():
+    m = load_model_config("qwen3.5-397b-a17b")
+    # 15 full layers x K and V x 2 KV heads x 256 x 2 bytes; over 8 GPUs the 2 KV heads are replicated (1 a GPU).
+    assert m.kv_bytes_per_token() == 15 * 2 * 2 * 256 * 2 == 30720
+    assert m.kv_bytes_per_token(2, tp=8) == 15 * 2 * 1 * 256 * 2
+    # Each of the 45 linear layers: the conv window (3 past inputs of q, k and v's 2*16*128 + 64*128
+    # channels, bf16) and the recurrent state (64 heads of 128 x 128, float32), split over TP.
+    conv, recurrent = (2 * 16 * 128 + 64 * 128) * 3 * 2, 64 * 128 * 128 * 4
+    assert m.state_bytes_per_request() == 45 * (conv + recurrent)
+    assert m.state_bytes_per_request(tp=4) == 45 * (conv + recurrent) // 4
+    # A request's state is worth thousands of tokens of KV; a dense model holds none.
+    assert m.state_bytes_per_request(4) > 3000 * m.kv_bytes_per_token(2, 4)
+    assert load_model_config("qwen3-235b-a22b").state_bytes_per_request() == 0

@@ -681,3 +681,45 @@ def test_vllms_mla_module_prices_only_what_its_rows_measured():
         MlaModule.priced(db, replace(g, gemm_quant="fp8", mla_module=None))
     with pytest.raises(KernelDatabaseError, match="DeepSeek-V3's dimensions"):
         MlaModule.priced(db, replace(g, hidden=4096, mla_module=None))
+
+
+def test_qwen3_5s_linear_attention_layers_are_priced_from_the_databases_gated_deltanet_rows(tmp_path):
+    # Qwen3.5-397B-A17B on eight B200s under SGLang in bf16, as its measured points run it: 45 of its 60
+    # layers Gated DeltaNet (a state a request), 15 full attention with a KV cache, every layer MoE.
+    from scheduler.sglang.config import SchedulerConfig
+    from scheduler.sglang.mamba_pool import STATE_TO_KV_MEMORY, cap_running_requests
+    from simulator.profiles.gpu_shapes import GpuShapes
+    from simulator.profiles.kernel_db import KernelDatabase
+    from simulator.profiles.kernel_holdout import direct_forward
+
+    path = tmp_path / "qwen3.5.json"
+    calibrate_kernels("b200_sxm", "sglang", None, "qwen3.5-397b-a17b", 8, path)
+    p = json.loads(path.read_text())
+    linear = p["precision"]["linear_attention"]
+    assert linear["linear_layers_share"] == 0.75 and "gdn_perf" in linear["priced_as"]
+    assert linear["heads_per_gpu"] == {"key": 2, "value": 8} and linear["state_dtype"] == "float32"
+    assert {"linear_in_proj", "linear_out_proj", "experts", "shared_experts"} <= set(p["kernels"]["per_layer"])
+
+    # 64 decodes from 1k to 128k tokens: only the full layers read a longer KV cache, so the step grows about
+    # a quarter as much as the same shapes priced with every layer attending the whole context.
+    model = load_model_config("qwen3.5-397b-a17b")
+    db = KernelDatabase.open("b200_sxm", "sglang", p["database"]["backend_version"])
+    cost_model = load_profile(path)
+    g = GpuShapes.of(model, 8)
+    every_layer_full = replace(g, linear_attention=None)
+    assert decode(cost_model, 64, 32768) == pytest.approx(direct_forward(g, db, ForwardMode.DECODE, 64, 32768), rel=0.01)
+    short, long = decode(cost_model, 64, 1024), decode(cost_model, 64, 131072)
+    full_short, full_long = (direct_forward(every_layer_full, db, ForwardMode.DECODE, 64, c) for c in (1024, 131072))
+    assert short < long < full_long
+    assert 0.2 < (long - short) / (full_long - full_short) < 0.3
+
+    # The KV pool holds the full layers' K and V only; SGLang gives the requests' states 0.9 of its memory
+    # beside it, and admits a third of the states that fit as running requests (its radix cache keeps more).
+    hw = cost_model.hardware_spec
+    tokens = kv_capacity_tokens(model, hw, 0.82, tp=8)
+    kv_bytes = model.kv_bytes_per_token(2, 8)
+    free = hw.memory_bytes * 0.82 - model.weight_bytes(2, 8) - hw.activation_reserve_bytes
+    assert tokens * kv_bytes == pytest.approx(free / (1 + STATE_TO_KV_MEMORY), rel=1e-4)
+    config = cap_running_requests(SchedulerConfig(kv_tokens=tokens, context_len=model.context_len), model, kv_bytes, tp=8)
+    states = int(tokens * kv_bytes * STATE_TO_KV_MEMORY // model.state_bytes_per_request(8))
+    assert config.max_running_requests == states // 3 and config.effective_max_running_requests == states // 3

@@ -79,7 +79,7 @@ def test_hugging_face_ids_of_a_bundled_architecture_find_its_config():
     assert bundled_model_of("nvidia/Llama-3.1-8B-Instruct-FP8") == "llama-3.1-8b"
     assert bundled_model_of("Qwen/Qwen3-32B") == "qwen3-32b"
     assert bundled_model_of("moonshotai/Kimi-K2.5") == bundled_model_of("nvidia/Kimi-K2.5-NVFP4") == "kimi-k2.5"
-    assert bundled_model_of("Qwen/Qwen3.5-397B-A17B") is None
+    assert bundled_model_of("Qwen/Qwen3.5-397B-A17B") == "qwen3.5-397b-a17b"
     assert bundled_model_of("zhipuai/GLM-5") == bundled_model_of("zai-org/GLM-5-FP8") == "glm-5"
     # Mixtures of experts ship too, and their points are skipped with the reason.
     assert bundled_model_of("deepseek-ai/DeepSeek-R1") == "deepseek-r1"
