@@ -27,19 +27,26 @@ def with_defaults(opts: ReplayOptions) -> ReplayOptions:
         if fraction is None:
             fraction = default_mem_fraction_static(memory, chunk, opts.max_prefill_tokens, opts.max_running_requests, opts.tp)
         opts = replace(opts, chunked_prefill_size=chunk, mem_fraction_static=fraction)
-    if opts.kv_cache_dtype == "auto" and opts.model is not None and _sparse_attention(opts.model):
+    model = _model(opts.model)
+    if opts.kv_cache_dtype == "auto" and model is not None and model.is_dsa:
         opts = replace(opts, kv_cache_dtype=default_kv_cache_dtype(True, device_sm_version(opts)))
+    if opts.overlap and not opts.disable_radix_cache and model is not None and model.is_hybrid_linear:
+        # SGLang's radix cache of a hybrid linear-attention model (mamba_scheduler_strategy "no_buffer",
+        # its default) cannot overlap: it turns the overlap schedule off (server_args.py, 0.5.9).
+        opts = replace(opts, overlap=False)
     return opts
 
 
-def _sparse_attention(model: str) -> bool:
-    """Whether the model runs DeepSeek Sparse Attention (an unreadable model is the replay's to report)."""
+def _model(name: str | None) -> ModelConfig | None:
+    """The model's config, None where it does not load (the replay reports that)."""
     from scheduler.model_config import load_model_config
 
+    if name is None:
+        return None
     try:
-        return load_model_config(model).is_dsa
+        return load_model_config(name)
     except (OSError, ValueError):  # (ModelConfigError is a ValueError)
-        return False
+        return None
 
 
 def config(opts: ReplayOptions, model: ModelConfig, kv_tokens: int) -> SchedulerConfig:

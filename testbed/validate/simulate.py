@@ -124,6 +124,12 @@ class PointSimulator:
                 pass  # a system the database lacks: the profile's build says so
         return kv
 
+    @staticmethod
+    def _hybrid_linear(p: MeasuredPoint) -> bool:
+        from scheduler.model_config import load_model_config
+
+        return p.model is not None and load_model_config(p.model).is_hybrid_linear
+
     def layout(self, p: MeasuredPoint) -> ParallelLayout:
         """How p's server spread the model over its GPUs (recipes.py)."""
         return parallel_layout(p, self.recipe(p))
@@ -147,7 +153,9 @@ class PointSimulator:
             quantization=p.quantization,
             concurrency=p.concurrency,
             seed=0,
-            disable_radix_cache=not prefix_cache,
+            # (a hybrid linear-attention model keeps SGLang's radix cache: with it on, SGLang admits a
+            # third of the requests its state pool holds and turns overlap off, scheduler/sglang/mamba_pool.py)
+            disable_radix_cache=not (prefix_cache or self._hybrid_linear(p)),
             scheduler_recv_interval=recipe.scheduler_recv_interval,
             kv_cache_dtype=self.kv_cache_dtype(p),
             mem_fraction_static=recipe.memory_fraction,

@@ -352,3 +352,12 @@ def test_sparse_attention_keeps_its_kv_cache_in_fp8_on_blackwell(model, hardware
     assert resolved_options(ReplayOptions(mode="sim", model=model, hardware=hardware)).kv_cache_dtype == kv
     told = resolved_options(ReplayOptions(mode="sim", model=model, hardware=hardware, kv_cache_dtype="bf16"))
     assert told.kv_cache_dtype == "bf16"  # an explicit dtype stays
+
+
+def test_a_hybrid_linear_attention_model_with_the_radix_cache_runs_without_overlap():
+    # SGLang's default state strategy for Gated DeltaNet layers (no_buffer) cannot overlap with its radix
+    # cache on, so it turns the overlap schedule off; without the radix cache it overlaps.
+    qwen35 = dict(mode="sim", model="qwen3.5-397b-a17b", hardware="b200_sxm")
+    assert resolved_options(ReplayOptions(**qwen35)).overlap is False
+    assert resolved_options(ReplayOptions(**qwen35, disable_radix_cache=True)).overlap is True
+    assert resolved_options(ReplayOptions(mode="sim", model="glm-5", hardware="b200_sxm")).overlap is True
