@@ -15,7 +15,7 @@ from scheduler.core.forward_plan import ForwardMode
 from scheduler.model_config import ModelConfig, load_model_config
 from simulator.costs.mixed_attention import MixedDecodeFactor
 from simulator.costs.precision import BF16, Precision
-from simulator.profiles.kernel_db import KernelDatabaseError, available
+from simulator.profiles.kernel_catalog import KernelDatabaseError, available
 from simulator.profiles.kernel_holdout import uniform_plan
 from simulator.profiles.kernel_profile import build_kernel_profile
 from testbed.errors import ConfigError

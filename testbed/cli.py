@@ -235,7 +235,7 @@ def _own_version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     from simulator.costs.precision import KV_CACHE_DTYPES, QUANTIZATIONS
-    from simulator.profiles.kernel_db import BACKENDS
+    from simulator.profiles.kernel_catalog import BACKENDS
     from testbed import dashboard_cli
     from testbed.live import serve_cli
     from testbed.runs import cli as runs_cli

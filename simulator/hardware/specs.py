@@ -99,10 +99,10 @@ def bundled_hardware_names() -> list[str]:
 
 def database_system_spec(system: str) -> HardwareSpec:
     """The spec of one of AIConfigurator's systems, from its YAML (the package is not imported)."""
-    from simulator.profiles import kernel_db
+    from simulator.profiles import kernel_catalog
 
     try:
-        spec = kernel_db.system_spec(system)
+        spec = kernel_catalog.system_spec(system)
         gpu, node = spec["gpu"], spec.get("node", {})
         return HardwareSpec(
             name=system,
@@ -122,7 +122,7 @@ def database_system_spec(system: str) -> HardwareSpec:
             f"{gpu['mem_bw'] / 1e12:.2f} TB/s, {gpu['mem_capacity'] / 2**30:.1f} GiB, "
             f"{node.get('intra_node_bw', 0) / 1e9:.0f} GB/s to the other GPUs of a node",
         )
-    except kernel_db.KernelDatabaseError as e:
+    except kernel_catalog.KernelDatabaseError as e:
         raise HardwareConfigError(str(e)) from None
     except (KeyError, TypeError, ValueError) as e:
         raise HardwareConfigError(f"AIConfigurator system {system!r}: its YAML lacks a usable {e}") from None
@@ -140,21 +140,21 @@ def hardware_of_device(device_name: str) -> str | None:
 def load_hardware(name_or_path: str | Path) -> HardwareSpec:
     """A bundled name (case-insensitive: h100, h200, a100, cpu), one of AIConfigurator's system
     names (h100_sxm, ...; with its database installed), or a path to a JSON spec."""
-    from simulator.profiles import kernel_db
+    from simulator.profiles import kernel_catalog
 
     key = str(name_or_path).lower()
     if key in bundled_hardware_names():
         path = HARDWARE_DIR / f"{key}.json"
-    elif key in kernel_db.system_names():
+    elif key in kernel_catalog.system_names():
         return database_system_spec(key)
     else:
         path = Path(name_or_path).expanduser()
         if not path.is_file():
-            systems = kernel_db.system_names()
+            systems = kernel_catalog.system_names()
             more = (
                 f"; AIConfigurator's systems: {', '.join(systems)}"
                 if systems
-                else f"; AIConfigurator's system names (h100_sxm, ...) need {kernel_db.EXTRA_HINT}"
+                else f"; AIConfigurator's system names (h100_sxm, ...) need {kernel_catalog.EXTRA_HINT}"
             )
             raise HardwareConfigError(
                 f"unknown hardware {str(name_or_path)!r}: not a bundled spec or a JSON file; "

@@ -86,7 +86,8 @@ from simulator.costs.profile_cost import PROFILE_FORMAT, PROFILE_VERSION
 from simulator.hardware.specs import database_system_spec
 from simulator.profiles.expert_format import expert_quant_mode
 from simulator.profiles.gpu_shapes import GpuShapes, expert_load_name
-from simulator.profiles.kernel_db import KernelDatabase, KernelDatabaseError, KernelDataMissing, system_spec
+from simulator.profiles.kernel_catalog import system_spec
+from simulator.profiles.kernel_db import KernelDatabase, KernelDatabaseError, KernelDataMissing
 from simulator.profiles.mla_module import MlaModule
 
 SOURCE = "aiconfigurator"  # the profile's "source" (simulator/costs/sources.py dispatches on it)

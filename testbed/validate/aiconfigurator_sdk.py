@@ -10,7 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-EXTRA_HINT = "pip install -e '.[aiconfigurator]' (the aiconfigurator-core package)"
+from simulator.profiles.kernel_catalog import EXTRA_HINT, latest_version, supported_databases
+
 _SLOT_ALIASES = ("current", "previous", "next")
 
 
@@ -104,18 +105,11 @@ def memo(fn):
 # --------------------------------------------------------------------------- databases
 
 
-@functools.cache
 def supported() -> dict[str, dict[str, tuple[str, ...]]]:
-    """system -> backend -> the versions the database can be queried at (its maintained slots)."""
-    the_sdk = sdk()
-    return {s: {b: tuple(v) for b, v in backends.items() if v} for s, backends in the_sdk.perf_database.get_supported_databases().items()}
-
-
-@functools.cache
-def _latest_version(system: str, backend: str) -> str | None:
-    """The database's default version of a system and backend, asked once a process: the SDK lists
-    every database to answer (0.75 s)."""
-    return sdk().perf_database.get_latest_database_version(system, backend)
+    """system -> backend -> the versions the database can be queried at (its maintained slots; the
+    catalog kernel profiles read too, listed once a process)."""
+    sdk()  # EstimateUnavailable where the SDK does not import
+    return supported_databases()
 
 
 def _parse_version(version: str):
@@ -159,13 +153,13 @@ def _resolve_version(system: str, backend: str, backend_version: str | None) -> 
             raise EstimateUnavailable(first_line(e)) from None
     key = _parse_version(requested) if requested and requested.lower() not in ("nan", "none") else None
     if key is None:
-        default = _latest_version(system, backend)
+        default = latest_version(system, backend)
         if default is None:
             raise EstimateUnavailable(f"no {backend} perf database for {system}")
         return default
     parsed = sorted((p, v) for p, v in ((_parse_version(v), v) for v in versions) if p is not None)
     if not parsed:
-        return _latest_version(system, backend) or versions[0]
+        return latest_version(system, backend) or versions[0]
     later = [v for p, v in parsed if p >= key]
     return later[0] if later else parsed[-1][1]
 

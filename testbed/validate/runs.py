@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from simulator.hardware.specs import bundled_hardware_names
-from simulator.profiles import kernel_db
+from simulator.profiles import kernel_catalog
 from simulator.profiles.kernel_profile import build_kernel_profile
 from testbed.options import ReplayOptions
 from testbed.runs.folder import load_run
@@ -54,7 +54,7 @@ def gpu_of(meta: dict, folder: Path) -> str | None:
     stem = _squash(folder.name.removeprefix("vllm-").split("-")[0])
     text = device or stem
     matches = []
-    for system in kernel_db.system_names():
+    for system in kernel_catalog.system_names():
         words = system.split("_")
         core = _squash("".join(w for w in words if w not in FORM_FACTORS))
         if core and core in text:
@@ -124,15 +124,15 @@ def mixed_attention_of(run: GroundTruthRun) -> Path | None:
 def kernel_profile(run: GroundTruthRun, meta: dict, out: Path) -> tuple[str | None, str]:
     """The kernel profile of the run's GPU, model and TP with vLLM's kernels (path, or None and why not),
     with the GPU's own mixed-batch attention where its kernel timings lie beside the run."""
-    versions = kernel_db.available().get(run.gpu, {}).get("vllm", [])
+    versions = kernel_catalog.available().get(run.gpu, {}).get("vllm", [])
     if not versions:
         return None, f"AIConfigurator has no vLLM kernels of {run.gpu}"
-    version = kernel_db.nearest_version(versions, meta.get("vllm_version"))
+    version = kernel_catalog.nearest_version(versions, meta.get("vllm_version"))
     path = out / "kernels.json"
     mixed = mixed_attention_of(run)
     try:
         profile = build_kernel_profile(run.gpu, "vllm", version, run.model, run.tp, mixed_attention=mixed)
-    except kernel_db.KernelDatabaseError as e:
+    except kernel_catalog.KernelDatabaseError as e:
         return None, str(e)
     path.write_text(json.dumps(profile) + "\n")
     said = f"{run.gpu} vllm {profile['database']['backend_version']} kernels (the run: vLLM {meta.get('vllm_version', '?')})"

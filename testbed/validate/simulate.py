@@ -68,11 +68,11 @@ class PointSimulator:
 
     def profile(self, p: MeasuredPoint) -> tuple[str, str]:
         """(path, description) of the kernel profile for p; PointSkipped if the database has no kernels for it."""
-        from simulator.profiles import kernel_db
+        from simulator.profiles import kernel_catalog
         from simulator.profiles.kernel_profile import build_kernel_profile
 
-        versions = kernel_db.available().get(p.system, {}).get(p.backend, [])
-        version = kernel_db.nearest_version(versions, p.backend_version)
+        versions = kernel_catalog.available().get(p.system, {}).get(p.backend, [])
+        version = kernel_catalog.nearest_version(versions, p.backend_version)
         kv, layout = self.kv_cache_dtype(p), self.layout(p)
         key = (p.system, p.backend, version, p.model, layout, p.quantization, kv)
         if key not in self._profiles:
@@ -92,7 +92,7 @@ class PointSimulator:
                         dp=layout.dp,
                         holdout=False,
                     )
-                except (kernel_db.KernelDatabaseError, ValueError) as e:
+                except (kernel_catalog.KernelDatabaseError, ValueError) as e:
                     self._profiles[key] = PointSkipped(f"no kernel profile: {e}")
                 else:
                     name = f"tp{layout.tp}-dp{layout.dp}-ep{layout.ep}-{p.precision}-kv{kv}"

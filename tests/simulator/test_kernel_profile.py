@@ -20,7 +20,7 @@ from simulator.costs.profile_cost import ProfileError
 from simulator.costs.sources import load_profile
 from simulator.hardware.kv_capacity import kv_capacity_tokens
 from simulator.hardware.specs import load_hardware
-from simulator.profiles.kernel_db import system_spec
+from simulator.profiles.kernel_catalog import system_spec
 from simulator.profiles.kernel_holdout import uniform_plan
 from testbed.calibrate_kernels import calibrate_kernels, hbm_floor_s, profile_precision
 from testbed.errors import ConfigError
@@ -605,7 +605,7 @@ def test_kimi_k2_5s_mla_on_vllm_is_priced_from_the_databases_mla_module(tmp_path
     # vLLM's database has no per-kernel MLA tables, only the MLA module's: each row one layer's whole block.
     import pandas as pd
 
-    from simulator.profiles.kernel_db import systems_dir
+    from simulator.profiles.kernel_catalog import systems_dir
 
     path = tmp_path / "kimi-k2.5.json"
     calibrate_kernels("b200_sxm", "vllm", None, "kimi-k2.5", 4, path, quantization="nvfp4")

@@ -16,7 +16,7 @@ from scheduler.model_config import ModelConfigError, load_model_config
 from simulator.costs.roofline import RooflineCostModel
 from simulator.hardware.kv_capacity import kv_capacity_tokens
 from simulator.hardware.specs import HardwareConfigError, load_hardware
-from simulator.profiles.kernel_db import system_spec
+from simulator.profiles.kernel_catalog import system_spec
 from simulator.profiles.kernel_holdout import uniform_plan
 from testbed.options import ReplayOptions, resolved_options
 
