@@ -129,6 +129,11 @@ class MeasuredPoint:
         return bundled_model_of(self.model_path)
 
     @property
+    def config(self) -> ModelConfig | None:
+        """The bundled config of this point's model (read once a process), if one ships."""
+        return None if self.model is None else _config(self.model)
+
+    @property
     def quantization(self) -> str | None:
         """--quantization for this point: the row's GEMM format where it gives one, else its precision's;
         but an fp8 checkpoint runs the kernels of its own fp8 format, whatever the row calls it (vLLM's
@@ -183,7 +188,7 @@ class MeasuredPoint:
             return f"pipeline parallelism: {self.pp} stages"
         if self.model is None:
             return f"no model config: {self.model_path} (bundled: {', '.join(bundled_model_names())})"
-        config = _config(self.model)
+        config = self.config
         if self.dp > 1 and not config.is_moe:
             return f"attention data parallelism: {self.dp} ranks of a dense model (a dense model's data parallelism is replicas)"
         gpus = self.tp * self.dp

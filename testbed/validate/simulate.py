@@ -113,22 +113,15 @@ class PointSimulator:
         """The KV cache's dtype p ran with: its recipe's, else the engine's default for its model and GPU
         (SGLang's fp8 for sparse attention on Blackwell, testbed/schedulers/sglang.py)."""
         kv = self.recipe(p).kv_cache_dtype
-        if kv == "auto" and p.backend == "sglang" and p.model is not None:
-            from scheduler.model_config import load_model_config
+        if kv == "auto" and p.backend == "sglang" and p.config is not None:
             from scheduler.sglang.server_defaults import default_kv_cache_dtype
             from simulator.hardware.specs import HardwareConfigError, database_system_spec
 
             try:
-                kv = default_kv_cache_dtype(load_model_config(p.model).is_dsa, database_system_spec(p.system).sm_version)
+                kv = default_kv_cache_dtype(p.config.is_dsa, database_system_spec(p.system).sm_version)
             except HardwareConfigError:
                 pass  # a system the database lacks: the profile's build says so
         return kv
-
-    @staticmethod
-    def _hybrid_linear(p: MeasuredPoint) -> bool:
-        from scheduler.model_config import load_model_config
-
-        return p.model is not None and load_model_config(p.model).is_hybrid_linear
 
     def layout(self, p: MeasuredPoint) -> ParallelLayout:
         """How p's server spread the model over its GPUs (recipes.py)."""
@@ -155,7 +148,7 @@ class PointSimulator:
             seed=0,
             # (a hybrid linear-attention model keeps SGLang's radix cache: with it on, SGLang admits a
             # third of the requests its state pool holds and turns overlap off, scheduler/sglang/mamba_pool.py)
-            disable_radix_cache=not (prefix_cache or self._hybrid_linear(p)),
+            disable_radix_cache=not (prefix_cache or (p.config is not None and p.config.is_hybrid_linear)),
             scheduler_recv_interval=recipe.scheduler_recv_interval,
             kv_cache_dtype=self.kv_cache_dtype(p),
             mem_fraction_static=recipe.memory_fraction,
