@@ -8,11 +8,12 @@ one launch. Which forwards get a graph is the engine's rule, not the GPU's:
   (`max_cudagraph_capture_size`; FULL graphs for uniform decode batches, piecewise graphs for
   prefill and mixed ones); larger forwards run eagerly. `cudagraph_mode` FULL_DECODE_ONLY
   captures decode-only batches alone, NONE nothing.
-- SGLang: graphs for decode batches up to `cuda_graph_max_bs`; extend and mixed batches run
-  eagerly (piecewise prefill graphs are off by default).
+- SGLang: graphs for decode batches up to `cuda_graph_max_bs` (its default follows the GPU's
+  memory and TP: scheduler/sglang/server_defaults.py); extend and mixed batches run eagerly
+  (piecewise prefill graphs are off by default).
 
-A kernel profile adds its backend's eager overhead (kernel_db.eager_forward_overhead) to every
-forward the policy says runs eagerly.
+A kernel profile's eager dispatch (simulator/profiles/eager_dispatch.py) sets the least time of
+every forward the policy says runs eagerly.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from scheduler.core.forward_plan import ForwardMode, ForwardPlan
 
 VLLM_MAX_CAPTURE_TOKENS = 512
-SGLANG_CUDA_GRAPH_MAX_BS = 256  # SGLang's default on GPUs of 80 GB and more at TP 1
+SGLANG_CUDA_GRAPH_MAX_BS = 160  # SGLang's default where the device memory is unknown (server_args 0.5.9)
 
 
 @dataclass(frozen=True)
@@ -52,5 +53,7 @@ def vllm_graphs(max_num_seqs: int, max_capture_size: int | None = None, mode: st
     return CudaGraphPolicy(size, decode_only=mode == "FULL_DECODE_ONLY")
 
 
-def sglang_graphs() -> CudaGraphPolicy:
-    return CudaGraphPolicy(SGLANG_CUDA_GRAPH_MAX_BS, decode_only=True)
+def sglang_graphs(max_bs: int = SGLANG_CUDA_GRAPH_MAX_BS) -> CudaGraphPolicy:
+    """max_bs: `--cuda-graph-max-bs`, whose default follows the device memory and TP
+    (scheduler/sglang/server_defaults.py)."""
+    return CudaGraphPolicy(max_bs, decode_only=True)

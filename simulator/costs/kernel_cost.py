@@ -40,8 +40,9 @@ tables; a replay asking for another (`check_precision`) is refused, naming both.
 
 A forward the serving engine runs outside a CUDA graph (simulator/costs/cuda_graphs.py: vLLM's
 forwards of more tokens than its largest graph, SGLang's extends) is dispatched kernel by kernel
-from the host: the profile's `eager_overhead_s` is that dispatch time (AIConfigurator's own
-per-forward term for the backend; vLLM: 0.8 ms a layer, SGLang none). Kernel launches are
+from the host: the profile's `eager_overhead_s` is that dispatch time (simulator/profiles/eager_dispatch.py:
+vLLM's 0.8 ms a layer, AIConfigurator's own term; SGLang's for its mixture-of-experts layers, from
+its measured points). Kernel launches are
 asynchronous: the host queues layer k+1 while the GPU runs layer k, so an eager forward takes
 the longer of its kernels and its dispatch, not their sum. A small forward waits for the host;
 a large prefill hides it entirely. (Adding the two made every vLLM step that carried a prefill

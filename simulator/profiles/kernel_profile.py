@@ -84,6 +84,7 @@ from simulator.costs.mixed_attention import MixedAttentionError, from_llmserving
 from simulator.costs.precision import BF16, FP8, Precision
 from simulator.costs.profile_cost import PROFILE_FORMAT, PROFILE_VERSION
 from simulator.hardware.specs import database_system_spec
+from simulator.profiles.eager_dispatch import eager_dispatch_s
 from simulator.profiles.expert_format import expert_quant_mode
 from simulator.profiles.gpu_shapes import GpuShapes, expert_load_name
 from simulator.profiles.kernel_catalog import system_spec
@@ -374,7 +375,7 @@ def build_kernel_profile(
             "prefill_attention": {"batch": PREFILL_BATCH, "new_tokens": POWERS, "prefix": PREFIX, "seconds": prefill},
             "decode_attention": {"batch": DECODE_BATCH, "context": DECODE_CONTEXT, "seconds": decode},
             # What a forward outside a CUDA graph costs beyond its kernels (simulator/costs/cuda_graphs.py).
-            "eager_overhead_s": _seconds(db.eager_forward_overhead(g.layers)),
+            "eager_overhead_s": _seconds(eager_dispatch_s(db, model, g.layers)),
         },
     }
     if mixed is not None:

@@ -9,8 +9,13 @@ from scheduler.model_config import ModelConfig
 from scheduler.sglang.config import SchedulerConfig
 from scheduler.sglang.policy import POLICIES
 from scheduler.sglang.scheduler import Scheduler
-from scheduler.sglang.server_defaults import default_chunked_prefill_size, default_kv_cache_dtype, default_mem_fraction_static
-from simulator.costs.cuda_graphs import sglang_graphs
+from scheduler.sglang.server_defaults import (
+    default_chunked_prefill_size,
+    default_cuda_graph_max_bs,
+    default_kv_cache_dtype,
+    default_mem_fraction_static,
+)
+from simulator.costs.cuda_graphs import CudaGraphPolicy, sglang_graphs
 from testbed.replay_options import ReplayOptions, device_memory_bytes, device_sm_version
 from testbed.schedulers.kind import SchedulerKind
 
@@ -35,6 +40,13 @@ def with_defaults(opts: ReplayOptions) -> ReplayOptions:
         # its default) cannot overlap: it turns the overlap schedule off (server_args.py, 0.5.9).
         opts = replace(opts, overlap=False)
     return opts
+
+
+def _graphs(opts: ReplayOptions) -> CudaGraphPolicy:
+    """SGLang's decode graphs on the replay's device: up to its default `--cuda-graph-max-bs` for the
+    device memory and TP (512 at TP 4 and more on an H100 or H200, 256 below; 512 on a B200)."""
+    memory = device_memory_bytes(opts)
+    return sglang_graphs() if memory is None else sglang_graphs(default_cuda_graph_max_bs(memory, opts.tp))
 
 
 def _model(name: str | None) -> ModelConfig | None:
@@ -94,5 +106,5 @@ SGLANG = SchedulerKind(
     new=Scheduler,
     new_prefill=SglangPrefill,
     new_decode=SglangDecode,
-    cuda_graphs=lambda opts: sglang_graphs(),
+    cuda_graphs=lambda opts: _graphs(opts),
 )
