@@ -29,9 +29,10 @@ What the recipes set that the replay takes:
   `--max-running-requests`; but see the Blackwell DeepSeek caps below), the memory share (`--gpu-memory-utilization`,
   `--mem-fraction-static`) and vLLM's `--block-size`.
 Not taken: stream intervals (how often tokens reach the client, not when they are made), SGLang's
-CUDA graph batch sizes (each recipe's equals its running cap; the simulator captures up to 256,
-and none of these points decodes more than 256 requests at once), and kernel backends (the
-kernel database prices its own).
+CUDA graph batch sizes (each recipe's is at least its running cap, and SGLang's default for the GPU
+and TP, which the simulator captures up to, holds every decode batch of these points), and kernel
+backends (the kernel database prices its own: the Hopper gpt-oss scripts' Marlin MXFP4 kernels,
+`VLLM_MXFP4_USE_MARLIN=1`, are the database's w4a16 MXFP4 rows only if it measured the same kernel).
 
 A points file's own `scheduler_recv_interval` and `kv_cache_dtype` columns win over the recipe.
 """
@@ -235,11 +236,26 @@ def _glm5_fp8_b200(p: MeasuredPoint) -> ServerRecipe:
     )
 
 
+def _gptoss_vllm(p: MeasuredPoint) -> ServerRecipe:
+    """gptoss_fp4_{h100,h200,b200} (the same settings in the docker and slurm scripts from 2025-09 and
+    the single_node ones from 2026-02): 8,192-token steps, CUDA graphs up to 2,048 tokens, 0.9 of the
+    memory; the Hopper scripts cap the running requests at the clients, the B200's at 512 with an
+    fp8 KV cache."""
+    if p.system == "b200_sxm":
+        return ServerRecipe(
+            "fp8", max_num_batched_tokens=8192, max_running_requests=512, memory_fraction=0.9, max_cudagraph_capture_size=2048
+        )
+    return ServerRecipe(
+        max_num_batched_tokens=8192, max_running_requests=p.concurrency, memory_fraction=0.9, max_cudagraph_capture_size=2048
+    )
+
+
 DEEPSEEK = ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3")  # the db-dump labels rows of the dsr1 sweeps either way
 MINIMAX = ("MiniMaxAI/MiniMax-M2.5",)
 KIMI = ("moonshotai/Kimi-K2.5",)
 GLM5 = ("zhipuai/GLM-5",)
 LLAMA_70B = ("meta-llama/Llama-3.1-70B",)
+GPT_OSS = ("openai/gpt-oss-120b",)
 BLACKWELL = ("b200_sxm", "b300_sxm")
 RECIPES = (
     RecipeVersion("vllm", LLAMA_70B, ("h100_sxm", "h200_sxm", "b200_sxm"), ("fp8", "fp4"), "70b_*_docker.sh", "2025-09-12", _llama70b_vllm),
@@ -273,6 +289,10 @@ RECIPES = (
     RecipeVersion("vllm", KIMI, ("b200_sxm",), ("fp4",), "kimik2.5_fp4_b200.sh", "2026-03-11", _kimi_vllm(fp8_kv=False)),
     RecipeVersion("vllm", KIMI, ("b200_sxm",), ("fp4",), "kimik2.5_fp4_b200.sh", "2026-04-20", _kimi_vllm(fp8_kv=True)),
     RecipeVersion("vllm", KIMI, ("b300_sxm",), ("fp4",), "kimik2.5_fp4_b300.sh", "2026-04-17", _kimi_vllm(fp8_kv=False)),
+    RecipeVersion(
+        "vllm", GPT_OSS, ("h100_sxm", "h200_sxm"), ("fp4",), "gptoss_fp4_h100/h200 (docker, slurm, single_node)", "2025-09-12", _gptoss_vllm
+    ),
+    RecipeVersion("vllm", GPT_OSS, ("b200_sxm",), ("fp4",), "gptoss_fp4_b200 (docker, single_node)", "2025-09-21", _gptoss_vllm),
 )
 
 
