@@ -30,8 +30,10 @@ from simulator.profiles.kernel_db import KernelDatabase
 # queueing; GLM-5: 312 ms on the H200, 216 on the B200; Qwen3.5-397B: 230-280 ms on the B200), while
 # at 8k-token prompts (kernels 400 ms and more) the measurement is back near the kernels: the host,
 # not the GPU, sets the time of a short prefill. Those points put it at 2.8-4.7 ms a layer (4.5 on
-# the B300's DeepSeek, 1.5 at most on its GLM-5); `testbed validate --filter backend=sglang` shows it
-# over all 581 SGLang points (docs/accuracy.md).
+# the B300's DeepSeek, 1.5 at most on its GLM-5): one value for every host, as the database has one
+# kernel time for every host. Over all 581 SGLang points (`testbed validate --filter backend=sglang`,
+# docs/benchmarks.md) it takes the TTFT median from 57.2% to 33.5% and leaves TPOT's (15.6% -> 15.7%);
+# 2 ms a layer gave 46.2%.
 SGLANG_MOE_LAYER_DISPATCH_S = 3.5e-3
 
 
