@@ -442,18 +442,6 @@ class KernelDatabase:
             x=tokens,
         )
 
-    def eager_forward_overhead(self, layers: int) -> float:
-        """Seconds a forward run outside a CUDA graph costs beyond its kernels, by the backend's own
-        model in AIConfigurator (``_prefill_dispatch_overhead_ms``: CPU-side dispatch across the
-        layers, absent from per-kernel timings; vLLM: 0.8 ms a layer, calibrated on its silicon
-        corpus; SGLang and TRT-LLM: none)."""
-        from aiconfigurator_core.sdk.backends.factory import get_backend
-
-        class _Layers:  # all the method reads of a model
-            _num_layers = layers
-
-        return get_backend(self.backend)._prefill_dispatch_overhead_ms(_Layers()) * 1e-3
-
     def describe(self) -> dict[str, str]:
         return {
             "package": "aiconfigurator-core",
