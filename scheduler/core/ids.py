@@ -9,7 +9,7 @@ also what a tensor is made from without a copy (torch.frombuffer).
 from __future__ import annotations
 
 from array import array
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -39,3 +39,27 @@ def extend_range(out: array, start: int, stop: int) -> None:
         out.extend(range(start, stop))
     elif stop > start:
         out.frombytes(np.arange(start, stop, dtype=np.int64).tobytes())
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of a and b; C-speed slice compares, not a Python loop.
+    Each compare copies its slices, so the matched run is widened fourfold a compare from a
+    short start (two prompts that share a 512-token system prompt cost about that, not their
+    length), then the first window that differs is bisected."""
+    n = min(len(a), len(b))
+    lo, step = 0, 64
+    while True:
+        hi = min(lo + step, n)
+        if a[lo:hi] != b[lo:hi]:
+            break
+        if hi == n:
+            return n
+        lo, step = hi, 4 * step
+    hi -= 1  # a[:lo] == b[:lo] and a[:hi+1] != b[:hi+1]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

@@ -14,7 +14,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
-from scheduler.core.ids import as_ids, ids
+from scheduler.core.ids import as_ids, common_prefix_len, ids
 from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 
 if TYPE_CHECKING:
@@ -29,30 +29,6 @@ class TreeNode:
     children: dict = field(default_factory=dict)
     lock_ref: int = 0
     last_access: float = 0.0  # a logical clock (SGLang's stamps), so eviction order is deterministic
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the common prefix of a and b; C-speed slice compares, not a Python loop.
-    Each compare copies its slices, so the matched run is widened fourfold a compare from a
-    short start (two prompts that share a 512-token system prompt cost about that, not their
-    length), then the first window that differs is bisected."""
-    n = min(len(a), len(b))
-    lo, step = 0, 64
-    while True:
-        hi = min(lo + step, n)
-        if a[lo:hi] != b[lo:hi]:
-            break
-        if hi == n:
-            return n
-        lo, step = hi, 4 * step
-    hi -= 1  # a[:lo] == b[:lo] and a[:hi+1] != b[:hi+1]
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def finished_kv_len(req: Req) -> int:

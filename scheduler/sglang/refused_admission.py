@@ -42,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from scheduler.memory.radix_cache import common_prefix_len
+from scheduler.core.ids import common_prefix_len
 from scheduler.sglang.prefill_adder import CLIP_MAX_NEW_TOKENS
 from scheduler.sglang.token_ratio import NewTokenRatioDecay
 

@@ -28,11 +28,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from scheduler.core.ids import common_prefix_len
 from scheduler.core.req import Req
 from scheduler.core.sampling import SamplingParams
 from scheduler.memory.chunk_cache import ChunkCache
 from scheduler.memory.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
-from scheduler.memory.radix_cache import RadixCache, common_prefix_len
+from scheduler.memory.radix_cache import RadixCache
 
 # ---------------------------------------------------------------------------
 # helpers
