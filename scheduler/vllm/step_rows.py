@@ -74,10 +74,9 @@ class StepRows:
 
     def remove(self, req: Req) -> int | None:
         """Drop req's row (preempted after it was scheduled); its token count, None if it has none."""
-        try:
-            i = self.reqs.index(req)
-        except ValueError:
+        if req not in self.reqs:  # checked first: list.index's ValueError would format req's whole repr
             return None
+        i = self.reqs.index(req)
         before, num_new = self.prefix_lens[i], self.extend_lens[i]
         if self._decodes(req, before, num_new):
             self.num_decoding -= self.sample[i]
