@@ -117,6 +117,23 @@ class ExpertLoad:
         return float(assignments[rows, busiest].mean()), float(touched[rows, busiest].mean())
 
 
+def distinct_experts(tokens: float, num_experts: int, top_k: int) -> float:
+    """Expected experts `tokens` tokens touch when each picks its k distinct experts uniformly at
+    random (the balanced load): E (1 - (1 - k / E)^N)."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
+def spread_row_tokens(tokens: int, num_experts: int, top_k: int) -> float:
+    """The token count whose row of AIConfigurator's `balanced` MoE table touches as many experts as
+    `tokens` randomly routed tokens do. That table's routing (its collector's ``balanced_logits``)
+    spreads the tokens perfectly: token i takes experts i + j ceil(E / k) (mod E), j < k, so N tokens
+    touch min(N k, E) distinct experts, where random routing touches distinct_experts(N) of them
+    (gpt-oss, E 128, k 4: 32 tokens touch all 128 there, 82 here). In a decode-sized forward the
+    kernel's time is that of reading the touched experts' weights (the table grows by one expert's
+    weights a token until N k = E, then stays flat to N = 4 E / k)."""
+    return distinct_experts(tokens, num_experts, top_k) / top_k
+
+
 def remote_ranks_per_token(num_experts: int, top_k: int, ep: int) -> float:
     """Expected number of other EP ranks one token's k distinct experts are on: each of the ep - 1
     others holds none of them with probability C(E - E/ep, k) / C(E, k)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from scheduler.model_config import ModelConfig
+from simulator.costs.expert_load import spread_row_tokens
 from simulator.costs.precision import BF16, FP8
 from simulator.profiles.kernel_db import KernelDatabase, KernelDataMissing
 from simulator.profiles.linear_attention import LinearAttention
@@ -16,7 +17,9 @@ from simulator.profiles.mla_module import MlaModule
 from simulator.profiles.sliding_window import SlidingWindow
 from simulator.profiles.sparse_attention import SparseAttention
 
-# The token load the experts are priced under: the database's balanced rows by default; with
+# The token load the experts are priced under: by default balanced (each token's experts drawn
+# uniformly at random, as the roofline's expert_load.py has it), priced from the database's balanced
+# rows, whose routing spreads the tokens over as many experts as it can (experts_kernel); with
 # --expert-imbalance ALPHA its power_law_ALPHA rows (it measures 1.01 and 1.2: the power-law skew of
 # AIConfigurator's SDK, whose fused-MoE kernel then waits for its most loaded experts).
 BALANCED = "balanced"
@@ -220,13 +223,29 @@ class GpuShapes:
         return t
 
     def experts_kernel(self, db: KernelDatabase, n: int, moe_tp: int | None = None) -> float:
-        """The fused-MoE kernel over n tokens, the experts split over moe_tp GPUs (default: this layout's)."""
+        """The fused-MoE kernel over n tokens, the experts split over moe_tp GPUs (default: this layout's).
+
+        Balanced load: the database's balanced rows spread n tokens over min(n k, E) experts, random
+        routing touches fewer (expert_load.spread_row_tokens), and the weights of those it leaves are
+        not read. So the row at n is taken less what the rows spend reading them: the row where the
+        spread touches every expert (n = E / k, or n itself below it) less the row that touches as
+        many as random routing does. Below E / k that is the latter row; far above it the two meet."""
         moe_tp = moe_tp or self.moe_tp
         if self.moe_split_extrapolated and moe_tp == self.moe_tp:
             half, quarter = self.experts_kernel(db, n, moe_tp // 2), self.experts_kernel(db, n, moe_tp // 4)
             return half * half / quarter
-        q = self.moe_quant
-        return db.moe(n, self.hidden, self.expert_intermediate, self.topk, self.experts, moe_tp, self.moe_ep, q, self.expert_load)
+
+        def row(tokens: int) -> float:
+            q = self.moe_quant
+            return db.moe(tokens, self.hidden, self.expert_intermediate, self.topk, self.experts, moe_tp, self.moe_ep, q, self.expert_load)
+
+        t = row(n)
+        if self.expert_load == BALANCED and n > 1:
+            spread = min(n, -(-self.experts // self.topk))
+            random = max(1, round(spread_row_tokens(n, self.experts, self.topk)))
+            if random < spread:
+                t -= row(spread) - row(random)
+        return t
 
     @property
     def moe_quant(self) -> str:

@@ -374,7 +374,7 @@ def test_sliding_window_layers_and_mxfp4_experts_are_priced_from_the_databases_o
     model = load_model_config("gpt-oss-120b")
     db = KernelDatabase.open("h200_sxm", "vllm", p["database"]["backend_version"])
     experts = dict(zip(p["kernels"]["tokens"], p["kernels"]["per_layer"]["experts"]))
-    for n in (1, 64, 4096):
+    for n in (1, 4096):  # (in between, randomly routed tokens touch fewer experts: test_expert_spread.py)
         assert experts[n] == pytest.approx(db.moe(n, 2880, 2880, 4, 128, 1, 1, "w4a16_mxfp4"), rel=1e-4)
     all_experts = model.num_experts * model.expert_matmul_params() * BYTES[MXFP4]
     assert experts[4096] > all_experts / p["hardware_spec"]["mem_bandwidth"]
@@ -460,9 +460,8 @@ def test_attention_data_parallelism_prices_the_busiest_rank_and_the_experts_over
         plan = uniform_plan(mode, batch, seq, 0) if mode is ForwardMode.EXTEND else uniform_plan(mode, batch, 1, seq - 1)
         assert cost_model.forward_time(plan) == pytest.approx(direct_forward(g, db, mode, batch, seq), rel=0.01)
     # Two ranks of 4 decodes each cost less than one GPU holding all 8 (its attention and dense part
-    # over twice the requests), but more than the same 4 on one GPU alone (the experts take all 8 tokens).
+    # over twice the requests, every expert whole on it).
     one_gpu = replace(GpuShapes.of(model, 1, 1, 1), gemm_quant="fp8_block").with_experts_priced(db)
-    assert direct_forward(one_gpu, db, ForwardMode.DECODE, 4, 2048) < decode(cost_model, 8, 2048)
     assert decode(cost_model, 8, 2048) < direct_forward(one_gpu, db, ForwardMode.DECODE, 8, 2048)
     cost_model.check_model(model, 1, 1, 2)
     with pytest.raises(ProfileError, match="built for qwen3-235b-a22b at TP 1, DP 2, not qwen3-235b-a22b at TP 1$"):
