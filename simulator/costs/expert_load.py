@@ -63,7 +63,7 @@ def apportion(shares: np.ndarray, total: int) -> np.ndarray:
 class ExpertLoad:
     """The busiest EP rank's load of a forward of N tokens: balanced, or AIConfigurator's power law."""
 
-    __slots__ = ("num_experts", "top_k", "ep", "alpha", "rank_time", "_per_rank", "_miss", "_cache")
+    __slots__ = ("num_experts", "top_k", "ep", "alpha", "rank_time", "_per_rank", "_cache")
 
     def __init__(
         self, num_experts: int, top_k: int, ep: int = 1, alpha: float | None = None, rank_time: tuple[float, float, float] | None = None
@@ -77,13 +77,12 @@ class ExpertLoad:
             raise ValueError(f"expert imbalance alpha must be a positive number, got {alpha!r}")
         self.num_experts, self.top_k, self.ep, self.alpha, self.rank_time = num_experts, top_k, ep, alpha, rank_time
         self._per_rank = num_experts // ep
-        self._miss = 1.0 - top_k / num_experts  # one token passes a given expert by
         self._cache: dict[int, tuple[float, float]] = {}
 
     def busiest_rank(self, tokens: int) -> tuple[float, float]:
         """(expert-token assignments the busiest EP rank computes, experts it touches) for `tokens` tokens."""
         if self.alpha is None:
-            return tokens * self.top_k / self.ep, self._per_rank * (1.0 - self._miss**tokens)
+            return tokens * self.top_k / self.ep, distinct_experts(tokens, self.num_experts, self.top_k) / self.ep
         load = self._cache.get(tokens)
         if load is None:
             load = self._cache[tokens] = self._power_law(tokens)
