@@ -244,7 +244,8 @@ class GpuShapes:
             spread = min(n, -(-self.experts // self.topk))
             random = max(1, round(spread_row_tokens(n, self.experts, self.topk)))
             if random < spread:
-                t -= row(spread) - row(random)
+                # (a table that is not monotone takes nothing off, and never below the row of as many experts)
+                t = max(row(random), t - max(0.0, row(spread) - row(random)))
         return t
 
     @property
