@@ -72,8 +72,7 @@ def _start_worker(work: str, out_of_phase: bool, harness: str, with_estimate: bo
 
     ignore_stop_signals()  # Ctrl-C is the parent's to handle: it cancels the pool
     folder = Path(work) / f"worker-{os.getpid()}"  # in the parent's folder, which it removes however it ends
-    simulator = PointSimulator(folder, out_of_phase=out_of_phase, harness=harness, profiles=Path(work) / "profiles")
-    _worker = (simulator, _estimator() if with_estimate else None)
+    _worker = (PointSimulator(folder, out_of_phase=out_of_phase, harness=harness), _estimator() if with_estimate else None)
 
 
 def _work_chunk(points) -> list[PointResult]:

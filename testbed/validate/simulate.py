@@ -22,7 +22,6 @@ simulated 1.8x too slow in TTFT (median) as synchronized waves, 13% too fast wit
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass, replace
@@ -53,17 +52,12 @@ class SimulatedPoint:
 class PointSimulator:
     """Simulates points one after another, keeping one kernel profile per kind of point."""
 
-    def __init__(self, work: Path | None = None, out_of_phase: bool = False, harness: str = "auto", profiles: Path | None = None) -> None:
+    def __init__(self, work: Path | None = None, out_of_phase: bool = False, harness: str = "auto") -> None:
         self.out_of_phase = out_of_phase  # True: a fixed-length harness's warm-up wave spreads the clients out of phase
         self.harness = harness  # auto: each point's own (harness.harness_of)
         self._tmp = tempfile.TemporaryDirectory(prefix="testbed-validate-") if work is None else None
         self.work = Path(self._tmp.name) if self._tmp else Path(work)
         self.work.mkdir(parents=True, exist_ok=True)
-        # Where the kernel profiles are written: validate's workers share one folder, so a profile one
-        # of them built is read, not built again, by the others (building one queries the database
-        # thousands of times: a second or so).
-        self.profiles = self.work if profiles is None else profiles
-        self.profiles.mkdir(parents=True, exist_ok=True)
         self._profiles: dict[tuple, tuple[str, str] | PointSkipped] = {}
         self._cost_models: dict[str, object] = {}  # profile path -> its KernelProfileCostModel
         self._by_load: dict[tuple, SimulatedPoint | PointSkipped] = {}  # (MeasuredPoint.load, harness, recipe, prefix cache) -> its result
@@ -81,11 +75,6 @@ class PointSimulator:
         version = kernel_catalog.nearest_version(versions, p.backend_version)
         kv, layout = self.kv_cache_dtype(p), self.layout(p)
         key = (p.system, p.backend, version, p.model, layout, p.quantization, kv)
-        name = f"tp{layout.tp}-dp{layout.dp}-ep{layout.ep}-{p.quantization or 'unquantized'}-kv{kv}"
-        path = self.profiles / f"{p.system}-{p.backend}-{version}-{p.model}-{name}.json"
-        if key not in self._profiles and path.exists():  # built by another worker
-            profile = json.loads(path.read_text())
-            self._profiles[key] = (str(path), f"{p.system} {p.backend} {profile['database']['backend_version']}")
         if key not in self._profiles:
             if not versions:
                 self._profiles[key] = PointSkipped(f"AIConfigurator has no {p.backend} kernels of {p.system}")
@@ -106,10 +95,9 @@ class PointSimulator:
                 except (kernel_catalog.KernelDatabaseError, ValueError) as e:
                     self._profiles[key] = PointSkipped(f"no kernel profile: {e}")
                 else:
-                    # Written whole under another name first: a worker never reads half a profile.
-                    partial = path.with_name(f".{path.name}.{os.getpid()}")
-                    partial.write_text(json.dumps(profile) + "\n")
-                    os.replace(partial, path)
+                    name = f"tp{layout.tp}-dp{layout.dp}-ep{layout.ep}-{p.precision}-kv{kv}"
+                    path = self.work / f"{len(self._profiles)}-{p.system}-{p.backend}-{p.model}-{name}.json"
+                    path.write_text(json.dumps(profile) + "\n")
                     used = profile["database"]["backend_version"]
                     self._profiles[key] = (str(path), f"{p.system} {p.backend} {used}")
         found = self._profiles[key]

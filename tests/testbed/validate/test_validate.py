@@ -374,26 +374,3 @@ def test_ctrl_c_stops_the_workers_and_says_so():
     time.sleep(0.5)
     assert not [c for c in children if Path(f"/proc/{c}").exists()], "a worker outlived the command"
     assert not list(Path(tmp).iterdir()), "the points' folders were left behind"
-
-
-def test_workers_read_the_kernel_profile_one_of_them_built(small_file, tmp_path, monkeypatch):
-    """validate's workers share one profiles folder: a profile one built is read by the others,
-    not built again (each build queries the database thousands of times)."""
-    p = next(p for p in load_points(small_file) if p.skip_reason() is None)
-    shared = tmp_path / "profiles"
-    first = PointSimulator(tmp_path / "worker-1", profiles=shared)
-    built = first.profile(p)
-    assert Path(built[0]).parent == shared
-
-    import simulator.profiles.kernel_profile as kernel_profile
-
-    def no_build(*args, **kwargs):
-        raise AssertionError("the second worker built the profile again")
-
-    monkeypatch.setattr(kernel_profile, "build_kernel_profile", no_build)
-    second = PointSimulator(tmp_path / "worker-2", profiles=shared)
-    assert second.profile(p) == built
-    # Another model's profile is not taken for this one's: it is built (here: refused).
-    other = next(q for q in load_points(small_file) if q.skip_reason() is None and q.model != p.model)
-    with pytest.raises(AssertionError, match="built the profile again"):
-        second.profile(other)
