@@ -94,6 +94,10 @@ class ModelConfig(ModelParams):
     attention_bias: bool = False
     # RMSNorm on each head of q and k before RoPE (Qwen3).
     qk_norm: bool = False
+    # The q and k RMSNorm spans all of a layer's heads (MiniMax-M2's qk_norm_type "per_layer"), not each
+    # head: under TP each GPU holds some heads, so the engines all-reduce the variances across TP
+    # (vLLM's MiniMaxText01RMSNormTP.forward_qk), one small all-reduce a layer.
+    qk_norm_over_heads: bool = False
     # Sliding-window attention if the config enables it, else None (no dense model we ship uses it).
     sliding_window: int | None = None
     # --- Mixture of experts (0 and empty for a dense model) ---
@@ -236,6 +240,9 @@ class ModelConfig(ModelParams):
             # MiniMax-M2's use_qk_norm normalizes all of a layer's q (and k) heads together, Qwen3's each head.
             qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM")
             or (arch == "MiniMaxM2ForCausalLM" and bool(cfg.get("use_qk_norm"))),
+            qk_norm_over_heads=arch == "MiniMaxM2ForCausalLM"
+            and bool(cfg.get("use_qk_norm"))
+            and cfg.get("qk_norm_type", "per_layer") == "per_layer",
             sliding_window=int(sliding) if sliding else None,
             **moe,
             **mla,

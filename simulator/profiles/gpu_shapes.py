@@ -23,6 +23,9 @@ from simulator.profiles.sparse_attention import SparseAttention
 # --expert-imbalance ALPHA its power_law_ALPHA rows (it measures 1.01 and 1.2: the power-law skew of
 # AIConfigurator's SDK, whose fused-MoE kernel then waits for its most loaded experts).
 BALANCED = "balanced"
+# The all-reduce of a layer's q and k norm variances (qk_norm_over_heads): two fp32 a token, the bytes
+# of four bf16 elements, the database's all-reduce rows being of bf16 messages.
+QK_NORM_VARIANCES = 4
 
 
 def expert_load_name(imbalance: float | None) -> str:
@@ -43,6 +46,9 @@ class GpuShapes:
     vocab: int
     tp: int
     qk_norm: bool
+    # q and k normalized over all heads (ModelConfig.qk_norm_over_heads): one all-reduce of the
+    # variances a layer across TP.
+    qk_norm_over_heads: bool = False
     # The database's tables that price each kernel (GEMMQuantMode, KVCacheQuantMode, FMHAQuantMode names).
     gemm_quant: str = BF16  # the four layer GEMMs (the LM head is always bf16)
     prefill_kv: str = BF16
@@ -132,6 +138,7 @@ class GpuShapes:
             -(-model.vocab_size // tp),
             tp,
             model.qk_norm,
+            qk_norm_over_heads=model.qk_norm_over_heads,
             sliding=SlidingWindow.of(model),
             linear_attention=LinearAttention.of(model, tp),
             output_gate=model.attn_output_gate,
@@ -178,6 +185,8 @@ class GpuShapes:
             "norms": 2 * db.elementwise(n, 2 * h, 2 * h),
             "all_reduce": (1.0 + after_mlp) * db.all_reduce(n, h, self.tp),
         }
+        if self.qk_norm_over_heads and self.tp > 1:
+            kernels["qk_norm_all_reduce"] = db.all_reduce(n, QK_NORM_VARIANCES, self.tp)
         dense = 1.0 - self.moe_share  # the layers with a dense MLP
         if dense > 0:
             kernels["gate_up_proj"] = dense * self.linear(db, n, 2 * self.intermediate, h)

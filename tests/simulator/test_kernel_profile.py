@@ -722,3 +722,21 @@ def test_qwen3_5s_linear_attention_layers_are_priced_from_the_databases_gated_de
     config = cap_running_requests(SchedulerConfig(kv_tokens=tokens, context_len=model.context_len), model, kv_bytes, tp=8)
     states = int(tokens * kv_bytes * STATE_TO_KV_MEMORY // model.state_bytes_per_request(8))
     assert config.max_running_requests == states // 3 and config.effective_max_running_requests == states // 3
+
+
+def test_minimaxs_q_and_k_norm_over_all_heads_all_reduces_its_variances_across_tp():
+    """MiniMax-M2's q and k RMSNorm spans all of a layer's heads; under TP each GPU holds some of them,
+    so vLLM all-reduces the two variances a token (MiniMaxText01RMSNormTP.forward_qk): one small
+    all-reduce a layer, priced from the database's all-reduce rows. Qwen3's per-head norm needs none,
+    nor does one GPU."""
+    from simulator.profiles.gpu_shapes import GpuShapes
+    from simulator.profiles.kernel_db import KernelDatabase
+
+    db = KernelDatabase.open("h200_sxm", "vllm")
+    minimax = load_model_config("minimax-m2.5")
+    for n in (4, 1024):
+        tp4 = replace(GpuShapes.of(minimax, 4), gemm_quant="fp8_block").layer_kernels(db, n)
+        assert tp4["qk_norm_all_reduce"] == db.all_reduce(n, 4, 4) > 0
+        assert tp4["qk_norm_all_reduce"] < tp4["all_reduce"]  # two floats a token against the hidden state, twice
+    assert "qk_norm_all_reduce" not in replace(GpuShapes.of(minimax, 1), gemm_quant="fp8_block").layer_kernels(db, 4)
+    assert "qk_norm_all_reduce" not in GpuShapes.of(load_model_config("qwen3-32b"), 4).layer_kernels(db, 4)
