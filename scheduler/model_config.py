@@ -92,7 +92,7 @@ class ModelConfig(ModelParams):
     # q/k/v projections carry a bias (always for Qwen2; the config's flag otherwise,
     # which in HF Llama/Mistral/Qwen3 also puts a bias on o_proj).
     attention_bias: bool = False
-    # RMSNorm on each head of q and k before RoPE (Qwen3).
+    # RMSNorm of q and k before RoPE: on each head (Qwen3), or over all heads (MiniMax-M2, below).
     qk_norm: bool = False
     # The q and k RMSNorm spans all of a layer's heads (MiniMax-M2's qk_norm_type "per_layer"), not each
     # head: under TP each GPU holds some heads, so the engines all-reduce the variances across TP
