@@ -10,7 +10,8 @@
 #   4. the simulator with that profile against the real engine on traces it was not made from
 #      (benchmarks/fidelity.py);
 #   5. `testbed serve` on this GPU and `replay --mode server` against it, beside `--mode real` on the
-#      same trace (tests/testbed/live/; needs aiohttp, from .whl/ where the machine has none).
+#      same trace (tests/testbed/live/; needs aiohttp, from .whl/ where the machine has none);
+#   6. a mixture-of-experts model (qwen3-30b-a3b, MOE_MODEL) replayed on the real engine.
 #
 #     bash benchmarks/gpu_check.sh            # results in $OUT (default runs/gpu-check)
 #     DEVICE=cpu MODEL=tiny-llama HARDWARE=cpu bash benchmarks/gpu_check.sh    # a dry run of the script here
@@ -36,6 +37,7 @@ PY=${PY:-python3}
 DEVICE=${DEVICE:-cuda}
 LOGS=$(mktemp -d)
 MODEL=${MODEL:-llama-3.1-8b}
+MOE_MODEL=${MOE_MODEL:-qwen3-30b-a3b}
 # The bundled spec and AIConfigurator profile of the GPU this runs on (an H200 or else an H100's).
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 case "$GPU_NAME" in
@@ -72,8 +74,6 @@ step calibrate 180 $PY -m testbed calibrate --model "$MODEL" --hardware "$HARDWA
 if [ -f "$OUT/calibrated-$MODEL.json" ]; then
   TAIL=4 step profile-compare 60 $PY benchmarks/gpu_profile_compare.py "$OUT/calibrated-$MODEL.json" "$KERNELS" --json "$OUT/profile-compare.json"
 fi
-step throughput 120 $PY benchmarks/engine_throughput.py -n "${THROUGHPUT_REQUESTS:-64}" --hi "${THROUGHPUT_HI:-512}" \
-  --model "$MODEL" --device "$DEVICE" --order on,off,on,off
 TAIL=40 step overlap-probe 150 $PY benchmarks/cuda_overlap_probe.py --model "$MODEL"
 TAIL=6 step real-cli 150 $PY -m pytest -q -p no:cacheprovider tests/engine/test_engine_replay.py
 if [ -f "$OUT/calibrated-$MODEL.json" ]; then
@@ -84,6 +84,12 @@ if [ -f "$OUT/calibrated-$MODEL.json" ]; then
   rm -rf "$OUT/fidelity"  # its run folders: too many files to bring back; fidelity.json has the figures
 fi
 TAIL=6 step serve 150 $PY -m pytest -q -p no:cacheprovider -rA tests/testbed/live/test_serve.py
+step throughput 120 $PY benchmarks/engine_throughput.py -n "${THROUGHPUT_REQUESTS:-64}" --hi "${THROUGHPUT_HI:-512}" \
+  --model "$MODEL" --device "$DEVICE" --order on,off,on,off
+# A mixture-of-experts model on the real engine: routing, grouped experts in eager extends and
+# decodes (no graphs: the graph-safe path runs every expert for every token), bf16, dummy weights.
+step moe-real 150 bash -c "$PY -m testbed trace gen --out $LOGS/moe-trace.json -n 16 --rate 4 --input-len uniform:64,1024 --output-len 32 \
+  && $PY -m testbed replay $LOGS/moe-trace.json --mode real --model $MOE_MODEL --device $DEVICE --disable-cuda-graph --out $LOGS/moe-run"
 
 echo "=== summary"
 printf '%s\n' "${RESULTS[@]}" | tee -a "$OUT/gpu_check.log"

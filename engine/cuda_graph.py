@@ -31,7 +31,7 @@ from engine.attention import TorchAttention
 from engine.forward_batch import ForwardBatch
 from engine.kv_cache import KVCache
 from engine.llama import LlamaForCausalLM
-from scheduler.core.forward_plan import ForwardMode, ForwardPlan
+from scheduler.core.forward_plan import ForwardMode, ForwardPlan, synthetic_plan
 from scheduler.sglang.server_defaults import default_cuda_graph_max_bs
 
 # SGLang captures batch sizes 1, 2, 4, 8 and then steps of 8 (16 up to 256 on large GPUs);
@@ -53,7 +53,8 @@ class _Graph:
 
 
 class DecodeGraphs:
-    """Captures a graph per (padded batch, padded context) on first use, replays it after.
+    """A graph per (padded batch, padded context), captured by capture_all before the first
+    request (or else on first use), replayed after.
 
     With capture=False (a CPU, which has no graphs) every step runs the same padded forward
     eagerly: how the tests check the padding on a machine without a GPU."""
@@ -79,7 +80,28 @@ class DecodeGraphs:
         self.seq_lens = torch.ones(largest, dtype=torch.int64, device=device)
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
+        # One stream for every capture's warm-up run: the caching allocator keeps a stream's
+        # freed blocks for that stream, so a new stream per capture kept each one's memory.
+        self.warm_up_stream = torch.cuda.Stream(device) if capture else None
+        self.too_large: set[tuple[int, int]] = set()  # their warm-up ran out of memory: eager
         self.replays = 0
+
+    def shapes(self) -> list[tuple[int, int]]:
+        """Every (batch, context) that shape_for can return, largest first."""
+        pairs = [(b, c) for b in self.batch_sizes for c in self.contexts if b * c <= MAX_PADDED_KEYS]
+        return sorted(pairs, key=lambda shape: shape[0] * shape[1], reverse=True)
+
+    def capture_all(self) -> None:
+        """Capture every graph before the first request, as SGLang's CudaGraphRunner does at
+        start. Captured on first use, each new shape stalled the step that met it by a warm-up
+        forward and a capture. Largest first: the smaller graphs then reuse its pool's blocks."""
+        if not self.capture:
+            return
+        plan = synthetic_plan(ForwardMode.DECODE, [1], [1], with_rows=False)
+        with torch.inference_mode():  # as forwards run: no autograd graph holding each layer's tensors
+            for shape in self.shapes():
+                if shape not in self.graphs and shape not in self.too_large:
+                    self._capture(shape, plan)
 
     def shape_for(self, plan: ForwardPlan) -> tuple[int, int] | None:
         """The (batch, context) graph that runs plan, or None where it runs eagerly."""
@@ -87,7 +109,7 @@ class DecodeGraphs:
             return None
         batch = next((b for b in self.batch_sizes if b >= plan.batch_size), None)
         context = next((c for c in self.contexts if c >= plan.max_seq_len), None)
-        if batch is None or context is None or batch * context > MAX_PADDED_KEYS:
+        if batch is None or context is None or batch * context > MAX_PADDED_KEYS or (batch, context) in self.too_large:
             return None
         return batch, context
 
@@ -110,6 +132,8 @@ class DecodeGraphs:
         if not self.capture:
             return self._body(shape, batch.plan)()[:n]
         graph = self.graphs.get(shape) or self._capture(shape, batch.plan)
+        if graph is None:
+            return self._body(shape, batch.plan)()[:n]
         graph.graph.replay()
         return graph.hidden[:n]
 
@@ -135,16 +159,25 @@ class DecodeGraphs:
 
         return body
 
-    def _capture(self, shape: tuple[int, int], plan: ForwardPlan) -> _Graph:
+    def _capture(self, shape: tuple[int, int], plan: ForwardPlan) -> _Graph | None:
+        """The graph of shape, or None (and shape runs eagerly from now on) where its warm-up
+        run finds too little GPU memory beside the KV pool and the graphs already captured."""
         body = self._body(shape, plan)
         # A warm-up run on a side stream first, as torch's graph docs ask: it loads the kernels
         # and lets the allocator settle before capture. It rewrites the batch's own K/V slots
         # with the same values.
-        stream = torch.cuda.Stream(self.cache.device)
-        stream.wait_stream(torch.cuda.current_stream(self.cache.device))
-        with torch.cuda.stream(stream):
-            body()
-        torch.cuda.current_stream(self.cache.device).wait_stream(stream)
+        device, stream = self.cache.device, self.warm_up_stream
+        stream.wait_stream(torch.cuda.current_stream(device))
+        try:
+            with torch.cuda.stream(stream):
+                body()
+        except torch.OutOfMemoryError:
+            self.too_large.add(shape)
+            return None
+        finally:
+            torch.cuda.current_stream(device).wait_stream(stream)
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()  # the warm-up's blocks back, for the graph's pool to take
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             hidden = body()

@@ -141,9 +141,10 @@ class ModelRunner:
                 self.graphs = DecodeGraphs(self.model, self.attn, self.cache, max_batch=max(1, num_req_rows - 2))
 
     def warm_up(self) -> None:
-        """One small prefill and one decode before the first request, as SGLang and vLLM run
-        before they serve: CUDA's first forward pays for its library handles and kernel loads
-        (hundreds of ms), which no request of a served trace waits for. It writes KV slots that
+        """One small prefill and one decode before the first request, and every decode graph
+        captured, as SGLang and vLLM do before they serve: CUDA's first forward pays for its
+        library handles and kernel loads (hundreds of ms), which no request of a served trace
+        waits for. It writes KV slots that
         the run's requests overwrite before reading them; the cache holds nothing else yet."""
         if self.device.type != "cuda" or self.cache is None:
             return
@@ -152,6 +153,8 @@ class ModelRunner:
             return
         self.forward(synthetic_plan(ForwardMode.EXTEND, [0], [tokens], with_rows=True))
         self.forward(synthetic_plan(ForwardMode.DECODE, [tokens], [1], with_rows=False))
+        if self.graphs is not None:
+            self.graphs.capture_all()
         self.num_forwards = 0  # sampling seeds count the run's own forwards
         torch.cuda.synchronize(self.device)
 

@@ -8,6 +8,7 @@ simulation starts fast on any machine; the simulator's modules are imported with
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -121,12 +122,16 @@ def build_real(opts, model: ModelConfig, make_config: Callable[[int], SchedulerC
     except (ValueError, WeightLoadError, UnsupportedRopeError) as e:
         raise ConfigError(str(e)) from None
     runner.init_cache(kv_tokens, config.effective_max_running_requests + 2)
+    warm_up_started = time.perf_counter()
     runner.warm_up()
     meta = {
         "hardware": str(choice.device) if choice.device.type == "cpu" else _gpu_name(choice.device),
         "device": choice.reason,
         "attention_backend": choice.attention_backend,
         "cuda_graph": runner.graphs is not None,
+        # Graphs captured before the first request, and the warm-up's seconds (they hold it).
+        **({"cuda_graphs": len(runner.graphs.graphs)} if runner.graphs is not None else {}),
+        "warm_up_s": round(time.perf_counter() - warm_up_started, 2),
         "dtype": str(choice.dtype).removeprefix("torch."),
         "load_format": load_format,
         **({"cpu_threads": _torch_threads()} if choice.device.type == "cpu" else {}),
@@ -154,7 +159,9 @@ def _free_earlier_engines() -> None:
 
 def describe_engine(meta: dict) -> str:
     """The line a real run or a calibration prints first: which device, dtype, backend, weights (from Backend.meta)."""
-    graphs = "; decode batches replay CUDA graphs" if meta.get("cuda_graph") else ""
+    graphs = ""
+    if meta.get("cuda_graph"):
+        graphs = f"; decode batches replay CUDA graphs ({meta.get('cuda_graphs', 0)} captured, {meta.get('warm_up_s', 0):.1f} s)"
     return f"real engine: {meta['device']}; {meta['load_format']} weights{graphs}"
 
 

@@ -74,3 +74,26 @@ def test_what_runs_eagerly(model, monkeypatch):
     assert graphs.shape_for(synthetic_plan(ForwardMode.DECODE, [400] * 16, [1] * 16, with_rows=False)) is None
     assert config.max_running_requests == 16
     runner.graphs = None
+
+
+def test_the_graphs_captured_before_a_run_cover_every_decode_it_can_meet(model, monkeypatch):
+    _, runner = model
+    padded_runner(runner, max_running_requests=16)
+    graphs = runner.graphs
+    row_len = runner.cache.req_to_token.shape[1]
+
+    def met(bound: int) -> set:
+        monkeypatch.setattr(cuda_graph, "MAX_PADDED_KEYS", bound)
+        plans = (
+            synthetic_plan(ForwardMode.DECODE, [longest - 1] + [0] * (batch - 1), [1] * batch, with_rows=False)
+            for batch in range(1, 17)
+            for longest in (1, 255, 256, 257, 511, row_len)
+        )
+        return {graphs.shape_for(plan) for plan in plans} - {None}
+
+    # Every shape a decode can meet is captured at the start (capture_all), none on the way.
+    assert met(1 << 19) == set(graphs.shapes()) == {(b, c) for b in (1, 2, 4, 8, 16) for c in (256, 512)}
+    assert graphs.shapes()[0] == (16, 512)
+    # Under a smaller bound of padded keys, the shapes past it run eagerly and are not captured.
+    assert met(16 * 256) == set(graphs.shapes()) and (16, 512) not in graphs.shapes()
+    runner.graphs = None
