@@ -740,3 +740,16 @@ def test_minimaxs_q_and_k_norm_over_all_heads_all_reduces_its_variances_across_t
         assert tp4["qk_norm_all_reduce"] < tp4["all_reduce"]  # two floats a token against the hidden state, twice
     assert "qk_norm_all_reduce" not in replace(GpuShapes.of(minimax, 1), gemm_quant="fp8_block").layer_kernels(db, 4)
     assert "qk_norm_all_reduce" not in GpuShapes.of(load_model_config("qwen3-32b"), 4).layer_kernels(db, 4)
+
+
+def test_an_all_reduce_smaller_than_the_databases_smallest_row_costs_that_row():
+    """A tiny all-reduce is latency-bound: a token's 4 elements cost what the database's smallest
+    measured message (128 elements) costs, and about what a token's whole hidden state does,
+    not the database's interpolation towards zero below its first row."""
+    from simulator.profiles.kernel_db import KernelDatabase
+
+    db = KernelDatabase.open("h200_sxm", "vllm")
+    smallest_row = db.all_reduce(32, 4, 8)  # 128 elements
+    assert db.all_reduce(1, 4, 8) == db.all_reduce(4, 4, 8) == smallest_row
+    assert db.all_reduce(1, 4, 8) > 0.5 * db.all_reduce(1, 3072, 8)
+    assert db.all_reduce(1024, 4, 8) > smallest_row  # larger messages keep their own rows
