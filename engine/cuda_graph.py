@@ -93,8 +93,8 @@ class DecodeGraphs:
 
     def capture_all(self) -> None:
         """Capture every graph before the first request, as SGLang's CudaGraphRunner does at
-        start. Captured on first use, each new shape stalled the step that met it by a warm-up
-        forward and a capture. Largest first: the smaller graphs then reuse its pool's blocks."""
+        start: a capture on first use stalls the step that meets the shape by a warm-up forward
+        and a capture (tens of ms). Largest first: the smaller graphs then reuse its pool's blocks."""
         if not self.capture:
             return
         plan = synthetic_plan(ForwardMode.DECODE, [1], [1], with_rows=False)

@@ -144,8 +144,8 @@ class ModelRunner:
         """One small prefill and one decode before the first request, and every decode graph
         captured, as SGLang and vLLM do before they serve: CUDA's first forward pays for its
         library handles and kernel loads (hundreds of ms), which no request of a served trace
-        waits for. It writes KV slots that
-        the run's requests overwrite before reading them; the cache holds nothing else yet."""
+        waits for. It writes KV slots that the run's requests overwrite before reading them;
+        the cache holds nothing else yet."""
         if self.device.type != "cuda" or self.cache is None:
             return
         tokens = min(16, self.cache.num_slots - 1, self.cache.req_to_token.shape[1] - 1)
