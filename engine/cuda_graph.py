@@ -129,10 +129,8 @@ class DecodeGraphs:
             self.req_pool_indices[n:padded].zero_()
             self.seq_lens[n:padded].fill_(1)
         self.replays += 1
-        if not self.capture:
-            return self._body(shape, batch.plan)()[:n]
-        graph = self.graphs.get(shape) or self._capture(shape, batch.plan)
-        if graph is None:
+        graph = self.graphs.get(shape) or (self._capture(shape, batch.plan) if self.capture else None)
+        if graph is None:  # no graphs (a CPU), or too large for the memory left: the padded forward, eagerly
             return self._body(shape, batch.plan)()[:n]
         graph.graph.replay()
         return graph.hidden[:n]
