@@ -69,6 +69,7 @@ def calibrate_kernels(
     ep: int = 1,
     expert_imbalance: float | None = None,
     dp: int = 1,
+    decode_attention: str | None = None,
 ) -> dict:
     """Build the profile and write it; bad input raises ConfigError (one line, exit 2)."""
     if not system:
@@ -92,6 +93,7 @@ def calibrate_kernels(
             ep,
             expert_imbalance,
             dp=dp,
+            decode_attention=decode_attention,
         )
     except KernelDatabaseError as e:
         raise ConfigError(str(e)) from None
@@ -121,6 +123,13 @@ def summary_lines(profile: dict, out: str | Path) -> list[str]:
         lines.append(
             f"  decode rows beside a prefill chunk, from {factor.source}: {factor(8, 1024):.2f}x at 8 decodes of 1,024 tokens, "
             f"{factor(64, 4096):.2f}x at 64 of 4,096 (the decode table's time)"
+        )
+    measured = profile["precision"].get("decode_attention", {}).get("measured")
+    if measured:
+        (n0, n1), (kv0, kv1) = measured["n_decode"], measured["kv_decode"]
+        lines.append(
+            f"  decode attention from {measured['source']}: measured at {n0}-{n1} requests of {kv0:,}-{kv1:,} tokens "
+            f"(elsewhere the database's, scaled as at the nearest measured shape)"
         )
     for kind, e in profile["holdout"].items():
         if not e.get("points"):

@@ -214,6 +214,7 @@ def cmd_calibrate_kernels(args: argparse.Namespace) -> int:
             quantization=args.quantization,
             kv_cache_dtype=args.kv_cache_dtype,
             mixed_attention=args.mixed_attention,
+            decode_attention=args.decode_attention,
             ep=args.ep,
             expert_imbalance=args.expert_imbalance,
             dp=args.dp,
@@ -334,6 +335,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="CSV",
         help="LLMServingSim's attention.csv of the same GPU and engine: its mixed batches price the decode rows that share a forward with a prefill chunk (the database measures none)",
+    )
+    g.add_argument(
+        "--decode-attention",
+        default=None,
+        metavar="CSV",
+        help="LLMServingSim's attention.csv of the same GPU, engine, model and TP: its decode batches replace the database's decode attention (the database reads a KV cache its L2 may hold; a served forward reads it from memory)",
     )
     p.set_defaults(func=cmd_calibrate)
     return parser

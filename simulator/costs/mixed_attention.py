@@ -18,18 +18,13 @@ time that those rows cost in a mixed forward: the median over the measured prefi
 
 from __future__ import annotations
 
-import csv
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-COLUMNS = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us")  # LLMServingSim's attention.csv
-
-
-class MixedAttentionError(ValueError):
-    """A mixed-batch timing file that cannot give a factor; str() names the file and what is wrong."""
+from simulator.costs.llmservingsim_attention import AttentionTimingsError, read_timings
 
 
 @dataclass(frozen=True)
@@ -72,22 +67,7 @@ class MixedDecodeFactor:
 def from_llmservingsim(path: str | Path) -> MixedDecodeFactor:
     """The factor from LLMServingSim's attention.csv (one layer's attention, µs, of a prefill chunk of
     `prefill_chunk` tokens over `kv_prefill` cached ones beside `n_decode` requests of `kv_decode`)."""
-    path = Path(path)
-    times: dict[tuple[int, int, int, int], float] = {}
-    try:
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
-            if missing:
-                raise MixedAttentionError(f"{path}: not LLMServingSim's attention.csv: no column {', '.join(missing)}")
-            for line, row in enumerate(reader, start=2):
-                try:
-                    key = tuple(int(row[c]) for c in COLUMNS[:4])
-                    times[key] = float(row["time_us"])
-                except (TypeError, ValueError):
-                    raise MixedAttentionError(f"{path}:{line}: not a number in {', '.join(COLUMNS)}") from None
-    except OSError as e:
-        raise MixedAttentionError(f"{path}: cannot read it ({e.strerror})") from None
+    times = read_timings(path)
     ratios: dict[tuple[int, int], list[float]] = defaultdict(list)
     for (pc, kp, nd, kd), t in times.items():
         alone_p, alone_d = times.get((pc, kp, 0, 0)), times.get((0, 0, nd, kd))
@@ -95,7 +75,7 @@ def from_llmservingsim(path: str | Path) -> MixedDecodeFactor:
             ratios[(nd, kd)].append((t - alone_p) / alone_d)
     nds, kds = sorted({k[0] for k in ratios}), sorted({k[1] for k in ratios})
     if len(nds) < 2 or len(kds) < 2 or any((n, k) not in ratios for n in nds for k in kds):
-        raise MixedAttentionError(
+        raise AttentionTimingsError(
             f"{path}: needs mixed rows with the same prefill shapes measured alone, and decode "
             f"batches measured alone, on a full grid of n_decode x kv_decode (found {len(ratios)} cells)"
         )

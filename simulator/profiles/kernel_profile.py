@@ -80,7 +80,9 @@ from typing import Callable
 
 from scheduler.model_config import ModelConfig, load_model_config
 from simulator.costs.kernel_cost import model_shapes
-from simulator.costs.mixed_attention import MixedAttentionError, from_llmservingsim
+from simulator.costs.llmservingsim_attention import AttentionTimingsError
+from simulator.costs.measured_decode_attention import from_llmservingsim as measured_decode_of
+from simulator.costs.mixed_attention import from_llmservingsim as mixed_decode_factor_of
 from simulator.costs.precision import BF16, FP8, Precision
 from simulator.costs.profile_cost import PROFILE_FORMAT, PROFILE_VERSION
 from simulator.hardware.specs import database_system_spec
@@ -162,6 +164,7 @@ def build_kernel_profile(
     expert_imbalance: float | None = None,
     holdout: bool = True,
     dp: int = 1,
+    decode_attention: str | Path | None = None,
 ) -> dict:
     """The profile of `model` (a ModelConfig, or a name or path load_model_config takes) over `tp` GPUs
     (a mixture of experts' experts over `ep` ranks of them; with attention data parallelism, `dp` ranks of
@@ -169,14 +172,18 @@ def build_kernel_profile(
     of `system`, from `backend`'s kernels (version None: the newest the database maintains), with its
     weights quantized (`quantization` fp8, fp8_block or nvfp4, else the model's dtype) and its KV cache in `kv_cache_dtype`
     (auto: the model's dtype; bf16; fp8). `mixed_attention`: LLMServingSim's attention.csv of the same GPU and
-    engine, whose mixed batches price decode rows beside a prefill chunk (simulator/costs/mixed_attention.py)."""
+    engine, whose mixed batches price decode rows beside a prefill chunk (simulator/costs/mixed_attention.py);
+    `decode_attention`: such a file of the same GPU, engine, model and TP, whose decode-only batches
+    replace the database's decode attention (simulator/costs/measured_decode_attention.py)."""
     t0 = time.perf_counter()
-    mixed = None
-    if mixed_attention is not None:
-        try:
-            mixed = from_llmservingsim(mixed_attention)
-        except MixedAttentionError as e:
-            raise KernelDatabaseError(str(e)) from None
+    mixed = measured_decode = None
+    try:
+        if mixed_attention is not None:
+            mixed = mixed_decode_factor_of(mixed_attention)
+        if decode_attention is not None:
+            measured_decode = measured_decode_of(decode_attention)
+    except AttentionTimingsError as e:
+        raise KernelDatabaseError(str(e)) from None
     if isinstance(model, str):
         model = load_model_config(model)
     try:
@@ -384,5 +391,9 @@ def build_kernel_profile(
         from simulator.profiles.kernel_holdout import holdout_errors
 
         profile["holdout"] = holdout_errors(profile, db, g)
+    if measured_decode is not None:  # after the holdout: it checks the grid against the database it came from
+        table = profile["kernels"]["decode_attention"]
+        table["seconds"] = measured_decode.overlay(DECODE_BATCH, DECODE_CONTEXT, table["seconds"])
+        profile["precision"]["decode_attention"]["measured"] = measured_decode.record()
     profile["wall_s"] = round(time.perf_counter() - t0, 1)
     return profile

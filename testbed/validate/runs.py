@@ -101,11 +101,18 @@ def settings_of(folder: Path, real: Path, hardware: str | None) -> GroundTruthRu
     return GroundTruthRun(folder.name, folder, model, gpu, int(kwargs.get("tensor_parallel_size") or 1), opts)
 
 
-def mixed_attention_of(run: GroundTruthRun) -> Path | None:
-    """LLMServingSim's kernel timings of the run's GPU under vLLM beside the run (a sibling folder with
-    attention.csv and a meta.yaml whose `gpu` names the same GPU, as ../shared/ground_truth/ops-*): its
-    mixed batches price decode rows beside a prefill chunk (simulator/costs/mixed_attention.py). Those of the
-    run's model first."""
+@dataclass(frozen=True)
+class GpuTimings:
+    """LLMServingSim's kernel timings of a run's GPU under vLLM, beside the run (../shared/ground_truth/ops-*)."""
+
+    attention: Path  # attention.csv
+    same_model: bool  # of the run's model
+    tp: int  # the TP they were measured at (meta.yaml's tensor_parallel_size; 1 where it says none)
+
+
+def gpu_timings_of(run: GroundTruthRun) -> GpuTimings | None:
+    """A sibling folder's timings of the run's GPU (attention.csv, and a meta.yaml whose `gpu` names the
+    same GPU and that names a vLLM version); those of the run's model first."""
     found = []
     for folder in sorted(run.folder.parent.iterdir()):
         timings, meta = folder / "attention.csv", folder / "meta.yaml"
@@ -116,27 +123,34 @@ def mixed_attention_of(run: GroundTruthRun) -> Path | None:
         engine = re.search(r"^vllm_version:", text, re.M)
         if gpu and engine and gpu_of({"hardware": {"device_name": gpu.group(1).strip()}}, folder) == run.gpu:
             model = re.search(r"^model:\s*(.+)$", text, re.M)
+            tp = re.search(r"^\s*tensor_parallel_size:\s*(\d+)", text, re.M)
             same_model = bool(model) and bundled_model_of(model.group(1).strip()) == run.model
-            found.append((not same_model, timings))
-    return min(found)[1] if found else None
+            found.append((not same_model, str(timings), GpuTimings(timings, same_model, int(tp.group(1)) if tp else 1)))
+    return min(found)[2] if found else None
 
 
 def kernel_profile(run: GroundTruthRun, meta: dict, out: Path) -> tuple[str | None, str]:
     """The kernel profile of the run's GPU, model and TP with vLLM's kernels (path, or None and why not),
-    with the GPU's own mixed-batch attention where its kernel timings lie beside the run."""
+    with the GPU's own attention timings where they lie beside the run: their mixed batches price the
+    decode rows beside a prefill chunk, and, where they are of the run's model at its TP, their decode
+    batches the decode attention (simulator/costs/measured_decode_attention.py)."""
     versions = kernel_catalog.available().get(run.gpu, {}).get("vllm", [])
     if not versions:
         return None, f"AIConfigurator has no vLLM kernels of {run.gpu}"
     version = kernel_catalog.nearest_version(versions, meta.get("vllm_version"))
     path = out / "kernels.json"
-    mixed = mixed_attention_of(run)
+    timings = gpu_timings_of(run)
+    mixed = timings.attention if timings else None
+    decode = timings.attention if timings and timings.same_model and timings.tp == run.tp else None
     try:
-        profile = build_kernel_profile(run.gpu, "vllm", version, run.model, run.tp, mixed_attention=mixed)
+        profile = build_kernel_profile(run.gpu, "vllm", version, run.model, run.tp, mixed_attention=mixed, decode_attention=decode)
     except kernel_catalog.KernelDatabaseError as e:
         return None, str(e)
     path.write_text(json.dumps(profile) + "\n")
     said = f"{run.gpu} vllm {profile['database']['backend_version']} kernels (the run: vLLM {meta.get('vllm_version', '?')})"
-    if mixed is not None:
+    if decode is not None:
+        said += f", decode and mixed batches' attention from {decode.parent.name}/{decode.name}"
+    elif mixed is not None:
         said += f", mixed batches from {mixed.parent.name}/{mixed.name}"
     return str(path), said
 

@@ -20,7 +20,8 @@ from cli_helpers import assert_clean_error
 
 from scheduler.core.forward_plan import ForwardMode, ForwardPlan
 from simulator.costs.kernel_cost import KernelProfileCostModel
-from simulator.costs.mixed_attention import MixedAttentionError, from_llmservingsim
+from simulator.costs.llmservingsim_attention import AttentionTimingsError
+from simulator.costs.mixed_attention import from_llmservingsim
 from simulator.profiles.kernel_holdout import uniform_plan
 from simulator.profiles.kernel_profile import build_kernel_profile
 
@@ -142,5 +143,5 @@ def test_calibrate_records_the_factor_and_refuses_a_file_that_is_not_mixed_timin
         timeout=300,
     )
     assert_clean_error(proc, str(bad), "prefill_chunk")
-    with pytest.raises(MixedAttentionError, match="no column"):
+    with pytest.raises(AttentionTimingsError, match="no column"):
         from_llmservingsim(bad)

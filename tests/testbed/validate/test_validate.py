@@ -329,8 +329,9 @@ def test_a_real_run_is_replayed_with_its_settings_and_its_errors_printed(tmp_pat
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "vllm-rtxpro6000-llama-3.1-8b: llama-3.1-8b on rtx_pro_6000_server x1" in out
-    # The GPU's own mixed-batch timings lie beside the run: they price decode rows beside a prefill chunk.
-    assert "mixed batches from ops-rtxpro6000-llama-3.1-8b/attention.csv" in out
+    # The GPU's own attention timings of the run's model lie beside the run: they price decode batches,
+    # and decode rows beside a prefill chunk.
+    assert "decode and mixed batches' attention from ops-rtxpro6000-llama-3.1-8b/attention.csv" in out
     real = re.search(r"^real \(ms\)\s+([\d,.]+)\s+([\d,.]+)", out, re.M)
     err = re.search(r"^error\s+([+-][\d.]+)%\s+([+-][\d.]+)%\s+([+-][\d.]+)%\s+([+-][\d.]+)%", out, re.M)
     assert real and err, out
@@ -339,7 +340,10 @@ def test_a_real_run_is_replayed_with_its_settings_and_its_errors_printed(tmp_pat
     name = "vllm-rtxpro6000-llama-3.1-8b"
     assert (tmp_path / "runs" / name / "real" / "run.json").is_file() and (tmp_path / "runs" / name / "sim" / "run.json").is_file()
     assert all(abs(float(e)) < 60 for e in err.groups())  # the table's figures are the ones the README quotes
-    assert abs(float(err.group(4))) < 8, out  # TPOT mean: -9.9% when mixed forwards were priced as their parts
+    # TPOT mean: -9.9% when mixed forwards were priced as their parts, -6.5% when the database's
+    # decode attention (of a KV cache the L2 held) priced decode batches; TTFT mean then -15.2%.
+    assert abs(float(err.group(4))) < 5, out
+    assert abs(float(err.group(1))) < 10, out
 
 
 @pytest.mark.slow
