@@ -24,6 +24,10 @@ What the recipes set that the replay takes:
   EP rule turns it on: Kimi's never does, whatever the row's moe_ep_size);
 - vLLM's CUDA graphs: the largest step captured (`--max-cudagraph-capture-size`) and which
   steps are (`cudagraph_mode`): a step outside a graph pays the host's dispatch;
+- vLLM's async scheduling (`--async-scheduling`: the host schedules the next step while the GPU runs
+  this one). vLLM turned it on by default in 0.14.0, so a server of an older version without the
+  flag, with or without a recipe, ran every step's host work in series with the GPU
+  (`vllm_async_scheduling_default`);
 - the step's token budget (vLLM's `--max-num-batched-tokens`, SGLang's `--chunked-prefill-size`
   and `--max-prefill-tokens`), the running-request cap (`--max-num-seqs`,
   `--max-running-requests`; but see the Blackwell DeepSeek caps below), the memory share (`--gpu-memory-utilization`,
@@ -60,6 +64,7 @@ class ServerRecipe:
     block_size: int | None = None  # vLLM --block-size (KV page)
     max_cudagraph_capture_size: int | None = None  # vLLM: the largest step a CUDA graph replays
     cudagraph_mode: str | None = None  # vLLM's compilation config's cudagraph_mode
+    async_scheduling: bool | None = None  # vLLM --async-scheduling (None: the version's default, vllm_async_scheduling_default)
     # The layout the script ran where it differs from the row's columns (None: the row's). Set, the
     # experts go over the tp x dp GPUs with expert_parallel, else split over them (no row's moe_ep).
     tensor_parallel: int | None = None  # --tensor-parallel-size
@@ -80,6 +85,7 @@ class ServerRecipe:
             "block_size": "--block-size",
             "max_cudagraph_capture_size": "--max-cudagraph-capture-size",
             "cudagraph_mode": "--cudagraph-mode",
+            "async_scheduling": "--async-scheduling" if self.async_scheduling else "--no-async-scheduling",
             "tensor_parallel": "--tensor-parallel-size" if backend == "vllm" else "--tp-size",
             "data_parallel": "--data-parallel-size" if backend == "vllm" else "--dp-size",
         }
@@ -88,7 +94,7 @@ class ServerRecipe:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in names and value != getattr(default, f.name):
-                out.append(names[f.name] if value is True else f"{names[f.name]} {value}")
+                out.append(names[f.name] if isinstance(value, bool) else f"{names[f.name]} {value}")
         return " ".join(out)
 
 
@@ -224,8 +230,9 @@ def _llama70b_vllm(p: MeasuredPoint) -> ServerRecipe:
     """70b_fp8_{h100,h200,b200} and 70b_fp4_b200 (until the model left on 2025-10-29): an fp8 KV
     cache; their 8,192-token steps, 0.9 memory share and running caps (the clients, or 512) are
     vLLM's defaults in effect. The B200 recipes capture CUDA graphs of decode-only steps alone
-    (`"cudagraph_mode": "FULL_DECODE_ONLY"`)."""
-    return ServerRecipe("fp8", cudagraph_mode="FULL_DECODE_ONLY" if p.system == "b200_sxm" else None)
+    (`"cudagraph_mode": "FULL_DECODE_ONLY"`). Their configs pass `async-scheduling: true` (from each
+    script's second version, 2025-09-15 to 09-23, on)."""
+    return ServerRecipe("fp8", cudagraph_mode="FULL_DECODE_ONLY" if p.system == "b200_sxm" else None, async_scheduling=True)
 
 
 def _glm5_fp8_b200(p: MeasuredPoint) -> ServerRecipe:
@@ -239,15 +246,12 @@ def _glm5_fp8_b200(p: MeasuredPoint) -> ServerRecipe:
 def _gptoss_vllm(p: MeasuredPoint) -> ServerRecipe:
     """gptoss_fp4_{h100,h200,b200} (the same settings in the docker and slurm scripts from 2025-09 and
     the single_node ones from 2026-02): 8,192-token steps, CUDA graphs up to 2,048 tokens, 0.9 of the
-    memory; the Hopper scripts cap the running requests at the clients, the B200's at 512 with an
-    fp8 KV cache."""
+    memory, `async-scheduling: true` (from each script's second version, 2025-09-15 to 09-24, on);
+    the Hopper scripts cap the running requests at the clients, the B200's at 512 with an fp8 KV cache."""
+    settings = {"max_num_batched_tokens": 8192, "memory_fraction": 0.9, "max_cudagraph_capture_size": 2048, "async_scheduling": True}
     if p.system == "b200_sxm":
-        return ServerRecipe(
-            "fp8", max_num_batched_tokens=8192, max_running_requests=512, memory_fraction=0.9, max_cudagraph_capture_size=2048
-        )
-    return ServerRecipe(
-        max_num_batched_tokens=8192, max_running_requests=p.concurrency, memory_fraction=0.9, max_cudagraph_capture_size=2048
-    )
+        return ServerRecipe("fp8", max_running_requests=512, **settings)
+    return ServerRecipe(max_running_requests=p.concurrency, **settings)
 
 
 DEEPSEEK = ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3")  # the db-dump labels rows of the dsr1 sweeps either way
@@ -310,10 +314,25 @@ def recipe_version(p: MeasuredPoint, harness: str) -> RecipeVersion | None:
     return found
 
 
+VLLM_ASYNC_SCHEDULING_BY_DEFAULT = (0, 14)  # vLLM 0.14.0 turned async scheduling on by default (off in 0.12 and 0.13's SchedulerConfig)
+
+
+def vllm_async_scheduling_default(version: str | None) -> bool | None:
+    """vLLM's async scheduling when the server's flags leave it alone: off before 0.14, on from it;
+    None where the version is not a release number (unknown, a nightly: the newest behaviour, on)."""
+    numbers = (version or "").split(".")[:2]
+    if len(numbers) < 2 or not all(n.isdigit() for n in numbers):
+        return None
+    return (int(numbers[0]), int(numbers[1])) >= VLLM_ASYNC_SCHEDULING_BY_DEFAULT
+
+
 def server_recipe(p: MeasuredPoint, harness: str) -> ServerRecipe:
-    """The server settings p is replayed with: its recipe's, with the points file's columns winning."""
+    """The server settings p is replayed with: its recipe's, with the points file's columns winning,
+    and vLLM's async scheduling as its version ran it where no recipe sets it."""
     v = recipe_version(p, harness)
     recipe = ServerRecipe() if v is None else replace(v.rule(p), source=f"InferenceX {v.script} of {v.since}")
+    if p.backend == "vllm" and recipe.async_scheduling is None and vllm_async_scheduling_default(p.backend_version) is False:
+        recipe = replace(recipe, async_scheduling=False)
     if p.scheduler_recv_interval is not None:
         recipe = replace(recipe, scheduler_recv_interval=p.scheduler_recv_interval)
     if p.kv_cache_dtype is not None:

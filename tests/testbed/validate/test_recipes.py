@@ -179,3 +179,23 @@ def test_every_inferencemax_point_of_a_recipe_finds_the_version_of_its_day(point
         if p.system == "h200_sxm" and "MiniMax" in p.model_path
     }
     assert h200 == {"2026-03-01": False, "2026-03-27": True, "2026-03-28": True}
+
+
+def test_vllm_before_0_14_ran_without_async_scheduling_unless_its_recipe_turned_it_on(points):
+    """vLLM 0.12's gap-analysis servers (no recipe) left async scheduling at that version's default,
+    off; InferenceMAX's gpt-oss configs pass `async-scheduling: true` on vLLM 0.11.2; from 0.14 the
+    engine's default is on. The replay follows: overlap off only where the server ran without it."""
+    qwen = simulable_point(points, system="h100_sxm", backend="vllm", model_path="Qwen/Qwen3-32B")
+    assert qwen.backend_version == "0.12.0"
+    recipe = server_recipe(qwen, harness_of(qwen))
+    assert recipe.async_scheduling is False and "--no-async-scheduling" in recipe.flags("vllm")
+    gpt_oss = simulable_point(points, system="h100_sxm", backend="vllm", model_path="openai/gpt-oss-120b", backend_version="0.11.2")
+    assert server_recipe(gpt_oss, harness_of(gpt_oss)).async_scheduling is True
+    minimax = simulable_point(points, system="h200_sxm", backend="vllm", model_path="MiniMaxAI/MiniMax-M2.5", backend_version="0.18.0")
+    assert server_recipe(minimax, harness_of(minimax)).async_scheduling is None  # the engine's default: on
+    sim = PointSimulator()
+    try:
+        assert sim.options(qwen, "profile.json").overlap is False
+        assert sim.options(minimax, "profile.json").overlap is None  # left to the replay: the engine's default, on
+    finally:
+        sim.close()
