@@ -6,9 +6,10 @@ step, between the other layers' weights and KV, so it comes from memory. The RTX
 L2, 1.79 TB/s of GDDR7) shows it: in the database's vLLM decode table, 32 requests of 1,024 tokens
 (134 MB of KV a layer) read at 98% of the memory's bandwidth and 32 of 2,048 (268 MB) at 76%, where
 a kernel that reads from memory reads a larger batch no slower. LLMServingSim's timings of the same
-GPU under vLLM 0.19 (llmservingsim_attention.py; the KV comes from memory there) take 1.4-1.7x the
-database's time at up to 134 MB of KV and 1.03-1.09x at 0.5-4 GB
-(`../shared/ground_truth/ops-rtxpro6000-llama-3.1-8b/attention.csv`).
+GPU under vLLM 0.19 (llmservingsim_attention.py; the KV comes from memory there) take 1.1-1.9x the
+database's time (median 1.47x) at 32-134 MB of KV a layer, 1.0-1.18x at 268 MB and 1.0-1.09x from
+0.5 GB on (`../shared/ground_truth/ops-rtxpro6000-llama-3.1-8b/attention.csv`); below 32 MB, where
+fixed costs dominate, 0.87-1.35x (median 1.02x).
 
 Such timings are of one model's attention at one TP (the heads and head size on a GPU), so they
 replace the database's decode table only for a profile of that model and TP. Inside the measured

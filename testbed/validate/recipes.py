@@ -246,7 +246,8 @@ def _glm5_fp8_b200(p: MeasuredPoint) -> ServerRecipe:
 def _gptoss_vllm(p: MeasuredPoint) -> ServerRecipe:
     """gptoss_fp4_{h100,h200,b200} (the same settings in the docker and slurm scripts from 2025-09 and
     the single_node ones from 2026-02): 8,192-token steps, CUDA graphs up to 2,048 tokens, 0.9 of the
-    memory, `async-scheduling: true` (from each script's second version, 2025-09-15 to 09-24, on);
+    memory, async scheduling (`async-scheduling: true` in the docker and slurm scripts' configs from
+    their second versions, 2025-09-15 to 09-24; vLLM 0.14's default under the single_node scripts);
     the Hopper scripts cap the running requests at the clients, the B200's at 512 with an fp8 KV cache."""
     settings = {"max_num_batched_tokens": 8192, "memory_fraction": 0.9, "max_cudagraph_capture_size": 2048, "async_scheduling": True}
     if p.system == "b200_sxm":
