@@ -27,7 +27,7 @@ What the recipes set that the replay takes:
 - vLLM's async scheduling (`--async-scheduling`: the host schedules the next step while the GPU runs
   this one). vLLM turned it on by default in 0.14.0, so a server of an older version without the
   flag, with or without a recipe, ran every step's host work in series with the GPU
-  (`vllm_async_scheduling_default`);
+  (`vllm_async_off_by_default`);
 - the step's token budget (vLLM's `--max-num-batched-tokens`, SGLang's `--chunked-prefill-size`
   and `--max-prefill-tokens`), the running-request cap (`--max-num-seqs`,
   `--max-running-requests`; but see the Blackwell DeepSeek caps below), the memory share (`--gpu-memory-utilization`,
@@ -64,7 +64,7 @@ class ServerRecipe:
     block_size: int | None = None  # vLLM --block-size (KV page)
     max_cudagraph_capture_size: int | None = None  # vLLM: the largest step a CUDA graph replays
     cudagraph_mode: str | None = None  # vLLM's compilation config's cudagraph_mode
-    async_scheduling: bool | None = None  # vLLM --async-scheduling (None: the version's default, vllm_async_scheduling_default)
+    async_scheduling: bool | None = None  # vLLM --async-scheduling (None: the version's default, vllm_async_off_by_default)
     # The layout the script ran where it differs from the row's columns (None: the row's). Set, the
     # experts go over the tp x dp GPUs with expert_parallel, else split over them (no row's moe_ep).
     tensor_parallel: int | None = None  # --tensor-parallel-size
@@ -318,13 +318,13 @@ def recipe_version(p: MeasuredPoint, harness: str) -> RecipeVersion | None:
 VLLM_ASYNC_SCHEDULING_BY_DEFAULT = (0, 14)  # vLLM 0.14.0 turned async scheduling on by default (off in 0.12 and 0.13's SchedulerConfig)
 
 
-def vllm_async_scheduling_default(version: str | None) -> bool | None:
-    """vLLM's async scheduling when the server's flags leave it alone: off before 0.14, on from it;
-    None where the version is not a release number (unknown, a nightly: the newest behaviour, on)."""
+def vllm_async_off_by_default(version: str | None) -> bool:
+    """Whether a vLLM server of `version` ran without async scheduling unless its flags asked for it:
+    a release before 0.14 (an unknown version or a nightly: the newest behaviour, on)."""
     numbers = (version or "").split(".")[:2]
     if len(numbers) < 2 or not all(n.isdigit() for n in numbers):
-        return None
-    return (int(numbers[0]), int(numbers[1])) >= VLLM_ASYNC_SCHEDULING_BY_DEFAULT
+        return False
+    return (int(numbers[0]), int(numbers[1])) < VLLM_ASYNC_SCHEDULING_BY_DEFAULT
 
 
 def server_recipe(p: MeasuredPoint, harness: str) -> ServerRecipe:
@@ -332,7 +332,7 @@ def server_recipe(p: MeasuredPoint, harness: str) -> ServerRecipe:
     and vLLM's async scheduling as its version ran it where no recipe sets it."""
     v = recipe_version(p, harness)
     recipe = ServerRecipe() if v is None else replace(v.rule(p), source=f"InferenceX {v.script} of {v.since}")
-    if p.backend == "vllm" and recipe.async_scheduling is None and vllm_async_scheduling_default(p.backend_version) is False:
+    if p.backend == "vllm" and recipe.async_scheduling is None and vllm_async_off_by_default(p.backend_version):
         recipe = replace(recipe, async_scheduling=False)
     if p.scheduler_recv_interval is not None:
         recipe = replace(recipe, scheduler_recv_interval=p.scheduler_recv_interval)

@@ -107,7 +107,9 @@ class GpuTimings:
 
     attention: Path  # attention.csv
     same_model: bool  # of the run's model
-    tp: int  # the TP they were measured at (meta.yaml's tensor_parallel_size; 1 where it says none)
+    # meta.yaml's engine tensor_parallel_size (1 where it says none). LLMServingSim emulates TP on one
+    # GPU, so its engine says 1 for every degree: a flattened copy's attention.csv is taken as TP 1.
+    tp: int
 
 
 def gpu_timings_of(run: GroundTruthRun) -> GpuTimings | None:

@@ -161,7 +161,7 @@ class PointSimulator:
                 page_size=recipe.block_size,
                 max_cudagraph_capture_size=recipe.max_cudagraph_capture_size,
                 cudagraph_mode=recipe.cudagraph_mode,
-                overlap=options.overlap if recipe.async_scheduling is None else recipe.async_scheduling,
+                overlap=recipe.async_scheduling,  # None: the replay's default, on
             )
         return replace(
             options,

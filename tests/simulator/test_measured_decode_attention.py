@@ -88,7 +88,7 @@ def test_a_file_without_decode_batches_alone_is_refused_naming_it(tmp_path):
 def test_validate_takes_the_decode_timings_only_of_the_runs_model(tmp_path):
     """Timings of another model beside the run still give the mixed factor (a ratio), not the times."""
     from testbed.runs.import_run import import_run
-    from testbed.validate.runs import gpu_timings_of, settings_of
+    from testbed.validate.runs import gpu_timings_of, kernel_profile, settings_of
 
     run_folder = REPO.parent / "shared" / "ground_truth" / "vllm-rtxpro6000-llama-3.1-8b"
     if not (run_folder / "requests.jsonl").is_file():
@@ -100,7 +100,11 @@ def test_validate_takes_the_decode_timings_only_of_the_runs_model(tmp_path):
     run = settings_of(here / run_folder.name, tmp_path / "real", None)
     found = gpu_timings_of(run)
     assert found is not None and found.same_model and found.tp == 1
+    _, said = kernel_profile(run, {}, tmp_path)
+    assert "decode and mixed batches' attention from" in said
     meta = here / OPS.name / "meta.yaml"
     meta.write_text(meta.read_text().replace("model: meta-llama/Llama-3.1-8B", "model: Qwen/Qwen3-32B"))
     found = gpu_timings_of(run)
     assert found is not None and not found.same_model
+    _, said = kernel_profile(run, {}, tmp_path)
+    assert "mixed batches from" in said and "decode and mixed" not in said
