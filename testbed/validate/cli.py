@@ -21,6 +21,7 @@ from scheduler.loop.gc_pause import freeze_held
 from testbed.errors import ConfigError
 from testbed.options import positive_int
 from testbed.validate.harness import HARNESSES, harness_of, simulated_tokens
+from testbed.validate.journal import Journal, JournalRecord
 from testbed.validate.points import default_points_path, load_points, parse_filter, select
 from testbed.validate.recipes import server_recipe
 from testbed.validate.report import (
@@ -87,24 +88,37 @@ def _estimator():
 
 
 def validate(
-    points, jobs: int = 1, out_of_phase: bool = False, harness: str = "auto", with_estimate: bool = True, progress=None
+    points,
+    jobs: int = 1,
+    out_of_phase: bool = False,
+    harness: str = "auto",
+    with_estimate: bool = True,
+    progress=None,
+    known: dict[int, PointResult] | None = None,
+    on_done=None,
 ) -> list[PointResult]:
     """A result for every point, in the points' order. The points of one load (the file repeats some)
     are simulated once, by one worker; the loads of one kind (system, backend, model, TP, precision:
-    one kernel profile) go to a worker together, so each worker builds few profiles."""
+    one kernel profile) go to a worker together, so each worker builds few profiles.
+    known: results already had (a journal's, by index), not simulated again; on_done(results) is
+    called with the new ones as they come (a worker's chunk at a time)."""
+    known = known or {}
     loads: dict[tuple, list[int]] = {}  # (load, harness, server recipe) -> its points, in kernel-profile order
-    for i in sorted(range(len(points)), key=lambda i: (points[i].skip_reason() is not None, points[i].group, points[i].tp or 0)):
+    todo = (i for i in range(len(points)) if i not in known)
+    for i in sorted(todo, key=lambda i: (points[i].skip_reason() is not None, points[i].group, points[i].tp or 0)):
         h = harness_of(points[i], harness)
         loads.setdefault((points[i].load, h, server_recipe(points[i], h)), []).append(i)
-    results: list[PointResult | None] = [None] * len(points)
+    results: list[PointResult | None] = [known.get(i) for i in range(len(points))]
     if jobs <= 1:
         simulator = PointSimulator(out_of_phase=out_of_phase, harness=harness)
         estimate = _estimator() if with_estimate else None
         try:
             for k, i in enumerate(i for same in loads.values() for i in same):
                 results[i] = _result(points[i], simulator, estimate)
+                if on_done:
+                    on_done([results[i]])
                 if progress:
-                    progress(k + 1, len(points))
+                    progress(len(known) + k + 1, len(points))
         finally:
             simulator.close()
         return results  # type: ignore[return-value]
@@ -112,7 +126,8 @@ def validate(
 
     with tempfile.TemporaryDirectory(prefix="testbed-validate-") as work:
         chunks = _chunks(points, list(loads.items()), jobs)
-        return _validate_in_pool(points, chunks, results, jobs, work, (out_of_phase, harness, with_estimate), progress)
+        settings = (out_of_phase, harness, with_estimate)
+        return _validate_in_pool(points, chunks, results, jobs, work, settings, progress, len(known), on_done)
 
 
 def _chunks(points, loads: list[tuple[tuple, list[int]]], jobs: int) -> list[list[int]]:
@@ -129,19 +144,21 @@ def _chunks(points, loads: list[tuple[tuple, list[int]]], jobs: int) -> list[lis
     return [chunk for _, chunk in sorted(chunks, key=lambda c: -c[0])]
 
 
-def _validate_in_pool(points, chunks, results, jobs, work, settings, progress) -> list[PointResult]:
-    """settings: _start_worker's arguments after the folder."""
-    from concurrent.futures import ProcessPoolExecutor
+def _validate_in_pool(points, chunks, results, jobs, work, settings, progress, done=0, on_done=None) -> list[PointResult]:
+    """settings: _start_worker's arguments after the folder; done: the points already had."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     pool = ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker, initargs=(work, *settings))
     try:
         # Futures of our own, not pool.map: on Ctrl-C map's iterator cancels the pending ones,
         # which races the pool's manager thread (CPython 3.11 then prints an InvalidStateError).
-        futures = [pool.submit(_work_chunk, [points[i] for i in chunk]) for chunk in chunks]
-        done = 0
-        for chunk, future in zip(chunks, futures):
-            for i, r in zip(chunk, future.result()):
+        futures = {pool.submit(_work_chunk, [points[i] for i in chunk]): chunk for chunk in chunks}
+        for future in as_completed(futures):  # (each chunk journaled as soon as it is done)
+            chunk, chunk_results = futures[future], future.result()
+            for i, r in zip(chunk, chunk_results):
                 results[i] = r
+            if on_done:
+                on_done(chunk_results)
             done += len(chunk)
             if progress:
                 progress(done, len(points))
@@ -179,15 +196,26 @@ def validate_points(args: argparse.Namespace, t0: float) -> None:
             last[0] = now
             print(f"validate: {done}/{total} points ({now - t0:.0f} s)", file=sys.stderr, flush=True)
 
-    results = validate(
-        chosen,
-        jobs=args.jobs,
-        out_of_phase=args.phase == "spread",
-        harness=args.harness,
-        with_estimate=not args.no_aiconfigurator,
-        progress=progress,
-    )
+    journal = _journal(args, path)
+    known = journal.results_for(chosen) if journal else {}
+    try:
+        results = validate(
+            chosen,
+            jobs=args.jobs,
+            out_of_phase=args.phase == "spread",
+            harness=args.harness,
+            with_estimate=not args.no_aiconfigurator,
+            progress=progress,
+            known=known,
+            on_done=journal.add if journal else None,
+        )
+    except KeyboardInterrupt:
+        if journal:
+            print(f"validate: stopped; the points done are kept in {journal.path}: the same command resumes", file=sys.stderr)
+        raise
     print(f"{path}: {len(chosen)} of {len(points)} points" + (f" (--filter {args.filter})" if args.filter else ""))
+    if known:
+        print(f"{len(known)} of them from {journal.path} (an earlier run of the same code, file and options)")
     rows = group_rows(results)
     print(table(rows, GROUP_HEADER) if rows else "no point could be simulated")
     for reason, n in skip_counts(results):
@@ -205,6 +233,22 @@ def validate_points(args: argparse.Namespace, t0: float) -> None:
         write_html(results, out / "validate.html", f"testbed validate: {path.name}")
         print(f"wrote {out / 'points.csv'} and {out / 'validate.html'}")
     print(summary_line(results) + f"   ({time.perf_counter() - t0:.0f} s)")
+
+
+def _journal(args: argparse.Namespace, points_path: Path) -> Journal | None:
+    """--out's journal (journal.py), resumed or started, saying which; None without --out."""
+    if not args.out:
+        return None
+    from testbed.runs.folder import check_out_folder
+
+    out = check_out_folder(args.out)  # a bad --out said now, not after the points are simulated
+    record = JournalRecord.of(points_path, args.harness, args.phase, not args.no_aiconfigurator)
+    journal = Journal.open(out, record)
+    if journal.kept and not args.quiet:
+        print(f"validate: resuming from {journal.path} ({len(journal.kept)} points done)", file=sys.stderr)
+    elif journal.started_afresh_because and not args.quiet:
+        print(f"validate: {journal.path} started afresh: {journal.started_afresh_because}", file=sys.stderr)
+    return journal
 
 
 def report_runs(paths: list[str], out: Path | None) -> None:
