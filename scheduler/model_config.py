@@ -19,6 +19,7 @@ Configs of common models ship in ``scheduler/configs/`` as the published
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -404,6 +405,18 @@ class ModelConfig(ModelParams):
 # --------------------------------------------------------------------- loading
 def bundled_model_names() -> list[str]:
     return sorted(p.stem for p in CONFIGS_DIR.glob("*.json"))
+
+
+# Hugging Face ids name variants of one architecture (an instruct tune, a quantized checkpoint, a
+# dated release such as Qwen's -2507): the bundled config is the base model's.
+_VARIANT_SUFFIXES = re.compile(r"(-(instruct|chat|base|hf|thinking|\d{4}|fp8|fp8-dynamic|nvfp4|fp4|awq|gptq|int4|int8|w8a8))+$")
+
+
+def bundled_model_of(model_path: str) -> str | None:
+    """meta-llama/Llama-3.1-8B-Instruct, Qwen/Qwen3-30B-A3B-Instruct-2507 -> their bundled config's name, if one ships."""
+    name = str(model_path).rstrip("/").rsplit("/", 1)[-1].lower()
+    bundled = bundled_model_names()
+    return next((key for key in (name, _VARIANT_SUFFIXES.sub("", name)) if key in bundled), None)
 
 
 def _read_json(path: Path) -> dict:

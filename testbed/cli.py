@@ -270,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--hardware",
         default=None,
-        help="hardware spec of this machine, as replay's --hardware (h100, h200, a100, cpu, or a "
+        help="hardware spec of this machine, as replay's --hardware (h100, h200, a100, rtx4090, cpu, or a "
         "JSON file); a sim with the profile defaults to it (default: cpu, or the GPU's spec; with --source aiconfigurator: the --system)",
     )
     p.add_argument(

@@ -114,7 +114,7 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--hardware",
         default=None,
-        help="hardware spec: h100, h200, a100, cpu, one of AIConfigurator's systems (h100_sxm, rtx_pro_6000_server, ...; with its database installed), or a JSON file (default: h100 for the simulator, "
+        help="hardware spec: h100, h200, a100, rtx4090, cpu, one of AIConfigurator's systems (h100_sxm, rtx_pro_6000_server, ...; with its database installed), or a JSON file (default: h100 for the simulator, "
         "or the one a --profile was made for; for --mode real, the spec of its device)",
     )
     p.add_argument(

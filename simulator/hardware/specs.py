@@ -129,16 +129,18 @@ def database_system_spec(system: str) -> HardwareSpec:
 
 
 def hardware_of_device(device_name: str) -> str | None:
-    """The bundled spec of a device as torch names it: cpu for the CPU, h100, h200 or a100 for a
-    GPU whose name says so ("NVIDIA H100 80GB HBM3"); None for another GPU."""
+    """The bundled spec of a device as torch names it: cpu for the CPU, h100, h200, a100 or rtx4090
+    for a GPU whose name says so ("NVIDIA H100 80GB HBM3", "NVIDIA GeForce RTX 4090"; compared
+    without spaces); None for another GPU."""
     low = device_name.lower()
     if low == "cpu":
         return "cpu"
-    return next((n for n in bundled_hardware_names() if n != "cpu" and n in low), None)
+    squashed = low.replace(" ", "").replace("-", "")
+    return next((n for n in bundled_hardware_names() if n != "cpu" and n in squashed), None)
 
 
 def load_hardware(name_or_path: str | Path) -> HardwareSpec:
-    """A bundled name (case-insensitive: h100, h200, a100, cpu), one of AIConfigurator's system
+    """A bundled name (case-insensitive: h100, h200, a100, rtx4090, cpu), one of AIConfigurator's system
     names (h100_sxm, ...; with its database installed), or a path to a JSON spec."""
     from simulator.profiles import kernel_catalog
 

@@ -18,6 +18,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from simulator.profiles.interconnect_link import InterconnectLink
 from simulator.profiles.kernel_catalog import (
     KernelDatabaseError,
     available,
@@ -55,6 +56,9 @@ class KernelDatabase(LatentAttentionQueries):
     _db: Any = field(repr=False)
     _handle: Any = field(repr=False)
     _ops: dict = field(default_factory=dict, repr=False)
+    # The machine's own link between its GPUs, where its description gives one: all-reduces over it
+    # rather than the database's rows of the system (interconnect_link.py).
+    link: InterconnectLink | None = None
 
     @functools.cached_property
     def tables(self) -> KernelTables:
@@ -237,6 +241,8 @@ class KernelDatabase(LatentAttentionQueries):
         such messages in a decode."""
         if tp == 1:
             return 0.0
+        if self.link is not None:
+            return self.link.all_reduce(tokens * hidden, tp)
         import aiconfigurator_core.sdk.operations as ops
 
         tokens = max(tokens, -(-self._smallest_all_reduce(tp) // hidden))
@@ -291,7 +297,10 @@ class KernelDatabase(LatentAttentionQueries):
         """One MoE layer's token exchange between `attention_dp` attention ranks and the experts'
         moe_tp x moe_ep GPUs, for `tokens` tokens of one rank: before the experts (pre: the gather or
         dispatch) or after them (the reduce-scatter or combine), as the database's MoEDispatch op
-        prices it for the backend (its NCCL and custom all-reduce tables)."""
+        prices it for the backend (its NCCL and custom all-reduce tables); over the machine's own
+        link where it has one, an all-gather or reduce-scatter of the ranks' tokens (interconnect_link.py)."""
+        if self.link is not None:
+            return self.link.all_gather(tokens * hidden, moe_tp * moe_ep)
         import aiconfigurator_core.sdk.operations as ops
         from aiconfigurator_core.sdk import common
 

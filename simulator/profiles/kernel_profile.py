@@ -89,6 +89,7 @@ from simulator.hardware.specs import database_system_spec
 from simulator.profiles.eager_dispatch import eager_dispatch_s
 from simulator.profiles.expert_format import expert_quant_mode
 from simulator.profiles.gpu_shapes import GpuShapes, expert_load_name
+from simulator.profiles.interconnect_link import InterconnectLink
 from simulator.profiles.kernel_catalog import system_spec
 from simulator.profiles.kernel_db import KernelDatabase, KernelDatabaseError, KernelDataMissing
 from simulator.profiles.mla_module import MlaModule
@@ -165,6 +166,7 @@ def build_kernel_profile(
     holdout: bool = True,
     dp: int = 1,
     decode_attention: str | Path | None = None,
+    link: InterconnectLink | None = None,
 ) -> dict:
     """The profile of `model` (a ModelConfig, or a name or path load_model_config takes) over `tp` GPUs
     (a mixture of experts' experts over `ep` ranks of them; with attention data parallelism, `dp` ranks of
@@ -174,7 +176,9 @@ def build_kernel_profile(
     (auto: the model's dtype; bf16; fp8). `mixed_attention`: LLMServingSim's attention.csv of the same GPU and
     engine, whose mixed batches price decode rows beside a prefill chunk (simulator/costs/mixed_attention.py);
     `decode_attention`: such a file of the same GPU, engine, model and TP, whose decode-only batches
-    replace the database's decode attention (simulator/costs/measured_decode_attention.py)."""
+    replace the database's decode attention (simulator/costs/measured_decode_attention.py); `link`: the
+    machine's own link between its GPUs, over which every all-reduce is priced instead of the
+    database's rows (simulator/profiles/interconnect_link.py)."""
     t0 = time.perf_counter()
     mixed = measured_decode = None
     try:
@@ -194,6 +198,7 @@ def build_kernel_profile(
     except ValueError as e:
         raise KernelDatabaseError(str(e)) from None
     db = KernelDatabase.open(system, backend, backend_version)
+    db.link = link
     check_tp(system, model, tp, dp)
     try:
         model.check_parallel(tp, ep, dp)
@@ -333,6 +338,8 @@ def build_kernel_profile(
         # KV capacity follows from one GPU's memory (kv_capacity.py); the roofline's spec of the system.
         "hardware_spec": hardware.to_dict(),
         "database": db.describe(),
+        # How a TP group's all-reduces are priced: the database's rows, or the machine's own link.
+        "all_reduce": "the database's rows" if link is None else link.describe(),
         # What a replay must ask for (--quantization, --kv-cache-dtype; it sizes the KV pool), and which
         # of the database's tables priced each kernel (quant mode, and the kernel it measured).
         "precision": precision.to_dict()

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from scheduler.loop.step_log import StepLog
-from scheduler.model_config import bundled_model_names
+from scheduler.model_config import bundled_model_of
 from testbed.errors import ConfigError, TraceError
 from testbed.runs import metrics
 from testbed.runs.folder import (
@@ -45,14 +45,6 @@ class ImportResult:
     summary: dict
     format: str
     missing: list[str]
-
-
-def bundled_model(source_model: str | None) -> str | None:
-    """The bundled config of a Hugging Face id (meta-llama/Llama-3.1-8B -> llama-3.1-8b), if one ships."""
-    if not source_model:
-        return None
-    key = str(source_model).rstrip("/").rsplit("/", 1)[-1].lower()
-    return key if key in bundled_model_names() else None
 
 
 def import_run(path: str | Path, out: str | Path, format: str | None = None, *, entry: int | None = None, seed: int = 0) -> ImportResult:
@@ -88,7 +80,7 @@ def import_run(path: str | Path, out: str | Path, format: str | None = None, *, 
             "missing": imported.missing,
         },
         "options": imported.options,
-        "model": bundled_model(imported.model) or imported.model,
+        "model": bundled_model_of(imported.model or "") or imported.model,
         "source_model": imported.model,
         "hardware": imported.hardware,
         "engine": imported.engine,

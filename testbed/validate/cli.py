@@ -176,11 +176,15 @@ def _validate_in_pool(points, chunks, results, jobs, work, settings, progress, d
 def cmd_validate(args: argparse.Namespace) -> int:
     if args.points == "none" and not args.runs:
         raise ConfigError("--points none: nothing to validate without --runs DIR")
+    if args.hardware:
+        from simulator.hardware.specs import load_hardware
+
+        load_hardware(args.hardware)  # an unknown one said now, in one line
     t0 = time.perf_counter()
     if args.points != "none":
         validate_points(args, t0)
     if args.runs:
-        report_runs(args.runs, Path(args.out) if args.out else None)
+        report_runs(args.runs, Path(args.out) if args.out else None, args.hardware)
     return 0
 
 
@@ -251,7 +255,7 @@ def _journal(args: argparse.Namespace, points_path: Path) -> Journal | None:
     return journal
 
 
-def report_runs(paths: list[str], out: Path | None) -> None:
+def report_runs(paths: list[str], out: Path | None, hardware: str | None = None) -> None:
     """Each real run replayed in sim: its TTFT, TPOT and E2E figures and their errors."""
     import tempfile
 
@@ -261,11 +265,11 @@ def report_runs(paths: list[str], out: Path | None) -> None:
     with tempfile.TemporaryDirectory(prefix="testbed-validate-runs-") as tmp:
         base = out / "runs" if out else Path(tmp)
         for folder in folders:
-            r = validate_run(folder, base / folder.name)
+            r = validate_run(folder, base / folder.name, hardware)
             if r.skipped:
                 print(f"run {folder}: skipped: {r.skipped}")
                 continue
-            print(f"run {folder}: {r.model} on {r.gpu} x{r.tp}, {r.kernels}; (sim - real) / real")
+            print(f"run {folder}: {r.model} on {r.gpu} x{r.tp}{r.layout}, {r.kernels}; (sim - real) / real")
             rows = [
                 ("real (ms)", *(f"{r.real[k]:,.1f}" if r.real[k] is not None else "-" for k in FIGURES)),
                 ("sim (ms)", *(f"{r.sim[k]:,.1f}" if r.sim[k] is not None else "-" for k in FIGURES)),
@@ -296,6 +300,13 @@ def register(sub) -> None:
         help="also real per-request runs (LLMServingSim's "
         "requests.jsonl + meta.json, as ../shared/ground_truth/vllm-*; or a folder of them): each replayed in sim with "
         "its settings, TTFT/TPOT mean, p50 and p90 errors",
+    )
+    p.add_argument(
+        "--hardware",
+        default=None,
+        metavar="NAME|JSON",
+        help="the GPU of every --runs folder, where its meta.json names none the simulator knows (a bundled spec, "
+        "an AIConfigurator system, or a spec's JSON file)",
     )
     p.add_argument("--out", default=None, help="folder for points.csv (every point: measured, sim, AIConfigurator) and validate.html")
     p.add_argument("--no-aiconfigurator", action="store_true", help="leave out AIConfigurator's own estimate of the points")

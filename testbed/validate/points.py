@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from scheduler.model_config import ModelConfig, bundled_model_names, checkpoint_weight_format, load_model_config
+from scheduler.model_config import ModelConfig, bundled_model_names, bundled_model_of, checkpoint_weight_format, load_model_config
 from simulator.costs.precision import KV_CACHE_DTYPES, MXFP4
 from testbed.errors import ConfigError, TraceError
 
@@ -60,8 +60,6 @@ UNSTATED = "unstated"
 PRECISIONS = {"bf16": None, "fp16": None, UNSTATED: None, "fp8": "fp8", "fp4": "nvfp4"}
 FP8_FORMATS = ("fp8", "fp8_block")
 GEMM_FORMATS = {"fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4", "bfloat16": None, "float16": None, "bf16": None, "fp16": None}
-# Hugging Face ids name variants of one architecture: the bundled config is the base model's.
-_VARIANT_SUFFIXES = re.compile(r"(-(instruct|chat|base|hf|fp8|fp8-dynamic|nvfp4|fp4|awq|gptq|int4|int8|w8a8))+$")
 # The fp8 checkpoint that rows of an fp8 precision served where they name the base model (a bf16 one):
 # Zhipu publishes GLM-5's fp8 weights as zai-org/GLM-5-FP8 (128x128 blocks; aiconfigurator-core ships
 # its config), the checkpoint SGLang's GLM-5 fp8 serving loads, as its rows' fp8_block experts say.
@@ -230,16 +228,6 @@ def checkpoint_format(model_path: str) -> str | None:
         return None
     fmt = checkpoint_weight_format(cfg)
     return fmt if fmt in (*FP8_FORMATS, MXFP4) else None
-
-
-def bundled_model_of(model_path: str) -> str | None:
-    """meta-llama/Llama-3.1-8B-Instruct and nvidia/Llama-3.1-8B-Instruct-FP8 -> llama-3.1-8b, if bundled."""
-    name = str(model_path).rstrip("/").rsplit("/", 1)[-1].lower()
-    bundled = bundled_model_names()
-    for key in (name, _VARIANT_SUFFIXES.sub("", name)):
-        if key in bundled:
-            return key
-    return None
 
 
 def default_points_path() -> Path:

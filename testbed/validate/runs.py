@@ -17,6 +17,7 @@ from pathlib import Path
 
 from simulator.hardware.specs import bundled_hardware_names
 from simulator.profiles import kernel_catalog
+from simulator.profiles.interconnect_link import InterconnectLink, llmservingsim_link
 from simulator.profiles.kernel_profile import build_kernel_profile
 from testbed.options import ReplayOptions
 from testbed.runs.folder import load_run
@@ -98,7 +99,12 @@ def settings_of(folder: Path, real: Path, hardware: str | None) -> GroundTruthRu
         mem_fraction_static=kv.get("gpu_memory_utilization") or d["gpu_memory_utilization"],
         seed=kwargs.get("seed") or 0,
     )
-    return GroundTruthRun(folder.name, folder, model, gpu, int(kwargs.get("tensor_parallel_size") or 1), opts)
+    tp, dp = int(kwargs.get("tensor_parallel_size") or 1), int(kwargs.get("data_parallel_size") or 1)
+    # vLLM's data parallelism: dp engines, each its own attention over tp GPUs; a mixture of experts'
+    # experts over all tp x dp GPUs (--enable-expert-parallel), else each engine's split over its tp.
+    ep = tp * dp if kwargs.get("enable_expert_parallel") else 1
+    opts = replace(opts, tp=tp, ep=ep, dp=dp, enable_dp_attention=dp > 1)
+    return GroundTruthRun(folder.name, folder, model, gpu, tp, opts)
 
 
 @dataclass(frozen=True)
@@ -113,22 +119,41 @@ class GpuTimings:
 
 
 def gpu_timings_of(run: GroundTruthRun) -> GpuTimings | None:
-    """A sibling folder's timings of the run's GPU (attention.csv, and a meta.yaml whose `gpu` names the
-    same GPU and that names a vLLM version); those of the run's model first."""
+    """A sibling folder's timings of the run's GPU (a meta.yaml whose `gpu` names the same GPU and that
+    names a vLLM version, beside attention.csv, or beside tp<N>/attention.csv as LLMServingSim's
+    profiler lays out each TP degree it emulates); those of the run's model at its TP first."""
     found = []
     for folder in sorted(run.folder.parent.iterdir()):
-        timings, meta = folder / "attention.csv", folder / "meta.yaml"
-        if folder == run.folder or not (timings.is_file() and meta.is_file()):
+        meta = folder / "meta.yaml"
+        if folder == run.folder or not meta.is_file():
             continue
         text = meta.read_text(errors="replace")
         gpu = re.search(r"^gpu:\s*(.+)$", text, re.M)
         engine = re.search(r"^vllm_version:", text, re.M)
-        if gpu and engine and gpu_of({"hardware": {"device_name": gpu.group(1).strip()}}, folder) == run.gpu:
-            model = re.search(r"^model:\s*(.+)$", text, re.M)
-            tp = re.search(r"^\s*tensor_parallel_size:\s*(\d+)", text, re.M)
-            same_model = bool(model) and bundled_model_of(model.group(1).strip()) == run.model
-            found.append((not same_model, str(timings), GpuTimings(timings, same_model, int(tp.group(1)) if tp else 1)))
-    return min(found)[2] if found else None
+        if not (gpu and engine and gpu_of({"hardware": {"device_name": gpu.group(1).strip()}}, folder) == run.gpu):
+            continue
+        model = re.search(r"^model:\s*(.+)$", text, re.M)
+        same_model = bool(model) and bundled_model_of(model.group(1).strip()) == run.model
+        engine_tp = re.search(r"^\s*tensor_parallel_size:\s*(\d+)", text, re.M)
+        candidates = [(folder / "attention.csv", int(engine_tp.group(1)) if engine_tp else 1)]
+        candidates += [(d / "attention.csv", int(d.name[2:])) for d in folder.glob("tp*") if d.name[2:].isdigit()]
+        for timings, tp in candidates:
+            if timings.is_file():
+                found.append((not same_model, tp != run.tp, str(timings), GpuTimings(timings, same_model, tp)))
+    return min(found)[3] if found else None
+
+
+def link_of(run: GroundTruthRun) -> InterconnectLink | None:
+    """The link between the run's GPUs as LLMServingSim's cluster config of the run states it: a
+    config.json in the run's folder, or beside it (LLMServingSim's bench/examples/<GPU>/<model>/
+    holds config.json and the run in vllm/), with an instance of the run's model at its TP."""
+    if run.tp * run.options.dp == 1:
+        return None  # one GPU: nothing to exchange
+    for config in (run.folder / "config.json", run.folder.parent / "config.json"):
+        link = llmservingsim_link(config, run.model, run.tp)
+        if link is not None:
+            return link
+    return None
 
 
 def kernel_profile(run: GroundTruthRun, meta: dict, out: Path) -> tuple[str | None, str]:
@@ -144,17 +169,29 @@ def kernel_profile(run: GroundTruthRun, meta: dict, out: Path) -> tuple[str | No
     timings = gpu_timings_of(run)
     mixed = timings.attention if timings else None
     decode = timings.attention if timings and timings.same_model and timings.tp == run.tp else None
+    link = link_of(run)
+    o = run.options
     try:
-        profile = build_kernel_profile(run.gpu, "vllm", version, run.model, run.tp, mixed_attention=mixed, decode_attention=decode)
+        profile = build_kernel_profile(
+            run.gpu, "vllm", version, run.model, run.tp, ep=o.ep, dp=o.dp, mixed_attention=mixed, decode_attention=decode, link=link
+        )
     except kernel_catalog.KernelDatabaseError as e:
         return None, str(e)
     path.write_text(json.dumps(profile) + "\n")
     said = f"{run.gpu} vllm {profile['database']['backend_version']} kernels (the run: vLLM {meta.get('vllm_version', '?')})"
     if decode is not None:
-        said += f", decode and mixed batches' attention from {decode.parent.name}/{decode.name}"
+        said += f", decode and mixed batches' attention from {_short(decode)}"
     elif mixed is not None:
-        said += f", mixed batches from {mixed.parent.name}/{mixed.name}"
+        said += f", mixed batches from {_short(mixed)}"
+    if link is not None:
+        said += f", collectives over the run's link ({link.bandwidth / 1e9:g} GB/s, {link.latency_s * 1e6:g} us a hop: {_short(Path(link.source))})"
     return str(path), said
+
+
+def _short(path: Path) -> str:
+    """A file by its folder and name (tp2/attention.csv: the folder above too)."""
+    parts = path.parts[-3:] if path.parent.name.startswith("tp") else path.parts[-2:]
+    return "/".join(parts)
 
 
 def run_folders(paths: list[str]) -> list[Path]:
@@ -180,6 +217,7 @@ class RunResult:
     model: str | None = None
     gpu: str | None = None
     tp: int | None = None
+    layout: str = ""  # beyond TP: ", data parallel 2, experts over 2 GPUs"
     kernels: str | None = None
     real: dict | None = None
     sim: dict | None = None
@@ -208,6 +246,8 @@ def validate_run(folder: Path, out: Path, hardware: str | None = None) -> RunRes
         return result
     meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").is_file() else {}
     result.model, result.gpu, result.tp = run.model, run.gpu, run.tp
+    o = run.options
+    result.layout = (f", data parallel {o.dp}" if o.dp > 1 else "") + (f", experts over {o.ep} GPUs" if o.ep > 1 else "")
     result.real = {k: load_run(out / "real").summary.get(k) for k in FIGURES}
     path, result.kernels = kernel_profile(run, meta, out)
     opts = replace(run.options, hardware=run.gpu, tp=run.tp, profile=path)

@@ -84,6 +84,10 @@ def test_hugging_face_ids_of_a_bundled_architecture_find_its_config():
     # Mixtures of experts ship too, and their points are skipped with the reason.
     assert bundled_model_of("deepseek-ai/DeepSeek-R1") == "deepseek-r1"
     assert bundled_model_of("Qwen/Qwen3-235B-A22B-FP8") == "qwen3-235b-a22b"
+    # Dated releases of one architecture: Qwen's 2507 tunes.
+    assert bundled_model_of("Qwen/Qwen3-30B-A3B-Instruct-2507") == "qwen3-30b-a3b"
+    assert bundled_model_of("Qwen/Qwen3-235B-A22B-Thinking-2507-FP8") == "qwen3-235b-a22b"
+    assert bundled_model_of("Qwen/Qwen3-8B-2507-Coder") is None  # another model: no config of it ships
 
 
 def test_every_row_of_the_default_file_is_read_and_each_skip_says_why():
