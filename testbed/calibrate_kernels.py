@@ -70,8 +70,10 @@ def calibrate_kernels(
     expert_imbalance: float | None = None,
     dp: int = 1,
     decode_attention: str | None = None,
+    link=None,
 ) -> dict:
-    """Build the profile and write it; bad input raises ConfigError (one line, exit 2)."""
+    """Build the profile and write it; bad input raises ConfigError (one line, exit 2). link: the
+    machine's InterconnectLink, over which collectives are priced instead of the database's rows."""
     if not system:
         try:
             systems = ", ".join(available())
@@ -94,6 +96,7 @@ def calibrate_kernels(
             expert_imbalance,
             dp=dp,
             decode_attention=decode_attention,
+            link=link,
         )
     except KernelDatabaseError as e:
         raise ConfigError(str(e)) from None
@@ -117,6 +120,8 @@ def summary_lines(profile: dict, out: str | Path) -> list[str]:
         f"  decode at batch 1, context 1024: {decode * 1e3:.2f} ms; weights / memory bandwidth "
         f"(the floor): {floor * 1e3:.2f} ms ({decode / floor:.2f}x)"
     )
+    if profile.get("all_reduce") and profile["all_reduce"] != "the database's rows" and tp * dp > 1:
+        lines.append(f"  collectives: {profile['all_reduce']}")
     mixed = profile["kernels"].get("mixed_decode_factor")
     if mixed:
         factor = MixedDecodeFactor.from_dict(mixed)

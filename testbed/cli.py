@@ -93,8 +93,16 @@ CALIBRATION_PHASES = {  # calibrate's progress phase -> (label, unit)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.source != "aiconfigurator" and (args.mixed_attention or args.decode_attention):
+        raise ConfigError("--mixed-attention and --decode-attention are for --source aiconfigurator")
+    if args.source != "llmservingsim" and args.timings:
+        raise ConfigError("--timings is for --source llmservingsim")
     if args.source == "aiconfigurator":
         return cmd_calibrate_kernels(args)
+    if args.source == "llmservingsim":
+        return cmd_calibrate_llmservingsim(args)
+    if args.link_gbps is not None:
+        raise ConfigError("--link-gbps and --link-latency-us are for the kernel sources (--source aiconfigurator or llmservingsim)")
     if (
         args.system
         or args.backend_version
@@ -181,6 +189,47 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _link(args: argparse.Namespace):
+    """--link-gbps / --link-latency-us as an InterconnectLink (None without them)."""
+    from simulator.profiles.interconnect_link import InterconnectLink
+
+    if args.link_gbps is None:
+        if args.link_latency_us is not None:
+            raise ConfigError("--link-latency-us needs --link-gbps")
+        return None
+    try:
+        return InterconnectLink(args.link_gbps * 1e9, (args.link_latency_us or 0.0) * 1e-6, "--link-gbps, --link-latency-us")
+    except ValueError:
+        raise ConfigError(
+            f"--link-gbps {args.link_gbps:g} --link-latency-us {args.link_latency_us or 0:g}: needs a bandwidth above 0 and a latency of 0 or more"
+        ) from None
+
+
+def cmd_calibrate_llmservingsim(args: argparse.Namespace) -> int:
+    from testbed.calibrate_llmservingsim import calibrate_llmservingsim, default_out, summary_lines
+
+    if not args.timings:
+        raise ConfigError("--source llmservingsim needs --timings DIR: LLMServingSim's timings of the GPU (meta.yaml beside tp<N>/)")
+    asked = [
+        name
+        for name, value in (("--system", args.system), ("--backend-version", args.backend_version), ("--quantization", args.quantization))
+        if value
+    ]
+    asked += [
+        name
+        for name, value, default in (("--ep", args.ep, 1), ("--dp", args.dp, 1), ("--kv-cache-dtype", args.kv_cache_dtype, "auto"))
+        if value != default
+    ]
+    if asked or args.expert_imbalance is not None:
+        raise ConfigError(
+            f"{', '.join(asked) or '--expert-imbalance'}: not for --source llmservingsim (its timings are of one GPU, bf16, TP only)"
+        )
+    out = args.out or str(default_out(args.timings, args.tp))
+    profile = calibrate_llmservingsim(args.timings, args.model, args.tp, out, hardware=args.hardware, link=_link(args))
+    print("\n".join(summary_lines(profile, out)))
+    return 0
+
+
 def cmd_calibrate_kernels(args: argparse.Namespace) -> int:
     from testbed.calibrate_kernels import DEFAULT_MODEL, calibrate_kernels, summary_lines
 
@@ -218,6 +267,7 @@ def cmd_calibrate_kernels(args: argparse.Namespace) -> int:
             ep=args.ep,
             expert_imbalance=args.expert_imbalance,
             dp=args.dp,
+            link=_link(args),
         )
     finally:
         for bar in bars:
@@ -287,9 +337,24 @@ def build_parser() -> argparse.ArgumentParser:
     # A profile of a GPU system from AIConfigurator's measured kernels (testbed/calibrate_kernels.py).
     p.add_argument(
         "--source",
-        choices=("engine", "aiconfigurator"),
+        choices=("engine", "aiconfigurator", "llmservingsim"),
         default="engine",
-        help="engine: time this machine's engine (default); aiconfigurator: compose the model from GPU kernels measured by AIConfigurator (pip install -e '.[aiconfigurator]')",
+        help="engine: time this machine's engine (default); aiconfigurator: compose the model from GPU kernels measured by AIConfigurator (pip install -e '.[aiconfigurator]'); "
+        "llmservingsim: from LLMServingSim's timings of a GPU (--timings)",
+    )
+    k = p.add_argument_group("kernel profiles (--source aiconfigurator or llmservingsim)")
+    k.add_argument(
+        "--link-gbps",
+        type=float,
+        default=None,
+        help="the link between this machine's GPUs, GB/s each way: TP's all-reduces (and, with --dp, the experts' exchange) as NCCL's ring over it (default: the database's measured collectives, or the spec's interconnect)",
+    )
+    k.add_argument("--link-latency-us", type=float, default=None, help="one hop's latency on that link, microseconds (default 0)")
+    p.add_argument_group("--source llmservingsim").add_argument(
+        "--timings",
+        default=None,
+        metavar="DIR",
+        help="LLMServingSim's timings of one GPU and model (its profiler's meta.yaml beside tp<N>/ with dense.csv, per_sequence.csv, attention.csv); --model defaults to meta.yaml's, --hardware to its gpu's bundled spec",
     )
     g = p.add_argument_group("--source aiconfigurator")
     g.add_argument(

@@ -1,4 +1,4 @@
-"""Reading a profile file: a calibration of this project's engine, or kernels from AIConfigurator's database.
+"""Reading a profile file: a calibration of this project's engine, or kernels (AIConfigurator's database's, or a GPU's LLMServingSim timings).
 
 Both are testbed profiles (format and version: simulator/costs/profile_cost.py); `source` says which
 (absent: "engine", the profiles `testbed calibrate` wrote before there were two). Each becomes
@@ -15,6 +15,7 @@ from simulator.costs.cuda_graphs import CudaGraphPolicy
 from simulator.costs.kernel_cost import KernelProfileCostModel
 from simulator.costs.profile_cost import ProfileCostModel, ProfileError, read_profile
 from simulator.profiles.kernel_profile import SOURCE as AICONFIGURATOR
+from simulator.profiles.llmservingsim_profile import SOURCE as LLMSERVINGSIM
 
 ENGINE = "engine"
 
@@ -25,6 +26,7 @@ CostModelFromProfile = Callable[[dict, str, bool, "CudaGraphPolicy | None"], "Pr
 COST_SOURCES: dict[str, CostModelFromProfile] = {
     ENGINE: lambda profile, path, overlap, graphs: ProfileCostModel(profile, path, overlap),
     AICONFIGURATOR: lambda profile, path, overlap, graphs: KernelProfileCostModel(profile, path, graphs),
+    LLMSERVINGSIM: lambda profile, path, overlap, graphs: KernelProfileCostModel(profile, path, graphs),
 }
 
 

@@ -39,9 +39,14 @@ SGLANG_MOE_LAYER_DISPATCH_S = 3.5e-3
 
 def eager_dispatch_s(db: KernelDatabase, model: ModelConfig, layers: int) -> float:
     """Seconds of host dispatch a forward of `model`'s `layers` costs outside a CUDA graph on db's backend."""
-    if db.backend == "sglang":
+    return backend_dispatch_s(db.backend, model, layers)
+
+
+def backend_dispatch_s(backend: str, model: ModelConfig, layers: int) -> float:
+    """eager_dispatch_s of a backend by name (a profile from another source than the database)."""
+    if backend == "sglang":
         return model.num_moe_layers * SGLANG_MOE_LAYER_DISPATCH_S
-    return _aiconfigurator_dispatch_s(db.backend, layers)
+    return _aiconfigurator_dispatch_s(backend, layers)
 
 
 def _aiconfigurator_dispatch_s(backend: str, layers: int) -> float:

@@ -162,11 +162,11 @@ def kernel_profile(run: GroundTruthRun, meta: dict, out: Path) -> tuple[str | No
     decode rows beside a prefill chunk, and, where they are of the run's model at its TP, their decode
     batches the decode attention (simulator/costs/measured_decode_attention.py)."""
     versions = kernel_catalog.available().get(run.gpu, {}).get("vllm", [])
-    if not versions:
-        return None, f"AIConfigurator has no vLLM kernels of {run.gpu}"
-    version = kernel_catalog.nearest_version(versions, meta.get("vllm_version"))
     path = out / "kernels.json"
     timings = gpu_timings_of(run)
+    if not versions:
+        return _llmservingsim_profile(run, timings, path)
+    version = kernel_catalog.nearest_version(versions, meta.get("vllm_version"))
     mixed = timings.attention if timings else None
     decode = timings.attention if timings and timings.same_model and timings.tp == run.tp else None
     link = link_of(run)
@@ -186,6 +186,26 @@ def kernel_profile(run: GroundTruthRun, meta: dict, out: Path) -> tuple[str | No
     if link is not None:
         said += f", collectives over the run's link ({link.bandwidth / 1e9:g} GB/s, {link.latency_s * 1e6:g} us a hop: {_short(Path(link.source))})"
     return str(path), said
+
+
+def _llmservingsim_profile(run: GroundTruthRun, timings: GpuTimings | None, path: Path) -> tuple[str | None, str]:
+    """For a GPU the database has no kernels of: the profile of LLMServingSim's timings of the run's
+    model at its TP beside it (simulator/profiles/llmservingsim_profile.py), else none (the roofline)."""
+    from simulator.profiles.llmservingsim_profile import TimingsFolderError, build_llmservingsim_profile
+
+    no_kernels = f"AIConfigurator has no vLLM kernels of {run.gpu}"
+    folder = timings.attention.parent.parent if timings else None
+    if timings is None or not timings.same_model or timings.tp != run.tp or timings.attention.parent.name != f"tp{run.tp}":
+        return None, no_kernels
+    try:
+        profile = build_llmservingsim_profile(folder, run.model, run.tp, hardware=run.gpu, link=link_of(run))
+    except TimingsFolderError as e:
+        return None, f"{no_kernels}, and its timings beside the run make no profile: {e}"
+    path.write_text(json.dumps(profile) + "\n")
+    return (
+        str(path),
+        f"{no_kernels}: its own kernels from {folder.name}/tp{run.tp}/ (LLMServingSim's timings under vLLM {profile['database']['backend_version']})",
+    )
 
 
 def _short(path: Path) -> str:

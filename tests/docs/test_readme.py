@@ -24,7 +24,7 @@ from engine_helpers import save_hf_model
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"
-LINKED = ("traces", "profiles", "benchmarks")  # what the commands read from the repository
+LINKED = ("traces", "profiles", "benchmarks", "ground_truth")  # what the commands read from the repository
 
 
 @dataclass(frozen=True)
