@@ -100,10 +100,15 @@ def calibrate_kernels(
         )
     except KernelDatabaseError as e:
         raise ConfigError(str(e)) from None
+    write_profile(profile, out)
+    return profile
+
+
+def write_profile(profile: dict, out: str | Path) -> None:
+    """The profile to `out` (its folder made), as profile_text lays it out."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(profile_text(profile))
-    return profile
 
 
 def summary_lines(profile: dict, out: str | Path) -> list[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from scheduler.model_config import bundled_model_of
 from simulator.profiles.interconnect_link import InterconnectLink
 from simulator.profiles.llmservingsim_profile import TimingsFolderError, build_llmservingsim_profile, timings_meta
-from testbed.calibrate_kernels import decode_at_batch_1_s, hbm_floor_s, profile_precision, profile_text
+from testbed.calibrate_kernels import decode_at_batch_1_s, hbm_floor_s, profile_precision, write_profile
 from testbed.errors import ConfigError
 
 
@@ -38,9 +38,7 @@ def calibrate_llmservingsim(
         profile = build_llmservingsim_profile(folder, model, tp, hardware=hardware, link=link)
     except (TimingsFolderError, ValueError) as e:
         raise ConfigError(str(e)) from None
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(profile_text(profile))
+    write_profile(profile, out)
     return profile
 
 

@@ -21,6 +21,7 @@ for each backend.
 from __future__ import annotations
 
 from scheduler.model_config import ModelConfig
+from simulator.profiles.kernel_catalog import require_package
 from simulator.profiles.kernel_db import KernelDatabase
 
 # Host time to dispatch one mixture-of-experts layer of an eager SGLang forward, at TP 4-8 on the
@@ -51,7 +52,9 @@ def backend_dispatch_s(backend: str, model: ModelConfig, layers: int) -> float:
 
 def _aiconfigurator_dispatch_s(backend: str, layers: int) -> float:
     """The backend's own term in AIConfigurator (``_prefill_dispatch_overhead_ms``: CPU-side dispatch
-    across the layers; vLLM 0.8 ms a layer, calibrated on its silicon corpus; TRT-LLM none)."""
+    across the layers; vLLM 0.8 ms a layer, calibrated on its silicon corpus; TRT-LLM none).
+    KernelDatabaseError, in one line, where aiconfigurator-core is not installed."""
+    require_package()
     from aiconfigurator_core.sdk.backends.factory import get_backend
 
     class _Layers:  # all the method reads of a model

@@ -151,6 +151,20 @@ def check_tp(system: str, model: ModelConfig, tp: int, dp: int = 1) -> None:
         raise KernelDatabaseError(f"{asked}: {system} has {per_node} GPUs a node, and the database measures all-reduce within one node")
 
 
+def profile_header(source: str, model: ModelConfig, tp: int, ep: int = 1, dp: int = 1) -> dict:
+    """What every kernel profile opens with: its format, its cost source, and the model and layout it is of."""
+    return {
+        "format": PROFILE_FORMAT,
+        "version": PROFILE_VERSION,
+        "source": source,
+        "model": model.name,
+        "model_shapes": model_shapes(model),
+        "tp": tp,
+        "ep": ep,
+        "dp": dp,
+    }
+
+
 def build_kernel_profile(
     system: str,
     backend: str,
@@ -324,14 +338,7 @@ def build_kernel_profile(
     if g.mla_module is not None:
         prefill_kernel, decode_kernel = g.mla_module.kernels(db, g)
     profile = {
-        "format": PROFILE_FORMAT,
-        "version": PROFILE_VERSION,
-        "source": SOURCE,
-        "model": model.name,
-        "model_shapes": model_shapes(model),
-        "tp": tp,
-        "ep": ep,
-        "dp": dp,
+        **profile_header(SOURCE, model, tp, ep, dp),
         # The experts' token load the MoE kernel was priced under (None: balanced, or a dense model).
         "expert_imbalance": expert_imbalance,
         "hardware": system,

@@ -37,14 +37,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from scheduler.model_config import ModelConfig, bundled_model_of, load_model_config
-from simulator.costs.kernel_cost import model_shapes
 from simulator.costs.llmservingsim_attention import AttentionTimingsError, read_timings
 from simulator.costs.mixed_attention import from_llmservingsim as mixed_decode_factor_of
 from simulator.costs.precision import BF16, Precision
-from simulator.costs.profile_cost import PROFILE_FORMAT, PROFILE_VERSION
 from simulator.hardware.specs import hardware_of_device, load_hardware
 from simulator.profiles.eager_dispatch import backend_dispatch_s
 from simulator.profiles.interconnect_link import InterconnectLink
+from simulator.profiles.kernel_catalog import KernelDatabaseError
+from simulator.profiles.kernel_profile import profile_header
 
 SOURCE = "llmservingsim"  # the profile's "source" (simulator/costs/sources.py)
 PER_FORWARD = ("embedding", "final_layernorm")  # dense.csv's modules run once a forward, not a layer
@@ -166,19 +166,16 @@ def build_llmservingsim_profile(
     prefill = [[[b * t for t in row] for row in one_chunk] for b in (1, 2)]  # b equal chunks: b times one
     decode = [[at((0, 0, b, c)) for c in contexts] for b in batches]
 
+    try:
+        eager_overhead_s = backend_dispatch_s("vllm", model, model.num_hidden_layers)
+    except KernelDatabaseError as e:  # vLLM's host dispatch is AIConfigurator's term
+        raise TimingsFolderError(f"{folder}: vLLM's eager dispatch term: {e}") from None
     precision = Precision.resolve(model.torch_dtype, None, "auto", model.checkpoint_quantization, model.checkpoint_quantizes_experts_only)
     if precision.weights != BF16 or meta.get("variant", "bf16") != "bf16":
         raise TimingsFolderError(f"{folder}: timings of {meta.get('variant')!r} weights; only bf16 ones are read")
     source = f"{tp_dir}/ (LLMServingSim's timings under vLLM {meta.get('vllm_version', '?')})"
     return {
-        "format": PROFILE_FORMAT,
-        "version": PROFILE_VERSION,
-        "source": SOURCE,
-        "model": model.name,
-        "model_shapes": model_shapes(model),
-        "tp": tp,
-        "ep": 1,
-        "dp": 1,
+        **profile_header(SOURCE, model, tp),
         "expert_imbalance": None,
         "hardware": gpu,
         "hardware_spec": spec.to_dict(),
@@ -207,7 +204,7 @@ def build_llmservingsim_profile(
             "lm_head": lm_head,
             "prefill_attention": {"batch": [1, 2], "new_tokens": chunks, "prefix": prefixes, "seconds": prefill},
             "decode_attention": {"batch": batches, "context": contexts, "seconds": decode},
-            "eager_overhead_s": backend_dispatch_s("vllm", model, model.num_hidden_layers),
+            "eager_overhead_s": eager_overhead_s,
             "mixed_decode_factor": mixed.to_dict(),
         },
     }
