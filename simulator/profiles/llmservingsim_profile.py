@@ -92,17 +92,18 @@ def _on_grid(by_x: dict[int, float], grid: list[int], path: Path, op: str) -> li
 
 
 def _full_grid(cells: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
-    """The grid the profiler swept (x by y), without the extra shapes some files add off it (the RTX PRO
-    6000's have prefill chunks of 24 tokens at a few prefixes): the ys measured at every x that has
-    the most of them, and the xs measured at all those ys."""
+    """The grid the profiler swept (x by y), without the shapes some files add off it (the RTX PRO
+    6000's skew runs: prefill chunks of 24 tokens, prefixes of 768 or 1,152 at a few chunks): the ys
+    measured at half the xs or more, and the xs measured at all of those."""
     ys_at: dict[int, set[int]] = {}
     for x, y in cells:
         ys_at.setdefault(x, set()).add(y)
-    if not ys_at:
-        return [], []
-    most = max(len(ys) for ys in ys_at.values())
-    ys = set.intersection(*(ys for ys in ys_at.values() if len(ys) == most))
-    return sorted(x for x, have in ys_at.items() if ys <= have), sorted(ys)
+    counts: dict[int, int] = {}
+    for ys in ys_at.values():
+        for y in ys:
+            counts[y] = counts.get(y, 0) + 1
+    common = {y for y, n in counts.items() if 2 * n >= len(ys_at)}
+    return sorted(x for x, ys in ys_at.items() if common <= ys), sorted(common)
 
 
 def build_llmservingsim_profile(
