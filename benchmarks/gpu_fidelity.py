@@ -1,6 +1,6 @@
 """GPU fidelity: the simulator against real vLLM serving runs on GPUs (a benchmark, not a test).
 
-    python benchmarks/gpu_fidelity.py [--ground-truth ../shared/ground_truth] [--out runs/gpu-fidelity]
+    python benchmarks/gpu_fidelity.py [--ground-truth ../shared/ground_truth | ground_truth] [--out runs/gpu-fidelity]
                                       [--hardware NAME|JSON] [--profile PATH] [--no-kernels] [--json]
 
 For every run folder ground_truth/vllm-* (LLMServingSim's format: requests.jsonl + meta.json):
