@@ -92,9 +92,9 @@ def _on_grid(by_x: dict[int, float], grid: list[int], path: Path, op: str) -> li
 
 
 def _full_grid(cells: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
-    """The grid the profiler swept (x by y), without the shapes some files add off it (the RTX PRO
-    6000's skew runs: prefill chunks of 24 tokens, prefixes of 768 or 1,152 at a few chunks): the ys
-    measured at half the xs or more, and the xs measured at all of those."""
+    """A full grid (x by y) of the cells: the ys measured at half the xs or more, and the xs measured at
+    all of those. A file may hold two sweeps that share a few shapes (the RTX PRO 6000's: steps of
+    1.5x, 13 chunk sizes by 11 prefixes, and of 2x, 8 by 12); this keeps the larger whole."""
     ys_at: dict[int, set[int]] = {}
     for x, y in cells:
         ys_at.setdefault(x, set()).add(y)

@@ -119,8 +119,9 @@ def test_calibrate_writes_a_profile_a_replay_takes(tmp_path):
 
 
 def test_each_gpus_own_grid_is_read_whole():
-    """The RTX 4090's files sweep powers of two; the RTX PRO 6000's steps of 1.5x (16, 24, 36, ... 2,048
-    new tokens over prefixes 0, 512, 768, ... 16,384): every chunk size of either makes the table."""
+    """The RTX 4090's files sweep powers of two; the RTX PRO 6000's hold steps of 1.5x (16, 24, 36, ...
+    2,048 new tokens over prefixes 0, 512, 768, ... 16,384) beside a smaller sweep of 2x: the larger
+    sweep makes the table whole, not the few shapes the two share."""
     fine = build_llmservingsim_profile(RTXPRO6000_QWEN, "qwen3-32b", 2, hardware="rtx_pro_6000_server")["kernels"]["prefill_attention"]
     assert len(fine["new_tokens"]) == 13 and (fine["new_tokens"][0], fine["new_tokens"][-1]) == (16, 2048)
     assert len(fine["prefix"]) == 11 and (fine["prefix"][1], fine["prefix"][-1]) == (512, 16384)
