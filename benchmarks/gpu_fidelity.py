@@ -20,7 +20,8 @@ For every run folder ground_truth/vllm-* (LLMServingSim's format: requests.jsonl
      vllm / kernels      the vLLM scheduler with the run's settings, the kernel profile
      vllm / roofline     the same scheduler, the roofline of the GPU
      sglang / kernels    SGLang's scheduler, its nearest settings (max_running_requests =
-     sglang / roofline   max_num_seqs, chunked_prefill_size = max_num_batched_tokens)
+     sglang / roofline   max_num_seqs, chunked_prefill_size = max_num_batched_tokens, each
+                         times the DP ranks: SGLang's limits are the server's, vLLM's an engine's)
      vllm / profile, sglang / profile   the same with --profile PATH, when given
    so the table shows what the cost model and what the scheduler contribute.
 5. Prints the relative error (sim - real) / real of TTFT and TPOT (mean, p50, p90) and of the
@@ -55,13 +56,15 @@ TARGET = 0.05  # every TTFT and TPOT figure
 def variants(run: GroundTruthRun, kernels: str | None, profile: str | None) -> dict[str, ReplayOptions]:
     vllm = replace(run.options, hardware=run.gpu, tp=run.tp)
     o = run.options
+    # vLLM's limits are each DP engine's; SGLang's are the server's, divided over its DP ranks
+    # (testbed/schedulers/vllm.py): the nearest SGLang settings are vLLM's times the ranks.
     sglang = replace(
         vllm,
         scheduler="sglang",
         max_num_seqs=None,
         max_num_batched_tokens=None,
-        max_running_requests=o.max_num_seqs,
-        chunked_prefill_size=o.max_num_batched_tokens or ReplayOptions().chunked_prefill_size,
+        max_running_requests=o.max_num_seqs * o.dp if o.max_num_seqs else None,
+        chunked_prefill_size=(o.max_num_batched_tokens or ReplayOptions().chunked_prefill_size) * o.dp,
         page_size=1,
     )
     out = {}
