@@ -17,7 +17,7 @@ from simulator.costs.mixed_attention import MixedDecodeFactor
 from simulator.costs.precision import BF16, Precision
 from simulator.profiles.kernel_catalog import KernelDatabaseError, available
 from simulator.profiles.kernel_holdout import uniform_plan
-from simulator.profiles.kernel_profile import build_kernel_profile
+from simulator.profiles.kernel_profile import DATABASE_COLLECTIVES, build_kernel_profile
 from testbed.errors import ConfigError
 
 DEFAULT_MODEL = "llama-3.1-8b"
@@ -125,7 +125,7 @@ def summary_lines(profile: dict, out: str | Path) -> list[str]:
         f"  decode at batch 1, context 1024: {decode * 1e3:.2f} ms; weights / memory bandwidth "
         f"(the floor): {floor * 1e3:.2f} ms ({decode / floor:.2f}x)"
     )
-    if profile.get("all_reduce") and profile["all_reduce"] != "the database's rows" and tp * dp > 1:
+    if profile.get("all_reduce", DATABASE_COLLECTIVES) != DATABASE_COLLECTIVES and tp * dp > 1:
         lines.append(f"  collectives: {profile['all_reduce']}")
     mixed = profile["kernels"].get("mixed_decode_factor")
     if mixed:

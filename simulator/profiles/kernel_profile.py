@@ -94,6 +94,7 @@ from simulator.profiles.kernel_catalog import system_spec
 from simulator.profiles.kernel_db import KernelDatabase, KernelDatabaseError, KernelDataMissing
 from simulator.profiles.mla_module import MlaModule
 
+DATABASE_COLLECTIVES = "the database's rows"  # a profile's `all_reduce` where no link of the machine's priced them
 SOURCE = "aiconfigurator"  # the profile's "source" (simulator/costs/sources.py dispatches on it)
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
@@ -346,7 +347,7 @@ def build_kernel_profile(
         "hardware_spec": hardware.to_dict(),
         "database": db.describe(),
         # How a TP group's all-reduces are priced: the database's rows, or the machine's own link.
-        "all_reduce": "the database's rows" if link is None else link.describe(),
+        "all_reduce": DATABASE_COLLECTIVES if link is None else link.describe(),
         # What a replay must ask for (--quantization, --kv-cache-dtype; it sizes the KV pool), and which
         # of the database's tables priced each kernel (quant mode, and the kernel it measured).
         "precision": precision.to_dict()

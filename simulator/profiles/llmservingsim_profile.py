@@ -140,8 +140,11 @@ def build_llmservingsim_profile(
         )
     tokens = sorted(dense[layer_ops[0]])
     per_layer = {op: [(2.0 if op in TWICE_A_LAYER else 1.0) * t for t in _on_grid(dense[op], tokens, tp_dir, op)] for op in layer_ops}
+    over = None  # the link TP's all-reduces cross (none at TP 1)
     if tp > 1:
-        over = link or InterconnectLink(spec.interconnect_bandwidth, spec.interconnect_latency_s, f"hardware spec {gpu}")
+        if link is None and spec.interconnect_bandwidth <= 0:
+            raise TimingsFolderError(f"{folder}: TP {tp} on {gpu}, whose spec has no interconnect; give the link (--link-gbps)")
+        over = link or InterconnectLink(spec.interconnect_bandwidth, spec.interconnect_latency_s, f"the {gpu} spec's interconnect")
         per_layer["all_reduce"] = [ALL_REDUCES_A_LAYER * over.all_reduce(n * model.hidden_size, tp) for n in tokens]
     requests = sorted(heads["lm_head"])
     lm_head = [
@@ -187,7 +190,7 @@ def build_llmservingsim_profile(
             "backend": "vllm",
             "backend_version": meta.get("vllm_version"),
         },
-        "all_reduce": None if tp == 1 else (link.describe() if link else f"ring over the spec's interconnect ({gpu})"),
+        "all_reduce": over.describe() if over else None,
         "precision": precision.to_dict()
         | {
             "gemm": {"quant_mode": BF16, "kernel": f"vLLM's modules as timed in {source}"},
