@@ -11,7 +11,11 @@
 #      (benchmarks/fidelity.py);
 #   5. `testbed serve` on this GPU and `replay --mode server` against it, beside `--mode real` on the
 #      same trace (tests/testbed/live/; needs aiohttp, from .whl/ where the machine has none);
-#   6. a mixture-of-experts model (qwen3-30b-a3b, MOE_MODEL) replayed on the real engine.
+#   6. a mixture-of-experts model (qwen3-30b-a3b, MOE_MODEL) replayed on the real engine;
+#   7. the linear layers' GEMMs of Llama-3.1-8B and -70B, bf16 and fp8, timed on this GPU
+#      (benchmarks/gpu_gemm_times.py, step gemm-times, $OUT/gemm-times.csv): on a machine with
+#      aiconfigurator-core, benchmarks/gpu_gemm_compare.py sets the database's times of the same
+#      GEMMs beside them, and both beside the spec's floor.
 #
 #     bash benchmarks/gpu_check.sh            # results in $OUT (default runs/gpu-check)
 #     DEVICE=cpu MODEL=tiny-llama HARDWARE=cpu bash benchmarks/gpu_check.sh    # a dry run of the script here
@@ -20,7 +24,9 @@
 # are installed into /tmp/site first; ../shared/traces is taken from ./shared/traces when the
 # checkout has no ../shared. Each step has its own time limit and the run goes on past a
 # failed one: all steps' logs end up in $OUT/gpu_check.log, and the last lines say which passed.
-# $OUT gets four files at most (the device tool brings back eight).
+# LIMITS="step=seconds ..." overrides steps' limits (LIMITS="overlap-probe=90 fidelity=120").
+# $OUT gets five files at most (the device tool brings back eight): gpu_check.log, gemm-times.csv,
+# calibrated-$MODEL.json, profile-compare.json, fidelity.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu-check}
@@ -49,8 +55,9 @@ HARDWARE=${HARDWARE:-$GPU_SPEC}
 RESULTS=()
 
 step() {  # step NAME SECONDS COMMAND...: run it (unless $SKIP names it), log it, print its tail
-  local name=$1 limit=$2
+  local name=$1 limit=$2 kv
   shift 2
+  for kv in ${LIMITS:-}; do [ "${kv%%=*}" = "$name" ] && limit=${kv#*=}; done
   case " ${SKIP:-} " in *" $name "*) echo "=== $name: skipped"; return;; esac
   local t0=$SECONDS
   echo "=== $name (limit ${limit}s)"
@@ -62,7 +69,9 @@ step() {  # step NAME SECONDS COMMAND...: run it (unless $SKIP names it), log it
   RESULTS+=("$name: exit $rc, $((SECONDS - t0)) s")
 }
 
-step info 60 bash -c "nvidia-smi; $PY -c 'import torch, transformers, sys; print(sys.version); print(\"torch\", torch.__version__, torch.version.cuda, torch.cuda.get_device_name()); print(\"transformers\", transformers.__version__)'; $PY -c 'import flashinfer' 2>&1 | tail -1"
+step info 60 bash -c "nvidia-smi; $PY -c 'import torch, transformers, sys; print(sys.version); print(\"torch\", torch.__version__, torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else \"no CUDA device\"); print(\"transformers\", transformers.__version__)'; $PY -c 'import flashinfer' 2>&1 | tail -1"
+TAIL=8 step gemm-times 120 $PY benchmarks/gpu_gemm_times.py --device "$DEVICE" $([ "$DEVICE" = cpu ] && echo --quick) \
+  --out "$OUT/gemm-times.csv"
 
 backends=(torch)
 $PY -c 'import flashinfer' 2>/dev/null && backends+=(flashinfer)
