@@ -44,7 +44,7 @@ from simulator.hardware.specs import HardwareConfigError  # noqa: E402
 from testbed.errors import USER_ERRORS  # noqa: E402
 from testbed.options import ReplayOptions  # noqa: E402
 from testbed.replay import replay  # noqa: E402
-from testbed.runs.compare import rel_err  # noqa: E402
+from testbed.runs.compare import rel_err, summary_from, ttft_basis  # noqa: E402
 from testbed.runs.folder import load_run  # noqa: E402
 from testbed.runs.import_run import import_run  # noqa: E402
 from testbed.validate.runs import FIGURES, HEADERS, GroundTruthRun, kernel_profile, settings_of  # noqa: E402
@@ -83,7 +83,8 @@ def measure(folder: Path, out: Path, hardware: str | None, profile: str | None, 
     run = settings_of(folder, real_dir, hardware)
     meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").is_file() else {}
     kernels_path, kernels_note = kernel_profile(run, meta, run_out) if kernels else (None, "not asked for (--no-kernels)")
-    real = load_run(real_dir).summary
+    real_run = load_run(real_dir)
+    real = real_run.summary
     result = {
         "run": run.name,
         "model": run.model,
@@ -106,10 +107,12 @@ def measure(folder: Path, out: Path, hardware: str | None, profile: str | None, 
             continue
         if kv_tokens is None:
             kv_tokens = res.summary["kv_tokens"]  # the vLLM variant's pool, for the others
+        sim_run = load_run(sim_dir)
+        sim = summary_from(sim_run, ttft_basis(real_run, sim_run))  # TTFT from each engine's intake, as the run's
         result["variants"][label] = {
             "run_dir": str(sim_dir),
-            "summary": {k: res.summary.get(k) for k in FIGURES},
-            "rel_err": {k: rel_err(real.get(k), res.summary.get(k)) for k in FIGURES},
+            "summary": {k: sim.get(k) for k in FIGURES},
+            "rel_err": {k: rel_err(real.get(k), sim.get(k)) for k in FIGURES},
             "kv_tokens": res.summary["kv_tokens"],
             "wall_s": round(res.wall_s, 2),
         }

@@ -56,6 +56,9 @@ class Req:
     instance: int = 0  # the instance of a cluster that served it (its router's choice)
 
     # Metrics.
+    # When the scheduler took it in: the loop's next schedule after its arrival, where vLLM's
+    # engine core stamps queued_ts (it reads new requests only between its steps).
+    queued_time: float | None = None
     scheduled_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None

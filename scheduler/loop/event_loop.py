@@ -172,6 +172,7 @@ class EventLoop:
         req = arrivals.pop_arrived(now)
         while req is not None:
             self.received.append(req)
+            req.queued_time = now
             sched.add_request(req)
             self._report_done()  # (a request rejected at arrival is done at once)
             req = arrivals.pop_arrived(now)

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from testbed.runs.compare import STATS, MetricRow, compare_runs, differences
+from testbed.runs.compare import STATS, MetricRow, compare_runs, differences, ttft_basis
 from testbed.runs.folder import Run, RunLoadError, load_run
 from testbed.runs.metrics import LATENCIES
 
@@ -92,6 +92,7 @@ def to_json(a: Run, b: Run, rows: list[MetricRow], diffs: list[str], forced: boo
         "metrics": {r.name: {"a": r.a, "b": r.b, "rel_err": r.rel_err} for r in rows},
         "differences": diffs,
         "forced": bool(forced),
+        "ttft_from": ttft_basis(a, b),
     }
 
 
@@ -117,11 +118,16 @@ def _header(label: str, run: Run) -> str:
     return f"{label}: {i['path']}  ({i['mode']}, {i['model']}, {i['hardware']}{status})"
 
 
+INTAKE_NOTE = "TTFT and E2E from when each run's scheduler took the request in (vLLM's queued_ts), not from its arrival"
+
+
 def format_compare(a: Run, b: Run, rows: list[MetricRow], diffs: list[str] | None = None) -> str:
     """The table a person reads: header, latency groups, throughputs and cache hit rate."""
     lines = [_header("A", a), _header("B", b)]
     trace = a.meta.get("trace") or {}
     lines.append(f"trace: {trace.get('path')} ({trace.get('num_requests')} requests)   rel. err = (B - A) / A")
+    if ttft_basis(a, b) == "queued":
+        lines.append(INTAKE_NOTE)
     if diffs:
         lines.append("warning: the runs differ (compared anyway, --force):")
         lines += [f"  {d}" for d in diffs]

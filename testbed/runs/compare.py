@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from testbed.runs.folder import Run
-from testbed.runs.metrics import LATENCIES
+from testbed.runs.metrics import LATENCIES, summarize
 
 STATS = ("mean", "p50", "p90", "p99")
 LATENCY_KEYS = tuple(f"{s}_{name}_ms" for name in LATENCIES for s in STATS)
@@ -73,11 +73,37 @@ def rel_err(a, b) -> float | None:
     return (b - a) / a
 
 
+def ttft_basis(a: Run, b: Run) -> str:
+    """What both runs' TTFT and E2E are measured from (metrics.py): the scheduler's intake of each
+    request ("queued") where either run was stamped so by its engine, else its arrival."""
+    return "queued" if "queued" in (a.meta.get("ttft_from"), b.meta.get("ttft_from")) else "arrival"
+
+
+def _measures_from(run: Run) -> str:
+    return run.meta.get("ttft_from", "arrival")
+
+
+def _knows_intake(run: Run) -> bool:
+    return "queued" in run.requests.columns and bool(run.requests["queued"].notna().any())
+
+
+def summary_from(run: Run, basis: str) -> dict:
+    """The run's summary with its TTFT and E2E measured from `basis` ("arrival" or "queued"):
+    recomputed from its requests where it measured them otherwise and knows when each request was
+    taken in (else as it is: differences() says why the two are not comparable)."""
+    if _measures_from(run) == basis or not _knows_intake(run):
+        return run.summary
+    measured = summarize(run.requests, basis)
+    return run.summary | {k: v for k, v in measured.items() if k.endswith(("_ttft_ms", "_e2e_ms"))}
+
+
 def compare_runs(a: Run, b: Run) -> list[MetricRow]:
-    """One row per metric of METRIC_KEYS, in that order."""
+    """One row per metric of METRIC_KEYS, in that order; TTFT and E2E from the same start in both (ttft_basis)."""
+    basis = ttft_basis(a, b)
+    sa, sb = summary_from(a, basis), summary_from(b, basis)
     rows = []
     for key in METRIC_KEYS:
-        va, vb = _number(a.summary.get(key)), _number(b.summary.get(key))
+        va, vb = _number(sa.get(key)), _number(sb.get(key))
         rows.append(MetricRow(key, va, vb, rel_err(va, vb)))
     return rows
 
@@ -125,6 +151,14 @@ def differences(a: Run, b: Run) -> list[str]:
     for label, run in (("A", a), ("B", b)):
         if run.status != "complete":
             out.append(f"run {label} ({run.path}) is {run.status}, not complete")
+
+    basis = ttft_basis(a, b)
+    for label, run in (("A", a), ("B", b)):
+        if _measures_from(run) != basis and not _knows_intake(run):
+            out.append(
+                f"TTFT: the other run measures it from the engine's intake of each request (vLLM's queued_ts), "
+                f"run {label} ({run.path}) from arrival and records no intake times (a run of an older testbed: rerun it)"
+            )
 
     ta, tb = _trace(a), _trace(b)
     if ta.get("sha256") != tb.get("sha256"):

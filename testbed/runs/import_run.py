@@ -67,7 +67,7 @@ def import_run(path: str | Path, out: str | Path, format: str | None = None, *, 
     df = metrics.requests_frame(reqs)
     write_requests(run_dir / REQUESTS_FILE, df)
     write_steps(run_dir / STEPS_FILE, StepLog().columns(0, 0))  # another engine's steps are unknown
-    summary = metrics.summarize(df) | {"num_steps": None, "kv_tokens": imported.kv_tokens}
+    summary = metrics.summarize(df, imported.ttft_from) | {"num_steps": None, "kv_tokens": imported.kv_tokens}
     summary["cache_hit_rate"] = None  # no source reports its cached tokens
     meta = {
         "status": "complete",
@@ -88,6 +88,8 @@ def import_run(path: str | Path, out: str | Path, format: str | None = None, *, 
         "versions": versions(),
         "summary": summary,
     }
+    if imported.ttft_from != "arrival":
+        meta["ttft_from"] = imported.ttft_from
     write_json(run_dir / RUN_FILE, meta)
     write_json(
         run_dir / WALL_FILE,

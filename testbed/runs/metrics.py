@@ -3,6 +3,12 @@
 TTFT: first token - arrival. TPOT: (finish - first token) / (output tokens - 1),
 per request with more than one output token. ITL: every gap between two
 consecutive tokens of a request. E2E: finish - arrival.
+
+A run imported from timestamps that an engine stamps itself (vLLM's engine core: queued_ts, when it
+read the request in between two steps) measures TTFT and E2E from that intake, not from the
+request's arrival; its run.json says so (`ttft_from: "queued"`), and a run compared with it is
+measured the same way (comparable_summary), from its `queued` column: when its scheduler took
+each request in.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ def status_of(req: Req) -> str:
 # The columns of requests_frame, as a run's requests journal holds them (testbed.runs.writer).
 REQUESTS_SCHEMA = pa.schema(
     [("rid", pa.string()), ("index", pa.int64())]
-    + [(c, pa.float64()) for c in ("arrival", "scheduled", "first_token", "finish")]
+    + [(c, pa.float64()) for c in ("arrival", "queued", "scheduled", "first_token", "finish")]
     + [
         (c, pa.int64())
         for c in (
@@ -86,6 +92,7 @@ def requests_columns(rows: Sequence[Req]) -> dict[str, Any]:
         "rid": [r.rid for r in rows],
         "index": np.array([r.index for r in rows], dtype=np.int64),
         "arrival": np.array([r.arrival_time for r in rows], dtype=np.float64),
+        "queued": np.array([t(r.queued_time) for r in rows], dtype=np.float64),
         "scheduled": np.array([t(r.scheduled_time) for r in rows], dtype=np.float64),
         "first_token": np.array([t(r.first_token_time) for r in rows], dtype=np.float64),
         "finish": np.array([t(r.finish_time) for r in rows], dtype=np.float64),
@@ -129,10 +136,14 @@ def _gaps(token_times: list[np.ndarray]) -> np.ndarray:
     return out
 
 
-def summarize(requests: Mapping[str, Any]) -> dict:
+TTFT_FROM = ("arrival", "queued")  # what TTFT and E2E are measured from
+
+
+def summarize(requests: Mapping[str, Any], ttft_from: str = "arrival") -> dict:
     """The summary keys of run.json (completed, duration_s, throughputs, latency stats,
     cache_hit_rate), from requests_frame's columns: the frame, or requests_table's dict (numpy
-    on the columns, so both give the same floats)."""
+    on the columns, so both give the same floats). ttft_from "queued": TTFT and E2E from each
+    request's `queued` column (where it has one; else its arrival)."""
 
     def col(name: str, dtype=np.float64) -> np.ndarray:
         return np.asarray(requests[name], dtype=dtype)
@@ -159,8 +170,12 @@ def summarize(requests: Mapping[str, Any]) -> dict:
     out["input_throughput"] = out["total_input_tokens"] / duration if duration > 0 else 0.0
     out["output_throughput"] = out["total_output_tokens"] / duration if duration > 0 else 0.0
 
-    ttft = first_token - arrival
-    e2e = finish - arrival
+    start = arrival
+    if ttft_from == "queued":
+        queued = col("queued")[done]
+        start = np.where(np.isnan(queued), arrival, queued)
+    ttft = first_token - start
+    e2e = finish - start
     multi = output_tokens > 1
     tpot = (finish[multi] - first_token[multi]) / (output_tokens[multi] - 1)
     itl = _gaps([tt for tt, d in zip(requests["token_times"], done) if d and len(tt) > 1])

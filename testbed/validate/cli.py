@@ -269,7 +269,8 @@ def report_runs(paths: list[str], out: Path | None, hardware: str | None = None)
             if r.skipped:
                 print(f"run {folder}: skipped: {r.skipped}")
                 continue
-            print(f"run {folder}: {r.model} on {r.gpu} x{r.tp}{r.layout}, {r.kernels}; (sim - real) / real")
+            intake = "; TTFT from each engine's intake of a request (vLLM's queued_ts)" if r.ttft_from == "queued" else ""
+            print(f"run {folder}: {r.model} on {r.gpu} x{r.tp}{r.layout}, {r.kernels}{intake}; (sim - real) / real")
             rows = [
                 ("real (ms)", *(f"{r.real[k]:,.1f}" if r.real[k] is not None else "-" for k in FIGURES)),
                 ("sim (ms)", *(f"{r.sim[k]:,.1f}" if r.sim[k] is not None else "-" for k in FIGURES)),

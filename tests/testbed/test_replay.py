@@ -24,6 +24,7 @@ LATENCY_KEYS = [f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2e") for s in (
 SUMMARY_KEYS = ["completed", "duration_s", "request_throughput", "output_throughput", *LATENCY_KEYS, "cache_hit_rate"]
 REQUEST_COLUMNS = [
     "arrival",
+    "queued",
     "scheduled",
     "first_token",
     "finish",
@@ -127,9 +128,13 @@ def test_requests_table_one_row_per_request_with_ordered_times(run):
     assert np.allclose(df["arrival"], [(t.arrival_s - t0) * opts.time_scale for t in trace.requests])
     assert df["input_tokens"].tolist() == [t.input_len for t in trace.requests]
     assert df["output_tokens"].tolist() == [t.output_len for t in trace.requests]
-    times = df[["arrival", "scheduled", "first_token", "finish"]]
+    times = df[["arrival", "queued", "scheduled", "first_token", "finish"]]
     assert not times.isna().any().any()
-    assert (df["arrival"] <= df["scheduled"]).all()
+    assert (df["arrival"] <= df["queued"]).all() and (df["queued"] <= df["scheduled"]).all()
+    # Taken in by a schedule (a step's start), else on arrival at an idle loop.
+    starts = set(r.steps["schedule_start"])
+    assert all(q in starts or q == a for q, a in zip(df["queued"], df["arrival"]))
+    assert (df["queued"] > df["arrival"]).any()  # some arrived while a step ran
     assert (df["scheduled"] <= df["first_token"]).all()
     assert (df["first_token"] <= df["finish"]).all()
     assert (df["cached_tokens"] >= 0).all() and (df["cached_tokens"] < df["input_tokens"]).all()

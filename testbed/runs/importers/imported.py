@@ -32,6 +32,9 @@ class ImportedRun:
     kv_tokens: int | None = None  # the KV pool, when the source says
     # What the source lacks and what the import did about it, one sentence each.
     missing: list[str] = field(default_factory=list)
+    # What its TTFT and E2E are measured from (testbed/runs/metrics.py): "arrival", or "queued" where
+    # the engine stamped its own intake of each request and that is the run's arrival.
+    ttft_from: str = "arrival"
 
 
 def fail(where: Where, field_name: str | None, message: str) -> TraceError:
@@ -88,6 +91,7 @@ def finished_req(
     finish: float,
     token_times: list[float] | None = None,
     scheduled: float | None = None,
+    queued: float | None = None,
 ) -> Req:
     """A request that completed, with the times the source recorded (seconds, any origin)."""
     req = Req(
@@ -98,6 +102,7 @@ def finished_req(
         arrival_time=arrival,
     )
     req.output_ids = [0] * output_len  # only their number is known
+    req.queued_time = queued
     req.scheduled_time = scheduled
     req.first_token_time = first_token
     req.finish_time = finish

@@ -4,7 +4,10 @@ requests.jsonl, one line per request: request_id, input_toks, output_toks, arriv
 (client wall clock), queued_ts, scheduled_ts, first_token_ts, last_token_ts (one monotonic
 clock, seconds). A meta.json beside it holds the engine arguments (engine_kwargs), the
 vLLM version, and in newer runs the KV cache vLLM allocated (kv_cache) and the GPU
-(hardware). Arrival = queued_ts. Lacks: prompt tokens (lengths only, so no prefix
+(hardware). Arrival = queued_ts: when vLLM's engine core read the request in, between two of its steps
+(it reaches the engine earlier, arrival_time, and waits for the step in flight to end), so TTFT is
+measured from that intake (run.json `ttft_from: "queued"`), and a replay compared with it from its
+own scheduler's intake. Lacks: prompt tokens (lengths only, so no prefix
 sharing), the time of every token but the first and last (so no ITL), cached tokens.
 """
 
@@ -112,7 +115,16 @@ def load(path: str) -> ImportedRun:
     check_one_clock(done)
     t0 = min((r[4]["queued_ts"] for r in done), default=0.0)
     reqs = [
-        finished_req(rid, i, o, t["queued_ts"] - t0, t["first_token_ts"] - t0, t["last_token_ts"] - t0, scheduled=t["scheduled_ts"] - t0)
+        finished_req(
+            rid,
+            i,
+            o,
+            t["queued_ts"] - t0,
+            t["first_token_ts"] - t0,
+            t["last_token_ts"] - t0,
+            scheduled=t["scheduled_ts"] - t0,
+            queued=t["queued_ts"] - t0,
+        )
         for _, rid, i, o, t in sorted(done, key=lambda r: r[4]["queued_ts"])
     ]
     reqs += [failed_req(rid, i, 0.0, "no timestamps recorded") for _, rid, i, _, t in rows if t is None]
@@ -125,4 +137,4 @@ def load(path: str) -> ImportedRun:
     ]
     if not meta:
         missing.append("meta.json (engine settings) was not found beside the file")
-    return ImportedRun("llmservingsim", reqs, meta.get("model"), "vllm", engine, options, hw, kv_tokens, missing)
+    return ImportedRun("llmservingsim", reqs, meta.get("model"), "vllm", engine, options, hw, kv_tokens, missing, ttft_from="queued")

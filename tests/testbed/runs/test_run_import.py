@@ -236,10 +236,24 @@ def test_imported_run_compares_with_a_sim_of_its_trace_without_force(tmp_path, c
     assert "imported, llmservingsim" in out and "missing:" in out
     trace = tmp_path / "real" / "trace.jsonl"
     opts = dict(scheduler="vllm", model="llama-3.1-8b", max_num_seqs=128, max_num_batched_tokens=2048, page_size=16, kv_tokens=16000)
-    replay(str(trace), ReplayOptions(**opts), out=tmp_path / "sim")
+    replay(str(trace), ReplayOptions(**opts, hardware="cpu"), out=tmp_path / "sim")
     assert main(["compare", str(tmp_path / "real"), str(tmp_path / "sim"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["differences"] == [] and doc["metrics"]["mean_ttft_ms"]["a"] == pytest.approx(600.0)
+    # vLLM stamped the run's TTFT from its engine's intake of each request (queued_ts), so the sim's
+    # is taken from its own scheduler's intake, not from the arrival.
+    assert load_run(tmp_path / "real").meta["ttft_from"] == "queued" and doc["ttft_from"] == "queued"
+    sim = load_run(tmp_path / "sim")
+    from_intake = ((sim.requests["first_token"] - sim.requests["queued"]) * 1000).mean()
+    assert doc["metrics"]["mean_ttft_ms"]["b"] == pytest.approx(from_intake)
+    assert from_intake < sim.summary["mean_ttft_ms"]  # on a CPU's speed, the second request came during a step
+    assert main(["compare", str(tmp_path / "real"), str(tmp_path / "sim")]) == 0
+    assert "from when each run's scheduler took the request in" in capsys.readouterr().out
+    # A run of a testbed that recorded no intake cannot be measured so: refused, saying why.
+    requests = sim.requests.drop(columns=["queued"])
+    requests.to_parquet(tmp_path / "sim" / "requests.parquet")
+    assert main(["compare", str(tmp_path / "real"), str(tmp_path / "sim")]) == 2
+    assert "records no intake times" in capsys.readouterr().err
     # A sim with other engine settings than the run stated is refused, saying which.
     replay(str(trace), ReplayOptions(**(opts | {"max_num_seqs": 64})), out=tmp_path / "sim64")
     assert main(["compare", str(tmp_path / "real"), str(tmp_path / "sim64")]) == 2

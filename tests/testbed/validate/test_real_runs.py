@@ -4,7 +4,8 @@ experts under data and expert parallelism, and an RTX 4090, which AIConfigurator
 
 Each is replayed with its engine's settings, its layout, the GPU's own timings beside it and the
 link its cluster config gives, and lands where a user of the simulator would want it: TPOT within
-5%, TTFT within 5% (15% on the mixture's queue, and on the RTX 4090's spec sheet alone). Without the link, the TP-2 run's TPOT is a
+5%, TTFT within 5% (15% on the mixture's p90, its queue at the end, and on the RTX 4090's spec sheet
+alone), TTFT measured as vLLM stamped it: from its engine's intake of each request. Without the link, the TP-2 run's TPOT is a
 quarter too fast: the database's all-reduces are of a machine whose GPUs talk peer to peer."""
 
 from __future__ import annotations
@@ -49,9 +50,12 @@ def test_a_mixture_of_experts_under_data_and_expert_parallelism_is_replayed_as_i
     assert r.skipped is None
     assert r.model == "qwen3-30b-a3b"  # Qwen/Qwen3-30B-A3B-Instruct-2507: the architecture's bundled config
     assert r.layout == ", data parallel 2, experts over 2 GPUs"
-    for figure in ("mean_tpot_ms", "p50_tpot_ms", "p90_tpot_ms"):
+    for figure in ("mean_tpot_ms", "p50_tpot_ms", "p90_tpot_ms", "mean_ttft_ms", "p50_ttft_ms"):
         assert abs(r.error(figure)) < 0.05, (figure, r.error(figure))
-    assert abs(r.error("mean_ttft_ms")) < 0.15 and abs(r.error("mean_e2e_ms")) < 0.05
+    assert abs(r.error("p90_ttft_ms")) < 0.15 and abs(r.error("mean_e2e_ms")) < 0.05
+    # Most of its requests met no queue: their TTFT is one prefill, and the engine's wait for the step
+    # in flight before it reads a request in is no part of it (from the arrival: p50 +17%).
+    assert r.ttft_from == "queued"
 
 
 @pytest.mark.slow
