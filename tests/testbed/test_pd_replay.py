@@ -31,6 +31,8 @@ def test_a_pd_run_folder_says_where_each_request_prefilled_and_decoded(tmp_path,
     transfer_end = req["kv_transfer_start"] + req["kv_transfer_s"]
     assert (req["first_token"] >= transfer_end - 1e-12).all() and (req["kv_transfer_s"] > 10e-6).all()
     assert (req["kv_transfer_start"] > req["arrival"]).all() and (req["decode_held_s"] == 0).all()
+    # Taken in by its decode instance, which reserves its KV before its prefill goes out and crosses.
+    assert (req["arrival"] <= req["queued"]).all() and (req["queued"] <= req["kv_transfer_start"]).all()
     steps = run.steps
     assert dict(steps.groupby("instance")["role"].first()) == {0: "prefill", 1: "prefill", 2: "decode", 3: "decode"}
     assert set(steps[steps["role"] == "prefill"]["mode"]) == {"extend"}  # a prefill instance never decodes
