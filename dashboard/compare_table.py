@@ -6,7 +6,7 @@ import pandas as pd
 
 from dashboard.latency import LABELS
 from testbed.runs.cli import OTHER_LABELS, fmt_metric, fmt_rel_err
-from testbed.runs.compare import METRIC_KEYS, STATS, compare_runs
+from testbed.runs.compare import METRIC_KEYS, STATS, compare_runs, ttft_basis
 from testbed.runs.folder import Run
 from testbed.runs.metrics import LATENCIES
 
@@ -20,10 +20,11 @@ def rel_err_column(label: str) -> str:
 def compare_frame(reference: Run, others: list[Run], labels: list[str]) -> pd.DataFrame:
     """One row per metric of testbed.runs.compare.METRIC_KEYS: the reference's value, then each other
     run's value and its relative error (B - A) / A as `testbed compare` prints it ("+3.2%").
-    labels: the reference's, then the others'."""
+    labels: the reference's, then the others'. TTFT and E2E of every run from one start (ttft_basis)."""
     out = pd.DataFrame({"metric": [METRIC_LABELS[k] for k in METRIC_KEYS]}, index=list(METRIC_KEYS))
+    basis = ttft_basis(reference, *others)
     for i, (run, label) in enumerate(zip(others, labels[1:])):
-        rows = compare_runs(reference, run)
+        rows = compare_runs(reference, run, basis)
         if i == 0:
             out[labels[0]] = [r.a for r in rows]
         out[label] = [r.b for r in rows]

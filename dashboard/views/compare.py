@@ -11,8 +11,8 @@ import streamlit as st
 from dashboard import cache, charts, ui
 from dashboard.compare_table import as_printed, compare_frame
 from dashboard.runs_index import comparable_pair, loadable
-from testbed.runs.cli import format_compare
-from testbed.runs.compare import compare_runs, differences
+from testbed.runs.cli import INTAKE_NOTE, format_compare
+from testbed.runs.compare import compare_runs, differences, ttft_basis
 from testbed.runs.folder import RunLoadError
 
 st.title("Compare")
@@ -52,7 +52,8 @@ for label, run in zip(labels[1:], others):
         st.warning(f"**{label}** is not the same workload as **{labels[0]}**:\n" + "\n".join(f"- {d}" for d in diffs))
 
 st.header("Relative error against A")
-st.caption(f"A = **{labels[0]}**; rel. err = (B - A) / A, as `testbed compare A B` prints it.")
+intake = f" {INTAKE_NOTE}." if ttft_basis(reference, *others) == "queued" else ""
+st.caption(f"A = **{labels[0]}**; rel. err = (B - A) / A, as `testbed compare A B` prints it.{intake}")
 table = as_printed(compare_frame(reference, others, labels), labels)
 st.dataframe(table, hide_index=True, height="content")
 with st.expander("As `testbed compare` prints it"):

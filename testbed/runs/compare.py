@@ -73,10 +73,10 @@ def rel_err(a, b) -> float | None:
     return (b - a) / a
 
 
-def ttft_basis(a: Run, b: Run) -> str:
-    """What both runs' TTFT and E2E are measured from (metrics.py): the scheduler's intake of each
-    request ("queued") where either run was stamped so by its engine, else its arrival."""
-    return "queued" if "queued" in (a.meta.get("ttft_from"), b.meta.get("ttft_from")) else "arrival"
+def ttft_basis(*runs: Run) -> str:
+    """What the runs' TTFT and E2E are measured from (metrics.py): the scheduler's intake of each
+    request ("queued") where any of them was stamped so by its engine, else its arrival."""
+    return "queued" if any(run.meta.get("ttft_from") == "queued" for run in runs) else "arrival"
 
 
 def _measures_from(run: Run) -> str:
@@ -97,9 +97,10 @@ def summary_from(run: Run, basis: str) -> dict:
     return run.summary | {k: v for k, v in measured.items() if k.endswith(("_ttft_ms", "_e2e_ms"))}
 
 
-def compare_runs(a: Run, b: Run) -> list[MetricRow]:
-    """One row per metric of METRIC_KEYS, in that order; TTFT and E2E from the same start in both (ttft_basis)."""
-    basis = ttft_basis(a, b)
+def compare_runs(a: Run, b: Run, basis: str | None = None) -> list[MetricRow]:
+    """One row per metric of METRIC_KEYS, in that order; TTFT and E2E from the same start in both
+    (basis, by default ttft_basis(a, b))."""
+    basis = basis or ttft_basis(a, b)
     sa, sb = summary_from(a, basis), summary_from(b, basis)
     rows = []
     for key in METRIC_KEYS:

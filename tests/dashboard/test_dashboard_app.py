@@ -319,3 +319,5 @@ def test_imported_run_opens_on_the_run_and_compare_pages(monkeypatch, tmp_path):
     _by_label(at.multiselect, "Runs (the first is the reference A)").set_value(["real", "sim"]).run()
     assert not at.exception and not [w for w in at.warning if "differ" in w.value]
     assert "rel. err sim" in at.dataframe[0].value.columns
+    # The imported run's TTFT runs from vLLM's intake of each request, and the page says both are measured so.
+    assert any("took the request in (vLLM's queued_ts)" in c.value for c in at.caption)
