@@ -7,7 +7,7 @@ consecutive tokens of a request. E2E: finish - arrival.
 A run imported from timestamps that an engine stamps itself (vLLM's engine core: queued_ts, when it
 read the request in between two steps) measures TTFT and E2E from that intake, not from the
 request's arrival; its run.json says so (`ttft_from: "queued"`), and a run compared with it is
-measured the same way (comparable_summary), from its `queued` column: when its scheduler took
+measured the same way (testbed/runs/compare.py, summary_from), from its `queued` column: when its scheduler took
 each request in.
 """
 
@@ -134,9 +134,6 @@ def _gaps(token_times: list[np.ndarray]) -> np.ndarray:
         np.subtract(tt[1:], tt[:-1], out=out[at : at + n])
         at += n
     return out
-
-
-TTFT_FROM = ("arrival", "queued")  # what TTFT and E2E are measured from
 
 
 def summarize(requests: Mapping[str, Any], ttft_from: str = "arrival") -> dict:
