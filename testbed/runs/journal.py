@@ -93,7 +93,8 @@ def is_locked(path: Path) -> bool:
 
 def read_journal(path: Path, schema: pa.Schema) -> pa.Table:
     """Every complete batch of a journal (no rows if it is empty or absent); a batch cut short
-    at the end is left out."""
+    at the end is left out. The table has the columns the journal was written with (an older
+    testbed's run may lack some of `schema`'s); `schema` shapes only the empty table."""
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
@@ -107,4 +108,4 @@ def read_journal(path: Path, schema: pa.Schema) -> pa.Table:
         pass
     except (pa.ArrowInvalid, OSError):
         pass  # a header or batch cut short by a kill: the batches before it stand
-    return pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
+    return pa.Table.from_batches(batches) if batches else schema.empty_table()

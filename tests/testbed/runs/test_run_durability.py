@@ -16,6 +16,7 @@ from itertools import islice
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from dashboard.runs_index import scan_runs
@@ -32,7 +33,7 @@ from testbed.runs.folder import (
     writer_alive,
 )
 from testbed.runs.journal import TableJournal, is_locked, read_journal
-from testbed.runs.metrics import REQUESTS_SCHEMA
+from testbed.runs.metrics import REQUESTS_SCHEMA, summarize
 from testbed.studies.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parents[3]
@@ -389,3 +390,16 @@ def test_a_journal_batch_cut_short_by_a_kill_is_left_out(tmp_path):
     for cut in (0, 5):
         path.write_bytes(data[:cut])
         assert len(read_journal(path, STEP_SCHEMA)) == 0
+
+
+def test_a_run_killed_under_an_older_testbed_still_loads(tmp_path):
+    """A requests journal written before a column existed (`queued`, the scheduler's intake) reads with
+    the columns it has, and the run's summary comes from them."""
+    old = pa.schema([f for f in REQUESTS_SCHEMA if f.name != "queued"])
+    journal = TableJournal(tmp_path / "requests.journal.arrows", old)
+    given = {"rid": ["r0", "r1"], "status": ["finished"] * 2, "reason": ["length"] * 2, "token_times": [[0.5], [1.5, 2.0]]}
+    journal.append({f.name: given.get(f.name, [0.0, 1.0] if f.type == pa.float64() else [0, 1]) for f in old})
+    journal.close()
+    table = read_journal(tmp_path / "requests.journal.arrows", REQUESTS_SCHEMA)
+    assert table.num_rows == 2 and "queued" not in table.column_names
+    assert summarize(table.to_pandas())["completed"] == 2
