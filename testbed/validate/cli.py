@@ -259,6 +259,7 @@ def report_runs(paths: list[str], out: Path | None, hardware: str | None = None)
     """Each real run replayed in sim: its TTFT, TPOT and E2E figures and their errors."""
     import tempfile
 
+    from testbed.runs.cli import INTAKE_NOTE
     from testbed.validate.runs import FIGURES, HEADERS, run_folders, validate_run
 
     folders = run_folders(paths)
@@ -269,7 +270,7 @@ def report_runs(paths: list[str], out: Path | None, hardware: str | None = None)
             if r.skipped:
                 print(f"run {folder}: skipped: {r.skipped}")
                 continue
-            intake = "; TTFT from each engine's intake of a request (vLLM's queued_ts)" if r.ttft_from == "queued" else ""
+            intake = f"; {INTAKE_NOTE}" if r.ttft_from == "queued" else ""
             print(f"run {folder}: {r.model} on {r.gpu} x{r.tp}{r.layout}, {r.kernels}{intake}; (sim - real) / real")
             rows = [
                 ("real (ms)", *(f"{r.real[k]:,.1f}" if r.real[k] is not None else "-" for k in FIGURES)),
