@@ -10,6 +10,8 @@ import argparse
 import json
 import sys
 
+from testbed.options import positive_int
+from testbed.runs import by_arrival
 from testbed.runs.compare import STATS, MetricRow, compare_runs, differences, ttft_basis
 from testbed.runs.folder import Run, RunLoadError, load_run
 from testbed.runs.metrics import LATENCIES
@@ -38,6 +40,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("run_b", metavar="RUN_B", help="run folder compared with it (e.g. the simulated run)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the table")
     p.add_argument("--force", action="store_true", help="compare even if the traces or options differ")
+    p.add_argument(
+        "--by-arrival",
+        type=positive_int,
+        metavar="K",
+        help="also the mean TTFT and TPOT of K groups of consecutive arrivals (A's order) in both runs: where in the run B drifts from A",
+    )
     p.set_defaults(func=cmd_compare)
 
 
@@ -64,12 +72,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"{PROG}: use --force to compare them anyway", file=sys.stderr)
         return EXIT_REFUSED
     rows = compare_runs(a, b)
+    groups = None if args.by_arrival is None else by_arrival.by_arrival(a, b, args.by_arrival, ttft_basis(a, b))
     if args.json:
         if diffs:
             print(f"{PROG}: warning: runs differ (compared anyway, --force): {'; '.join(diffs)}", file=sys.stderr)
-        print(json.dumps(to_json(a, b, rows, diffs, args.force), indent=2))
+        doc = to_json(a, b, rows, diffs, args.force)
+        if groups is not None:
+            doc["by_arrival"] = by_arrival.to_json(groups)
+        print(json.dumps(doc, indent=2))
     else:
         print(format_compare(a, b, rows, diffs))
+        if groups is not None:
+            print("\n" + by_arrival.format_by_arrival(groups))
     return 0
 
 

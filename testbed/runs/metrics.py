@@ -136,6 +136,16 @@ def _gaps(token_times: list[np.ndarray]) -> np.ndarray:
     return out
 
 
+def ttft_start(requests: Mapping[str, Any], ttft_from: str = "arrival") -> np.ndarray:
+    """Each request's start of TTFT and E2E: its arrival, or with ttft_from "queued" its `queued`
+    column where it has one (else its arrival)."""
+    arrival = np.asarray(requests["arrival"], dtype=np.float64)
+    if ttft_from != "queued":
+        return arrival
+    queued = np.asarray(requests["queued"], dtype=np.float64)
+    return np.where(np.isnan(queued), arrival, queued)
+
+
 def summarize(requests: Mapping[str, Any], ttft_from: str = "arrival") -> dict:
     """The summary keys of run.json (completed, duration_s, throughputs, latency stats,
     cache_hit_rate), from requests_frame's columns: the frame, or requests_table's dict (numpy
@@ -157,7 +167,7 @@ def summarize(requests: Mapping[str, Any], ttft_from: str = "arrival") -> dict:
         # run's failures): unfinished, with the reason "failed: ...".
         "failed": sum(1 for reason in requests["reason"] if reason.startswith(FAILED)),
     }
-    arrival, first_token, finish = col("arrival")[done], col("first_token")[done], col("finish")[done]
+    first_token, finish = col("first_token")[done], col("finish")[done]
     input_tokens, output_tokens = col("input_tokens", np.int64)[done], col("output_tokens", np.int64)[done]
     duration = float(finish.max() - col("arrival").min()) if len(finish) else 0.0
     out["duration_s"] = duration
@@ -167,10 +177,7 @@ def summarize(requests: Mapping[str, Any], ttft_from: str = "arrival") -> dict:
     out["input_throughput"] = out["total_input_tokens"] / duration if duration > 0 else 0.0
     out["output_throughput"] = out["total_output_tokens"] / duration if duration > 0 else 0.0
 
-    start = arrival
-    if ttft_from == "queued":
-        queued = col("queued")[done]
-        start = np.where(np.isnan(queued), arrival, queued)
+    start = ttft_start(requests, ttft_from)[done]
     ttft = first_token - start
     e2e = finish - start
     multi = output_tokens > 1

@@ -112,7 +112,7 @@ WAYS: dict[str, Way] = {
 EXPECT = {
     "testbed compare runs/a-real runs/a-sim": "rel. err",
     # The figure the README states beside the import block (TTFT mean; the others come with it).
-    "testbed compare runs/pro6000-real runs/pro6000-sim": "-7.0%",
+    "testbed compare runs/pro6000-real runs/pro6000-sim --by-arrival 10": "-7.0%",
     "testbed sweep traces/a.json --grid policy=fcfs,lpm --grid chunked-prefill-size=256,8192 --grid kv-tokens=8000,none "
     "--grid time-scale=0.1,0.5 --out runs/sweep-a --resume": "16 complete (16 resumed), 0 failed",
 }

@@ -15,6 +15,7 @@ import sys
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from testbed.options import ReplayOptions
@@ -244,3 +245,41 @@ def test_what_is_not_a_difference(runs, tmp_path):
     # A different KV pool is a difference, named as such.
     diffs = differences(load_run(runs["base"]), a)
     assert len(diffs) == 1 and diffs[0].startswith("kv_tokens:")
+
+
+def test_by_arrival_finds_the_group_that_drifts(runs, tmp_path):
+    # B: the same run but its first 20 arrivals got their first token (and every later one) 50 ms later:
+    # their TTFT grows by 50 ms, their TPOT not; the other 20 are as in A.
+    shutil.copytree(runs["base"], tmp_path / "b")
+    requests = pd.read_parquet(tmp_path / "b" / "requests.parquet")
+    early = requests["arrival"].rank(method="first") <= 20
+    for column in ("first_token", "finish"):
+        requests.loc[early, column] += 0.05
+    requests.to_parquet(tmp_path / "b" / "requests.parquet")
+    rc, out, err = _compare(runs["base"], tmp_path / "b", "--by-arrival", "2", "--json")
+    assert rc == 0, err
+    first, second = json.loads(out)["by_arrival"]
+    assert first["requests"] == [1, 20] and second["requests"] == [21, 40]
+    a = load_run(runs["base"]).requests.sort_values("arrival")
+    ttft_a = ((a["first_token"] - a["arrival"]) * 1e3).to_numpy()
+    assert first["mean_ttft_ms"]["a"] == pytest.approx(ttft_a[:20].mean())
+    assert first["mean_ttft_ms"]["b"] == pytest.approx(ttft_a[:20].mean() + 50)
+    assert first["mean_ttft_ms"]["rel_err"] == pytest.approx(50 / ttft_a[:20].mean())
+    assert second["mean_ttft_ms"]["rel_err"] == pytest.approx(0, abs=1e-12)
+    assert first["mean_tpot_ms"]["rel_err"] == pytest.approx(0, abs=1e-9) and second["mean_tpot_ms"]["rel_err"] == pytest.approx(
+        0, abs=1e-12
+    )
+    assert second["from_s"] == pytest.approx(a["arrival"].iloc[20] - a["arrival"].iloc[0])
+    # The table says the same, one row a group.
+    rc, out, _ = _compare(runs["base"], tmp_path / "b", "--by-arrival", "2")
+    rows = out[out.index("by arrival:") :].splitlines()
+    assert rows[3].split()[0] == "1-20" and rows[3].split()[4] == f"{50 / ttft_a[:20].mean() * 100:+.1f}%"
+    assert rows[4].split()[0] == "21-40" and rows[4].split()[4] == "+0.0%"
+
+
+def test_by_arrival_more_groups_than_requests_and_a_bad_count(runs):
+    rc, out, _ = _compare(runs["base"], runs["again"], "--by-arrival", "100", "--json")
+    groups = json.loads(out)["by_arrival"]
+    assert rc == 0 and len(groups) == 40 and all(g["requests"][0] == g["requests"][1] for g in groups)
+    rc, out, err = _compare(runs["base"], runs["again"], "--by-arrival", "0")
+    assert rc == 2 and out == "" and "--by-arrival" in err and "Traceback" not in err
