@@ -18,6 +18,7 @@ from plotly.subplots import make_subplots
 from dashboard.downsample import MAX_POINTS, peak_rows, rate_series, step_series
 from dashboard.latency import LABELS
 from dashboard.timeline import INTERVALS
+from testbed.runs.by_arrival import ArrivalGroup
 from testbed.runs.compare import STATS
 from testbed.runs.metrics import LATENCIES
 
@@ -74,6 +75,27 @@ def percentile_bars_figure(summaries: Mapping[str, Mapping]) -> go.Figure:
                 col=col,
             )
     fig.update_layout(title="Latency percentiles", barmode="group", height=620, **LAYOUT)
+    return fig
+
+
+def arrival_error_figure(groups: Mapping[str, list[ArrivalGroup]]) -> go.Figure:
+    """Each group of consecutive arrivals' mean TTFT and TPOT error against A (percent), one line per
+    run B: {run label: its groups} (testbed/runs/by_arrival.py)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["TTFT mean, rel. err (%)", "TPOT mean, rel. err (%)"])
+    for i, (label, rows) in enumerate(groups.items()):
+        x = [f"{g.first}-{g.last}" for g in rows]
+        for col, errors in ((1, [g.ttft_err for g in rows]), (2, [g.tpot_err for g in rows])):
+            y = [None if e is None else e * 100 for e in errors]
+            fig.add_trace(
+                go.Scatter(
+                    x=x, y=y, mode="lines+markers", name=label, legendgroup=label, showlegend=col == 1, line=dict(color=series_color(i + 1))
+                ),
+                row=1,
+                col=col,
+            )
+    fig.update_xaxes(title_text="requests, in A's arrival order", type="category")
+    fig.add_hline(y=0, line=dict(color="gray", width=1))
+    fig.update_layout(title="Error by arrival group", height=420, **LAYOUT)
     return fig
 
 

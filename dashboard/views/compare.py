@@ -11,6 +11,7 @@ import streamlit as st
 from dashboard import cache, charts, ui
 from dashboard.compare_table import as_printed, compare_frame
 from dashboard.runs_index import comparable_pair, loadable
+from testbed.runs.by_arrival import by_arrival, format_by_arrival
 from testbed.runs.cli import INTAKE_NOTE, format_compare
 from testbed.runs.compare import compare_runs, differences, ttft_basis
 from testbed.runs.folder import RunLoadError
@@ -59,6 +60,19 @@ st.dataframe(table, hide_index=True, height="content")
 with st.expander("As `testbed compare` prints it"):
     for run in others:
         st.code(format_compare(reference, run, compare_runs(reference, run), differences(reference, run)), language=None)
+
+st.header("By arrival")
+num_groups = st.number_input("Groups of consecutive arrivals", min_value=1, max_value=100, value=10, step=1)
+basis = ttft_basis(reference, *others)
+groups = {label: by_arrival(reference, run, int(num_groups), basis) for label, run in zip(labels[1:], others)}
+st.caption(
+    f"The requests both runs finished, in A's arrival order, in {int(num_groups)} groups: where in the run "
+    "B drifts from A (`testbed compare A B --by-arrival K`)."
+)
+st.plotly_chart(charts.arrival_error_figure(groups))
+with st.expander("As `testbed compare --by-arrival` prints it"):
+    for rows in groups.values():
+        st.code(format_by_arrival(rows), language=None)
 
 st.header("Latency")
 paths = dict(zip(runs["name"], runs["path"]))

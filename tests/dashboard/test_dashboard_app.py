@@ -15,6 +15,7 @@ from dashboard_helpers import BROKEN, INCOMPLETE, NOT_A_RUN, RETRACT, RUNS, make
 from streamlit.testing.v1 import AppTest
 
 from dashboard.runs_index import comparable_pair, loadable, scan_runs
+from testbed.runs.by_arrival import by_arrival
 from testbed.runs.cli import fmt_metric, fmt_rel_err
 from testbed.runs.compare import STATS, compare_runs
 from testbed.runs.folder import load_run
@@ -186,12 +187,28 @@ def test_compare_page_overlays_runs_with_testbed_compare_errors(monkeypatch, run
     assert table["sim-fcfs"].tolist() == [fmt_metric(r.a, percent=r.name == "cache_hit_rate") for r in rows]
     assert table.loc[table["metric"] == "cache hit rate", "sim-fcfs"].item().endswith("%")
     assert "." not in table.loc[table["metric"] == "completed requests", "sim-fcfs"].item()
-    assert _chart_titles(at) == ["Latency CDFs", "Latency percentiles"]
+    assert _chart_titles(at) == ["Error by arrival group", "Latency CDFs", "Latency percentiles"]
     # Different options are compared anyway, and said.
     warnings = [w.value for w in at.warning]
     assert any("sim-lpm" in w and "policy: A fcfs, B lpm" in w for w in warnings)
     assert any("sim-no-overlap" in w and "overlap: A True, B False" in w for w in warnings)
     assert any("rel. err" in c.value for c in at.code)  # the CLI's own table
+
+
+def test_compare_page_shows_the_error_by_arrival_group(monkeypatch, runs):
+    at = _app(monkeypatch, runs["sim-fcfs"].parent, "views/compare.py")
+    _by_label(at.multiselect, "Runs (the first is the reference A)").set_value(["sim-fcfs", "sim-no-overlap"]).run()
+    _by_label(at.number_input, "Groups of consecutive arrivals").set_value(4).run()
+    assert not at.exception, [e.value for e in at.exception]
+    (chart,) = [
+        json.loads(el.proto.spec) for el in at.get("plotly_chart") if "arrival" in json.loads(el.proto.spec)["layout"]["title"]["text"]
+    ]
+    ttft, tpot = chart["data"]
+    groups = by_arrival(load_run(runs["sim-fcfs"]), load_run(runs["sim-no-overlap"]), 4, "arrival")
+    assert len(ttft["x"]) == 4 and ttft["x"] == [f"{g.first}-{g.last}" for g in groups]
+    assert ttft["y"] == pytest.approx([g.ttft_err * 100 for g in groups])
+    assert tpot["y"] == pytest.approx([g.tpot_err * 100 for g in groups])
+    assert any(c.value.startswith("by arrival:") and "in 4 groups" in c.value for c in at.code)
 
 
 def test_compare_page_opens_on_two_complete_runs_of_one_workload(monkeypatch, runs):
