@@ -2,7 +2,7 @@
 
 A whole-run mean hides where its error comes from. On the ground-truth run of `../shared`
 (Llama-3.1-8B on an RTX PRO 6000, 300 requests at 10.3 a second) the simulated TPOT is 2.9% short
-on the whole, but 7% short for the requests that run through the ramp-up and the drain and 1%
+on the whole, but 6-7% short for the requests that run through the ramp-up and the drain and 1-2%
 for those of the saturated middle, and each group's TTFT error follows the queue that drift
 builds (docs/accuracy.md). `testbed compare --by-arrival K` prints that table for any two runs:
 the requests both runs finished, in A's arrival order, cut into K groups of consecutive arrivals
@@ -20,20 +20,14 @@ from testbed.runs.compare import rel_err
 from testbed.runs.folder import Run
 from testbed.runs.metrics import ttft_start
 
-COLUMNS = ["rid", "status", "arrival", "queued", "first_token", "finish", "output_tokens"]
-
 
 @dataclass(frozen=True)
 class ArrivalGroup:
     first: int  # 1-based arrival rank (A's order, among the requests both runs finished) of its first request
     last: int  # ... and of its last
     from_s: float  # A's arrival of its first request, seconds after A's first arrival
-    ttft_ms: tuple[float, float]  # mean TTFT in A and in B
+    ttft_ms: tuple[float | None, float | None]  # mean TTFT in A and in B
     tpot_ms: tuple[float | None, float | None]  # mean TPOT in A and in B (None: no request of it made two tokens)
-
-    @property
-    def requests(self) -> int:
-        return self.last - self.first + 1
 
     @property
     def ttft_err(self) -> float | None:
