@@ -278,6 +278,9 @@ def report_runs(paths: list[str], out: Path | None, hardware: str | None = None)
                 ("error", *("-" if r.error(k) is None else f"{r.error(k) * 100:+.1f}%" for k in FIGURES)),
             ]
             print(table(rows, ("", *HEADERS), left=1))
+            if out:
+                pair = base / folder.name
+                print(f"where in the run: testbed compare {pair / 'real'} {pair / 'sim'} --by-arrival 10")
 
 
 def register(sub) -> None:

@@ -343,6 +343,19 @@ def test_a_real_run_is_replayed_with_its_settings_and_its_errors_printed(tmp_pat
     # The sim's folder sits beside the imported real one: `testbed compare` takes the pair.
     name = "vllm-rtxpro6000-llama-3.1-8b"
     assert (tmp_path / "runs" / name / "real" / "run.json").is_file() and (tmp_path / "runs" / name / "sim" / "run.json").is_file()
+    # ... and the output says how to see where in the run the error lies; the command runs as printed.
+    pair = tmp_path / "runs" / name
+    hint = f"where in the run: testbed compare {pair / 'real'} {pair / 'sim'} --by-arrival 10"
+    assert hint in out.splitlines()
+    compare = subprocess.run(
+        [sys.executable, "-m", "testbed.cli", *hint.split(": ", 1)[1].split()[1:]],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert compare.returncode == 0 and "by arrival: the 300 requests both runs finished" in compare.stdout, compare.stderr
     assert all(abs(float(e)) < 60 for e in err.groups())  # the table's figures are the ones the README quotes
     # TPOT mean: the database's decode attention alone (small KV caches read from the L2) gives -6.5%,
     # and with mixed forwards priced as their parts -9.9%; the queue multiplies it in TTFT (-15.2%).
