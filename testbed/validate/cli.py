@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -280,7 +281,8 @@ def report_runs(paths: list[str], out: Path | None, hardware: str | None = None)
             print(table(rows, ("", *HEADERS), left=1))
             if out:
                 pair = base / folder.name
-                print(f"where in the run: testbed compare {pair / 'real'} {pair / 'sim'} --by-arrival 10")
+                real, sim = shlex.quote(str(pair / "real")), shlex.quote(str(pair / "sim"))
+                print(f"where in the run: testbed compare {real} {sim} --by-arrival 10")
 
 
 def register(sub) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -329,7 +330,8 @@ GROUND_TRUTH = REPO.parent / "shared" / "ground_truth"
 @pytest.mark.slow
 @pytest.mark.skipif(not (GROUND_TRUTH / "vllm-rtxpro6000-llama-3.1-8b" / "requests.jsonl").is_file(), reason="needs ../shared/ground_truth")
 def test_a_real_run_is_replayed_with_its_settings_and_its_errors_printed(tmp_path):
-    proc = _testbed("--points", "none", "--runs", GROUND_TRUTH, "--out", tmp_path)
+    out_dir = tmp_path / "validate out"  # a space in it: the printed compare command quotes it
+    proc = _testbed("--points", "none", "--runs", GROUND_TRUTH, "--out", out_dir)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "vllm-rtxpro6000-llama-3.1-8b: llama-3.1-8b on rtx_pro_6000_server x1" in out
@@ -342,13 +344,13 @@ def test_a_real_run_is_replayed_with_its_settings_and_its_errors_printed(tmp_pat
     assert float(real.group(1).replace(",", "")) == pytest.approx(7097.2, abs=0.1)  # the run's measured mean TTFT
     # The sim's folder sits beside the imported real one: `testbed compare` takes the pair.
     name = "vllm-rtxpro6000-llama-3.1-8b"
-    assert (tmp_path / "runs" / name / "real" / "run.json").is_file() and (tmp_path / "runs" / name / "sim" / "run.json").is_file()
+    assert (out_dir / "runs" / name / "real" / "run.json").is_file() and (out_dir / "runs" / name / "sim" / "run.json").is_file()
     # ... and the output says how to see where in the run the error lies; the command runs as printed.
-    pair = tmp_path / "runs" / name
-    hint = f"where in the run: testbed compare {pair / 'real'} {pair / 'sim'} --by-arrival 10"
+    pair = out_dir / "runs" / name
+    hint = f"where in the run: testbed compare {shlex.quote(str(pair / 'real'))} {shlex.quote(str(pair / 'sim'))} --by-arrival 10"
     assert hint in out.splitlines()
     compare = subprocess.run(
-        [sys.executable, "-m", "testbed.cli", *hint.split(": ", 1)[1].split()[1:]],
+        [sys.executable, "-m", "testbed.cli", *shlex.split(hint.split(": ", 1)[1])[1:]],
         cwd=REPO,
         capture_output=True,
         text=True,
