@@ -53,7 +53,8 @@ for label, run in zip(labels[1:], others):
         st.warning(f"**{label}** is not the same workload as **{labels[0]}**:\n" + "\n".join(f"- {d}" for d in diffs))
 
 st.header("Relative error against A")
-intake = f" {INTAKE_NOTE}." if ttft_basis(reference, *others) == "queued" else ""
+basis = ttft_basis(reference, *others)  # every run's TTFT from one start
+intake = f" {INTAKE_NOTE}." if basis == "queued" else ""
 st.caption(f"A = **{labels[0]}**; rel. err = (B - A) / A, as `testbed compare A B` prints it.{intake}")
 table = as_printed(compare_frame(reference, others, labels), labels)
 st.dataframe(table, hide_index=True, height="content")
@@ -63,7 +64,6 @@ with st.expander("As `testbed compare` prints it"):
 
 st.header("By arrival")
 num_groups = st.number_input("Groups of consecutive arrivals", min_value=1, max_value=100, value=10, step=1)
-basis = ttft_basis(reference, *others)
 groups = {label: by_arrival(reference, run, int(num_groups), basis) for label, run in zip(labels[1:], others)}
 st.caption(
     f"The requests both runs finished, in A's arrival order, in {int(num_groups)} groups: where in the run "

@@ -18,7 +18,7 @@ import pandas as pd
 
 from testbed.runs.compare import rel_err
 from testbed.runs.folder import Run
-from testbed.runs.metrics import ttft_start
+from testbed.runs.metrics import tpot_per_request, ttft_start
 
 
 @dataclass(frozen=True)
@@ -44,14 +44,13 @@ def _finished(run: Run, basis: str) -> pd.DataFrame:
     if "queued" not in r.columns:
         r = r.assign(queued=np.nan)
     r = r[r["status"] == "finished"]
-    tokens = r["output_tokens"].to_numpy(np.int64)
-    decode = (r["finish"] - r["first_token"]).to_numpy(np.float64)
-    tpot = np.divide(decode, tokens - 1, out=np.full(len(r), np.nan), where=tokens > 1)
+    first_token = r["first_token"].to_numpy(np.float64)
+    tpot = tpot_per_request(first_token, r["finish"].to_numpy(np.float64), r["output_tokens"].to_numpy(np.int64))
     return pd.DataFrame(
         {
             "rid": r["rid"].to_numpy(),
             "arrival": r["arrival"].to_numpy(np.float64),
-            "ttft": r["first_token"].to_numpy(np.float64) - ttft_start(r, basis),
+            "ttft": first_token - ttft_start(r, basis),
             "tpot": tpot,
         }
     )

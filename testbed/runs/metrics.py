@@ -146,6 +146,11 @@ def ttft_start(requests: Mapping[str, Any], ttft_from: str = "arrival") -> np.nd
     return np.where(np.isnan(queued), arrival, queued)
 
 
+def tpot_per_request(first_token: np.ndarray, finish: np.ndarray, output_tokens: np.ndarray) -> np.ndarray:
+    """Each request's TPOT, (finish - first token) / (output tokens - 1); NaN for one with a single token."""
+    return np.divide(finish - first_token, output_tokens - 1, out=np.full(len(finish), np.nan), where=output_tokens > 1)
+
+
 def summarize(requests: Mapping[str, Any], ttft_from: str = "arrival") -> dict:
     """The summary keys of run.json (completed, duration_s, throughputs, latency stats,
     cache_hit_rate), from requests_frame's columns: the frame, or requests_table's dict (numpy
@@ -181,7 +186,7 @@ def summarize(requests: Mapping[str, Any], ttft_from: str = "arrival") -> dict:
     ttft = first_token - start
     e2e = finish - start
     multi = output_tokens > 1
-    tpot = (finish[multi] - first_token[multi]) / (output_tokens[multi] - 1)
+    tpot = tpot_per_request(first_token, finish, output_tokens)[multi]
     itl = _gaps([tt for tt, d in zip(requests["token_times"], done) if d and len(tt) > 1])
     for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e)):
         _stats(name, values, out)
